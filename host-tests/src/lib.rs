@@ -1,0 +1,1 @@
+//! Stateful proxy-wasm host emulator.
