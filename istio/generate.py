@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""Generate warmroute's per-pod Istio routing objects from a replica count.
+
+One vLLM pod == one warmroute backend == one DestinationRule subset == one
+VirtualService header match. Writing these by hand for N pods is where
+mistakes hide (a subset named vllm-3 that the filter never emits, a filter
+backend with no subset => 503 "no healthy upstream"), so they are generated
+from the same list.
+
+Outputs (in --out, default istio/generated/):
+  destinationrule.yaml          one subset per pod, keyed by the label
+                                statefulset.kubernetes.io/pod-name=<svc>-<i>
+  virtualservice.yaml           x-warmroute-backend: exact <svc>-<i> -> subset,
+                                plus a default (subset-less) route
+  pluginconfig.json             the full warmroute pluginConfig (backends list
+                                included) that the WasmPlugin manifests embed
+  envoyfilter-wasm-gateway.yaml the same plugin as an EnvoyFilter (ECDS ADD)
+  envoyfilter-wasm-sidecar.yaml  with allow_on_headers_stop_iteration: true,
+                                which WasmPlugin cannot express (see README)
+
+Python 3 standard library only. Deterministic output: re-running with the
+same arguments gives byte-identical files (deploy/validate.sh checks this).
+
+  python3 istio/generate.py --replicas 3 --namespace llm --service vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import re
+import sys
+
+HEADER = "x-warmroute-backend"
+ENDPOINT_HEADER = "x-gateway-destination-endpoint"
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
+# RFC 5737 documentation range: obviously not a real pod IP. Used only when
+# --pod-ips is not given, so the committed sample is self-evidently a sample.
+PLACEHOLDER_NET = "192.0.2."
+
+
+# --------------------------------------------------------------------------
+# A tiny YAML emitter (block style) so the script needs no third-party module.
+# --------------------------------------------------------------------------
+_PLAIN = re.compile(r"^[A-Za-z0-9_./-][A-Za-z0-9_./:-]*$")
+_RESERVED = {"true", "false", "yes", "no", "on", "off", "null", "y", "n", "~"}
+
+
+def _scalar(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return json.dumps(v)
+    s = str(v)
+    if (
+        _PLAIN.match(s)
+        and s.lower() not in _RESERVED
+        and not re.match(r"^[-+]?[0-9.]", s)
+        and not s.endswith(":")
+    ):
+        return s
+    return json.dumps(s)  # JSON strings are valid YAML double-quoted scalars
+
+
+def to_yaml(v, indent: int = 0) -> str:
+    pad = " " * indent
+    out = []
+    if isinstance(v, dict):
+        if not v:
+            return pad + "{}\n"
+        for k, item in v.items():
+            key = _scalar(k)
+            if isinstance(item, str) and "\n" in item:
+                out.append(f"{pad}{key}: |\n")
+                for line in item.rstrip("\n").split("\n"):
+                    out.append(f"{pad}  {line}\n" if line else "\n")
+            elif isinstance(item, (dict, list)) and item:
+                out.append(f"{pad}{key}:\n")
+                out.append(to_yaml(item, indent + (2 if isinstance(item, dict) else 0)))
+            else:
+                out.append(f"{pad}{key}: {_scalar(item) if not isinstance(item, (dict, list)) else ('{}' if isinstance(item, dict) else '[]')}\n")
+        return "".join(out)
+    if isinstance(v, list):
+        if not v:
+            return pad + "[]\n"
+        for item in v:
+            if isinstance(item, dict) and item:
+                body = to_yaml(item, indent + 2)
+                out.append(f"{pad}- {body[indent + 2:]}")
+            elif isinstance(item, list) and item:
+                out.append(f"{pad}-\n{to_yaml(item, indent + 2)}")
+            else:
+                out.append(f"{pad}- {_scalar(item)}\n")
+        return "".join(out)
+    return pad + _scalar(v) + "\n"
+
+
+def documents(objs) -> str:
+    return "".join("---\n" + to_yaml(o) for o in objs)
+
+
+# --------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------
+def fqdn(service: str, namespace: str) -> str:
+    return f"{service}.{namespace}.svc.cluster.local"
+
+
+def cluster_name(service: str, namespace: str, port: int, subset: str = "") -> str:
+    # Istio's outbound cluster naming: outbound|<port>|<subset>|<fqdn>
+    return f"outbound|{port}|{subset}|{fqdn(service, namespace)}"
+
+
+def backends(args) -> list[dict]:
+    out = []
+    for i in range(args.replicas):
+        name = f"{args.service}-{i}"
+        ip = args.pod_ips[i] if args.pod_ips else f"{PLACEHOLDER_NET}{10 + i}"
+        out.append(
+            {
+                "name": name,
+                "address": f"{ip}:{args.port}",
+                # Stable per-pod DNS from the StatefulSet's governing headless Service.
+                "host": f"{name}.{args.headless_service}.{args.namespace}.svc.cluster.local:{args.port}",
+            }
+        )
+    return out
+
+
+def plugin_config(args) -> dict:
+    route = {"mode": args.route_mode}
+    if args.route_mode == "header":
+        route["header"] = HEADER
+    else:
+        route["header"] = ENDPOINT_HEADER
+        route["fallbacks"] = 2
+    return {
+        "backends": backends(args),
+        "strategy": "cache_aware",
+        "route": route,
+        "block_bytes": 256,
+        "max_body_bytes": 8388608,
+        "session_header": "x-session-id",
+        "balance": {"eps": 0.25},
+        "cache_aware": {"tie_margin": 0.05, "min_match_blocks": 1},
+        "saturation": {"max_waiting": 4, "max_kv_usage": 0.98, "max_inflight": 0},
+        "index": {"max_blocks": 262144, "ttl_ms": 600000, "log_bytes": 262144},
+        "metrics": {
+            "enabled": True,
+            # Scrapes go through Istio's own outbound cluster for the vLLM Service,
+            # pinned per pod by x-gateway-destination-endpoint (needs
+            # envoyfilter-override-host.yaml on that cluster).
+            "cluster": cluster_name(args.service, args.namespace, args.port),
+            "path": "/metrics",
+            "period_ms": 500,
+            "timeout_ms": 400,
+            "unhealthy_after": 2,
+            "stale_after_ms": 2000,
+            "names": {
+                "running": ["vllm:num_requests_running", "sglang:num_running_reqs"],
+                "waiting": ["vllm:num_requests_waiting", "sglang:num_queue_reqs"],
+                "kv_usage": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"],
+            },
+        },
+        "debug_header": False,
+    }
+
+
+def labels(args) -> dict:
+    return {"app.kubernetes.io/part-of": "warmroute", "app.kubernetes.io/managed-by": "warmroute-generate"}
+
+
+def destination_rule(args) -> dict:
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "DestinationRule",
+        "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
+        "spec": {
+            "host": fqdn(args.service, args.namespace),
+            "trafficPolicy": {
+                # Default route (no header: VM failed open, or non-LLM paths).
+                "loadBalancer": {"simple": "LEAST_REQUEST"},
+                "connectionPool": {"http": {"idleTimeout": "300s"}},
+            },
+            "subsets": [
+                {"name": f"{args.service}-{i}", "labels": {POD_NAME_LABEL: f"{args.service}-{i}"}}
+                for i in range(args.replicas)
+            ],
+        },
+    }
+
+
+def virtual_service(args) -> dict:
+    host = fqdn(args.service, args.namespace)
+    routes = []
+    for i in range(args.replicas):
+        name = f"{args.service}-{i}"
+        routes.append(
+            {
+                "name": name,
+                "match": [{"headers": {HEADER: {"exact": name}}}],
+                "route": [{"destination": {"host": host, "subset": name, "port": {"number": args.port}}}],
+                # Long generations: no route timeout (Istio's default is none, be explicit).
+                "timeout": "0s",
+            }
+        )
+    routes.append(
+        {
+            "name": "default",
+            "route": [{"destination": {"host": host, "port": {"number": args.port}}}],
+            "timeout": "0s",
+        }
+    )
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
+        "spec": {
+            "hosts": [args.external_host, host],
+            # The ingress gateway and in-mesh clients (sidecar path) share the routes.
+            "gateways": [args.gateway, "mesh"],
+            "http": routes,
+        },
+    }
+
+
+def wasm_envoyfilter(args, config: dict, where: str) -> dict:
+    """EnvoyFilter equivalent of a WasmPlugin, but with allow_on_headers_stop_iteration.
+
+    Istio only honours EXTENSION_CONFIG patches with operation ADD (a MERGE onto the
+    extension generated from a WasmPlugin is silently ignored), so the whole Wasm
+    filter is declared here and referenced from the HTTP filter chain via ECDS.
+    """
+    if where == "gateway":
+        namespace, selector, context = args.gateway_namespace, {"istio": "ingressgateway"}, "GATEWAY"
+    else:
+        namespace, selector, context = args.client_namespace, {"app": args.client_app}, "SIDECAR_OUTBOUND"
+    ext_name = f"{namespace}.warmroute"
+    listener_match = {"filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager",
+                                                 "subFilter": {"name": "envoy.filters.http.router"}}}}
+    if where == "sidecar":
+        listener_match["portNumber"] = args.port
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": {"name": "warmroute", "namespace": namespace, "labels": labels(args)},
+        "spec": {
+            "workloadSelector": {"labels": selector},
+            "configPatches": [
+                {
+                    "applyTo": "EXTENSION_CONFIG",
+                    "match": {"context": context},
+                    "patch": {
+                        "operation": "ADD",
+                        "value": {
+                            "name": ext_name,
+                            "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                                "config": {
+                                    "name": "warmroute",
+                                    "root_id": "",
+                                    # The reason this file exists (Envoy >= 1.35): let the filter
+                                    # pause on headers and still receive the body.
+                                    "allow_on_headers_stop_iteration": True,
+                                    # fail_open is what istio-agent reads (a failed OCI pull does
+                                    # not NACK the listener); failure_policy is Envoy's newer field.
+                                    "fail_open": True,
+                                    "failure_policy": "FAIL_OPEN",
+                                    "vm_config": {
+                                        "vm_id": "warmroute",
+                                        "runtime": "envoy.wasm.runtime.v8",
+                                        "code": {
+                                            "remote": {
+                                                # istio-agent pulls oci:// and rewrites this to a local file
+                                                # before Envoy sees it. "nil" = Istio's "no checksum" sentinel.
+                                                "http_uri": {"uri": args.image, "cluster": "_", "timeout": "30s"},
+                                                "sha256": "nil",
+                                            }
+                                        },
+                                    },
+                                    "configuration": {
+                                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                                        "value": json.dumps(config, indent=2, sort_keys=False) + "\n",
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+                {
+                    "applyTo": "HTTP_FILTER",
+                    "match": {"context": context, "listener": listener_match},
+                    "patch": {
+                        # Immediately before the router: after Istio authn/authz and stats,
+                        # same position as a WasmPlugin with UNSPECIFIED_PHASE.
+                        "operation": "INSERT_BEFORE",
+                        "value": {
+                            "name": ext_name,
+                            "config_discovery": {
+                                "config_source": {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"},
+                                "type_urls": ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"],
+                            },
+                        },
+                    },
+                },
+            ],
+        },
+    }
+
+
+BANNER = "# GENERATED by istio/generate.py -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, required=True, help="vLLM StatefulSet replicas (pods <service>-0..N-1)")
+    p.add_argument("--namespace", required=True, help="namespace of the vLLM StatefulSet/Services")
+    p.add_argument("--service", default="vllm", help="routing (ClusterIP) Service name == StatefulSet name")
+    p.add_argument("--headless-service", default=None, help="governing headless Service (default <service>-headless)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--pod-ips", default="", help="comma-separated pod IPs in ordinal order (kubectl get pods ...)")
+    p.add_argument("--route-mode", choices=["header", "endpoint"], default="header")
+    p.add_argument("--gateway", default="istio-system/warmroute-gateway", help="<ns>/<Gateway> the VirtualService binds")
+    p.add_argument("--external-host", default="llm.example.com")
+    p.add_argument("--gateway-namespace", default="istio-system")
+    p.add_argument("--client-namespace", default="apps")
+    p.add_argument("--client-app", default="chat-frontend")
+    p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated"))
+    args = p.parse_args(argv)
+
+    if not 1 <= args.replicas <= 1024:
+        p.error("--replicas must be in 1..=1024 (the filter's backend limit)")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.service):
+        p.error("--service must be a DNS-1123 label")
+    args.headless_service = args.headless_service or f"{args.service}-headless"
+    args.pod_ips = [s.strip() for s in args.pod_ips.split(",") if s.strip()]
+    if args.pod_ips:
+        if len(args.pod_ips) != args.replicas:
+            p.error(f"--pod-ips has {len(args.pod_ips)} entries, --replicas is {args.replicas}")
+        for ip in args.pod_ips:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                p.error(f"--pod-ips: {ip!r} is not an IP address")
+    else:
+        print(f"generate.py: note: no --pod-ips; backend addresses are placeholders in {PLACEHOLDER_NET}0/24 "
+              "(fine for header mode routing, wrong for scrapes/endpoint mode)", file=sys.stderr)
+
+    # Reproducible command line in the banner (without --out, which is a local path).
+    shown = []
+    skip = False
+    for a in (argv if argv is not None else sys.argv[1:]):
+        if skip:
+            skip = False
+            continue
+        if a == "--out":
+            skip = True
+            continue
+        if a.startswith("--out="):
+            continue
+        shown.append(a)
+    banner = BANNER.format(argv=" ".join(shown))
+
+    config = plugin_config(args)
+    os.makedirs(args.out, exist_ok=True)
+    files = {
+        "destinationrule.yaml": banner + documents([destination_rule(args)]),
+        "virtualservice.yaml": banner + documents([virtual_service(args)]),
+        "pluginconfig.json": json.dumps(config, indent=2) + "\n",
+        "envoyfilter-wasm-gateway.yaml": banner + documents([wasm_envoyfilter(args, config, "gateway")]),
+        "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
+    }
+    for name, text in files.items():
+        with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+    print(f"generate.py: wrote {', '.join(sorted(files))} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
