@@ -1,0 +1,15 @@
+//! warmroute-loadgen: deterministic workloads and a cheap, measuring load client
+//! for warmroute demos, end-to-end tests and benchmarks.
+//!
+//! - [`workload`]: session/request generators (trace replay, agents, chat, uniform).
+//! - [`runner`]: drives sessions over a keep-alive HTTP/1.1 pool (TCP_NODELAY),
+//!   records TTFT (first SSE `data:` chunk), e2e, served-by replica and usage.
+//! - [`prom`]: Prometheus text parsing and fleet prefix-cache hit rate.
+//! - [`report`]: statistics, human summary and the JSON report.
+//!
+//! Non-test code never unwraps: inputs (trace files, server responses, metrics
+//! pages) come from outside and failures must become reported errors, not
+//! panics that would lose a whole benchmark run.
+
+pub mod rng;
+pub mod workload;
