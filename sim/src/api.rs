@@ -1,0 +1,634 @@
+//! OpenAI-compatible HTTP API (axum on hyper 1), shaped like vLLM's `vllm serve` where a router
+//! can see it.
+//!
+//! * `POST /v1/chat/completions`, `POST /v1/completions`: non-streamed JSON or SSE
+//!   (`data: {chunk}\n\n` per generated token, `data: [DONE]\n\n` at the end, an extra usage
+//!   chunk with empty `choices` before it when `stream_options.include_usage` is true). A chunk
+//!   is written as soon as its token is produced, so clients can time the first token.
+//! * `GET /v1/models`, `GET /health` (200, empty body), `GET /metrics` (see [`crate::metrics`]).
+//! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
+//! * Invalid input never panics: it gets vLLM's error body
+//!   `{"object":"error","message":..,"type":"BadRequestError","param":null,"code":400}`
+//!   (`NotFoundError`/404 for an unknown model).
+//!
+//! # Prompt rendering and tokenization
+//! The simulator has no real tokenizer: a token is a whitespace-separated word. A chat request is
+//! rendered as lines, in order:
+//! `<|tools|> {tools as JSON}` (only if `tools` is present), then per message
+//! `<|role|> content` (text parts of an array content joined; a non-text part renders as
+//! `<|type|>`; an assistant's `tool_calls` render as `<|tool_calls|> {JSON}`), then the generation
+//! prompt `<|assistant|>` (unless `add_generation_prompt` is false). Because the completion text
+//! is exactly the generated words, the prompt of turn N+1 (with turn N's answer as an assistant
+//! message) extends turn N's prompt + output token for token, and hits the prefix cache like a
+//! real chat template would.
+//!
+//! `/v1/completions` takes `prompt` as a string, a list of strings (one choice per prompt), a list
+//! of token ids (each id is one word), or a list of such lists.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{middleware, Json, Router};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::cache::{tokenize, Token};
+use crate::config::Args;
+use crate::engine::{EngineHandle, SeqEvent, SeqRequest, SeqUsage};
+use crate::metrics::{self, CacheInfo};
+
+/// Response header naming the replica that served the request.
+pub const REPLICA_HEADER: &str = "x-sim-replica";
+
+/// Largest accepted request body (long prompts are big; axum's default is 2 MiB).
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Shared state of the HTTP handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub model: Arc<str>,
+    pub replica: Arc<str>,
+    replica_header: HeaderValue,
+    cache_info: Option<CacheInfo>,
+    default_max_tokens: usize,
+    max_len: usize,
+    started: u64,
+    next_id: Arc<AtomicU64>,
+}
+
+impl AppState {
+    /// Builds the state and starts the engine loop (needs a tokio runtime).
+    pub fn new(args: &Args, bound_port: u16) -> Self {
+        let cfg = args.engine_config();
+        let cache_info = args
+            .cache_config_info
+            .then(|| CacheInfo { block_size: cfg.block_size, num_gpu_blocks: cfg.num_blocks });
+        let engine = EngineHandle::spawn(cfg);
+        let max_len = engine.lock().max_len();
+        let replica = args.replica_name(bound_port);
+        let replica_header =
+            HeaderValue::from_str(&replica).unwrap_or_else(|_| HeaderValue::from_static("sim-invalid-name"));
+        let started = unix_now();
+        // Ids only need to be unique per process and distinct across replicas.
+        let seed = crate::cache::fnv1a(format!("{replica}{started}{}", std::process::id()).as_bytes());
+        Self {
+            engine,
+            model: args.model.as_str().into(),
+            replica: replica.into(),
+            replica_header,
+            cache_info,
+            default_max_tokens: args.default_max_tokens.max(1),
+            max_len,
+            started,
+            next_id: Arc::new(AtomicU64::new(seed & 0xffff_ffff_0000_0000)),
+        }
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The router with every route and the replica-header layer.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_handler))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::map_response_with_state(state.clone(), add_replica_header))
+        .with_state(state)
+}
+
+async fn add_replica_header(State(state): State<AppState>, mut res: Response) -> Response {
+    res.headers_mut().insert(REPLICA_HEADER, state.replica_header.clone());
+    res
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// vLLM's error response.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            s if s.is_server_error() => "InternalServerError",
+            _ => "BadRequestError",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({
+            "object": "error",
+            "message": self.message,
+            "type": self.kind(),
+            "param": null,
+            "code": self.status.as_u16(),
+        });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))).into_response()
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn models(State(st): State<AppState>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": &*st.model,
+            "object": "model",
+            "created": st.started,
+            "owned_by": "vllm",
+            "root": &*st.model,
+            "parent": null,
+            "max_model_len": st.max_len,
+            "permission": [],
+        }],
+    }))
+}
+
+async fn metrics_handler(State(st): State<AppState>) -> Response {
+    let body = metrics::render(&st.model, &st.engine.snapshot(), st.cache_info.as_ref());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request parsing
+
+/// Fields common to both completion endpoints, validated.
+#[derive(Debug)]
+struct Common {
+    max_tokens: usize,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Request body is not valid JSON: {e}")))?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ApiError::bad_request("Request body must be a JSON object")),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::bad_request(format!("'{key}' must be a boolean"))),
+    }
+}
+
+fn opt_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+            Some(n) => Err(ApiError::bad_request(format!("{key} must be at least 1, got {n}."))),
+            None => Err(ApiError::bad_request(format!("'{key}' must be a positive integer"))),
+        },
+    }
+}
+
+fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiError> {
+    match obj.get("model") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) if m.as_str() == &*st.model => {}
+        Some(Value::String(m)) => {
+            return Err(ApiError { status: StatusCode::NOT_FOUND, message: format!("The model `{m}` does not exist.") })
+        }
+        Some(_) => return Err(ApiError::bad_request("'model' must be a string")),
+    }
+    let max_tokens = match opt_count(obj, "max_completion_tokens")? {
+        Some(n) => n,
+        None => opt_count(obj, "max_tokens")?.unwrap_or(st.default_max_tokens),
+    };
+    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => opt_bool(o, "include_usage")?.unwrap_or(false),
+        Some(_) => return Err(ApiError::bad_request("'stream_options' must be an object")),
+    };
+    Ok(Common { max_tokens, stream, include_usage })
+}
+
+/// Renders a chat request's `tools` + `messages` into prompt text (see the module docs).
+pub fn render_chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
+    let mut lines: Vec<String> = Vec::new();
+    match obj.get("tools") {
+        None | Some(Value::Null) => {}
+        Some(tools @ Value::Array(_)) => lines.push(format!("<|tools|> {tools}")),
+        Some(_) => return Err(ApiError::bad_request("'tools' must be an array")),
+    }
+    let messages = match obj.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => return Err(ApiError::bad_request("'messages' must not be empty")),
+        Some(_) => return Err(ApiError::bad_request("'messages' must be an array")),
+        None => return Err(ApiError::bad_request("Field required: 'messages'")),
+    };
+    for (i, msg) in messages.iter().enumerate() {
+        let Value::Object(msg) = msg else {
+            return Err(ApiError::bad_request(format!("messages[{i}] must be an object")));
+        };
+        let role = match msg.get("role") {
+            Some(Value::String(r)) => r,
+            _ => return Err(ApiError::bad_request(format!("messages[{i}].role must be a string"))),
+        };
+        let mut line = format!("<|{role}|>");
+        match msg.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) => {
+                line.push(' ');
+                line.push_str(s);
+            }
+            Some(Value::Array(parts)) => {
+                for (j, part) in parts.iter().enumerate() {
+                    let text = match part {
+                        Value::String(s) => s.clone(),
+                        Value::Object(p) => match (p.get("type"), p.get("text")) {
+                            (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => text.clone(),
+                            (Some(Value::String(t)), _) if t == "text" => {
+                                return Err(ApiError::bad_request(format!(
+                                    "messages[{i}].content[{j}].text must be a string"
+                                )))
+                            }
+                            (Some(Value::String(t)), _) => format!("<|{t}|>"),
+                            _ => {
+                                return Err(ApiError::bad_request(format!(
+                                    "messages[{i}].content[{j}].type must be a string"
+                                )))
+                            }
+                        },
+                        _ => {
+                            return Err(ApiError::bad_request(format!(
+                                "messages[{i}].content[{j}] must be an object"
+                            )))
+                        }
+                    };
+                    line.push(' ');
+                    line.push_str(&text);
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(format!("messages[{i}].content must be a string or an array")))
+            }
+        }
+        if let Some(calls @ Value::Array(_)) = msg.get("tool_calls") {
+            line.push_str(&format!(" <|tool_calls|> {calls}"));
+        }
+        lines.push(line);
+    }
+    if opt_bool(obj, "add_generation_prompt")?.unwrap_or(true) {
+        lines.push("<|assistant|>".to_string());
+    }
+    Ok(lines.join("\n"))
+}
+
+/// The prompts of a `/v1/completions` request, tokenized.
+pub fn completion_prompts(obj: &Map<String, Value>) -> Result<Vec<Vec<Token>>, ApiError> {
+    fn ids(list: &[Value]) -> Option<Vec<Token>> {
+        list.iter().map(|v| v.as_u64().map(|id| crate::cache::token_of(&id.to_string()))).collect()
+    }
+    let bad = || ApiError::bad_request("'prompt' must be a string, a list of strings, or a list of token ids");
+    match obj.get("prompt") {
+        None | Some(Value::Null) => Err(ApiError::bad_request("Field required: 'prompt'")),
+        Some(Value::String(s)) => Ok(vec![tokenize(s)]),
+        Some(Value::Array(items)) if items.is_empty() => Err(ApiError::bad_request("'prompt' must not be empty")),
+        Some(Value::Array(items)) => {
+            if items.iter().all(Value::is_string) {
+                Ok(items.iter().map(|v| tokenize(v.as_str().unwrap_or_default())).collect())
+            } else if items.iter().all(Value::is_array) {
+                items.iter().map(|v| v.as_array().and_then(|l| ids(l)).ok_or_else(bad)).collect()
+            } else {
+                ids(items).map(|t| vec![t]).ok_or_else(bad)
+            }
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let obj = parse_body(&body)?;
+        let common = parse_common(&st, &obj)?;
+        let prompt = render_chat(&obj)?;
+        Ok::<_, ApiError>((common, vec![tokenize(&prompt)]))
+    })();
+    match result {
+        Ok((common, prompts)) => generate(st, Kind::Chat, common, prompts).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let obj = parse_body(&body)?;
+        let common = parse_common(&st, &obj)?;
+        Ok::<_, ApiError>((common, completion_prompts(&obj)?))
+    })();
+    match result {
+        Ok((common, prompts)) => generate(st, Kind::Completion, common, prompts).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn usage_json(u: &SeqUsage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "completion_tokens": u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn add_usage(total: &mut SeqUsage, u: &SeqUsage) {
+    total.prompt_tokens += u.prompt_tokens;
+    total.completion_tokens += u.completion_tokens;
+    total.cached_tokens += u.cached_tokens;
+}
+
+async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Token>>) -> Response {
+    for p in &prompts {
+        if p.is_empty() {
+            return ApiError::bad_request("The prompt cannot be empty").into_response();
+        }
+        let requested = p.len().saturating_add(common.max_tokens);
+        if requested > st.max_len {
+            return ApiError::bad_request(format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                st.max_len, requested, p.len(), common.max_tokens
+            ))
+            .into_response();
+        }
+    }
+    let n = prompts.len();
+    let (tx, rx) = mpsc::unbounded_channel();
+    for (index, tokens) in prompts.into_iter().enumerate() {
+        st.engine.submit(SeqRequest { tokens, max_tokens: common.max_tokens, index, events: tx.clone() });
+    }
+    drop(tx);
+    let id = st.new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
+    let created = unix_now();
+    if common.stream {
+        stream_response(st, kind, id, created, n, common.include_usage, rx)
+    } else {
+        full_response(st, kind, id, created, n, rx).await
+    }
+}
+
+async fn full_response(
+    st: AppState,
+    kind: Kind,
+    id: String,
+    created: u64,
+    n: usize,
+    mut rx: mpsc::UnboundedReceiver<SeqEvent>,
+) -> Response {
+    let mut texts = vec![String::new(); n];
+    let mut reasons: Vec<Option<&'static str>> = vec![None; n];
+    let mut usage = SeqUsage::default();
+    let mut remaining = n;
+    while remaining > 0 {
+        match rx.recv().await {
+            Some(SeqEvent::Token { index, text, .. }) => {
+                if let Some(t) = texts.get_mut(index) {
+                    t.push_str(&text);
+                }
+            }
+            Some(SeqEvent::Finished { index, usage: u, finish_reason }) => {
+                if let Some(r) = reasons.get_mut(index) {
+                    *r = Some(finish_reason);
+                }
+                add_usage(&mut usage, &u);
+                remaining -= 1;
+            }
+            None => {
+                return ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: "engine stopped".into() }
+                    .into_response()
+            }
+        }
+    }
+    let choices: Vec<Value> = texts
+        .into_iter()
+        .zip(reasons)
+        .enumerate()
+        .map(|(index, (text, reason))| match kind {
+            Kind::Chat => json!({
+                "index": index,
+                "message": {"role": "assistant", "reasoning_content": null, "content": text, "tool_calls": []},
+                "logprobs": null,
+                "finish_reason": reason,
+                "stop_reason": null,
+            }),
+            Kind::Completion => json!({
+                "index": index,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": reason,
+                "stop_reason": null,
+                "prompt_logprobs": null,
+            }),
+        })
+        .collect();
+    let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
+    Json(json!({
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": &*st.model,
+        "choices": choices,
+        "usage": usage_json(&usage),
+        "prompt_logprobs": null,
+    }))
+    .into_response()
+}
+
+fn stream_response(
+    st: AppState,
+    kind: Kind,
+    id: String,
+    created: u64,
+    n: usize,
+    include_usage: bool,
+    mut rx: mpsc::UnboundedReceiver<SeqEvent>,
+) -> Response {
+    let (sse_tx, sse_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
+    let model = st.model.clone();
+    let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let (chunk_id, chunk_model) = (id.clone(), model.clone());
+    let chunk = move |choices: Value| -> Event {
+        let mut v = json!({"id": &chunk_id, "object": object, "created": created, "model": &*chunk_model, "choices": choices});
+        if include_usage {
+            if let Value::Object(o) = &mut v {
+                o.insert("usage".into(), Value::Null);
+            }
+        }
+        Event::default().data(v.to_string())
+    };
+    tokio::spawn(async move {
+        let mut started = vec![false; n];
+        let mut usage = SeqUsage::default();
+        let mut remaining = n;
+        // When the client goes away, `send` fails, this task ends and drops `rx`: the engine
+        // then aborts the sequences and frees their blocks.
+        while remaining > 0 {
+            let Some(ev) = rx.recv().await else { return };
+            match ev {
+                SeqEvent::Token { index, text, finish_reason } => {
+                    let mut events = Vec::with_capacity(2);
+                    if kind == Kind::Chat {
+                        if let Some(s) = started.get_mut(index) {
+                            if !*s {
+                                *s = true;
+                                events.push(chunk(json!([{
+                                    "index": index,
+                                    "delta": {"role": "assistant", "content": ""},
+                                    "logprobs": null,
+                                    "finish_reason": null,
+                                }])));
+                            }
+                        }
+                        events.push(chunk(json!([{
+                            "index": index,
+                            "delta": {"content": text},
+                            "logprobs": null,
+                            "finish_reason": finish_reason,
+                        }])));
+                    } else {
+                        events.push(chunk(json!([{
+                            "index": index,
+                            "text": text,
+                            "logprobs": null,
+                            "finish_reason": finish_reason,
+                            "stop_reason": null,
+                        }])));
+                    }
+                    for e in events {
+                        if sse_tx.send(Ok(e)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                SeqEvent::Finished { usage: u, .. } => {
+                    add_usage(&mut usage, &u);
+                    remaining -= 1;
+                }
+            }
+        }
+        if include_usage {
+            let v = json!({
+                "id": &id, "object": object, "created": created, "model": &*model,
+                "choices": [], "usage": usage_json(&usage),
+            });
+            if sse_tx.send(Ok(Event::default().data(v.to_string()))).await.is_err() {
+                return;
+            }
+        }
+        let _ = sse_tx.send(Ok(Event::default().data("[DONE]"))).await;
+    });
+    Sse::new(ReceiverStream::new(sse_rx)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => Map::new(),
+        }
+    }
+
+    #[test]
+    fn chat_turns_extend_token_wise() {
+        let t1 = obj(json!({"messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+        ]}));
+        let t2 = obj(json!({"messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hello there"}]},
+            {"role": "assistant", "content": "the cache"},
+            {"role": "user", "content": "more"},
+        ]}));
+        let a = tokenize(&render_chat(&t1).unwrap_or_default());
+        let b = tokenize(&render_chat(&t2).unwrap_or_default());
+        assert_eq!(a.len(), 7);
+        assert_eq!(b[..a.len()], a[..]);
+        assert_eq!(b[a.len()..a.len() + 2], tokenize("the cache")[..]);
+    }
+
+    #[test]
+    fn chat_rejects_bad_shapes() {
+        for bad in [
+            json!({}),
+            json!({"messages": "hi"}),
+            json!({"messages": []}),
+            json!({"messages": [{"content": "x"}]}),
+            json!({"messages": [{"role": "user", "content": 3}]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}),
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": "x"}),
+        ] {
+            assert!(render_chat(&obj(bad.clone())).is_err(), "{bad}");
+        }
+        let tools = obj(json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}));
+        assert!(render_chat(&tools).unwrap_or_default().starts_with("<|tools|> [{\"type\":\"function\"}]"));
+    }
+
+    #[test]
+    fn completion_prompt_forms() {
+        let p = |v: Value| completion_prompts(&obj(json!({ "prompt": v })));
+        assert_eq!(p(json!("a b c")).map(|v| v[0].len()).ok(), Some(3));
+        assert_eq!(p(json!(["a b", "c"])).map(|v| v.len()).ok(), Some(2));
+        assert_eq!(p(json!([1, 2, 3])).map(|v| (v.len(), v[0].len())).ok(), Some((1, 3)));
+        assert_eq!(p(json!([[1, 2], [3]])).map(|v| v.len()).ok(), Some(2));
+        assert!(p(json!([1, "a"])).is_err());
+        assert!(p(json!({})).is_err());
+        assert!(p(json!([])).is_err());
+        assert!(completion_prompts(&Map::new()).is_err());
+    }
+}

@@ -1,0 +1,612 @@
+//! The simulated engine: vLLM-style continuous batching as a step loop over a [`PrefixCache`].
+//!
+//! # Scheduling (one step, like vLLM V1's scheduler with chunked prefill)
+//! 1. Requests whose client went away are aborted and their blocks released.
+//! 2. Running sequences are served first, in arrival order, out of a token budget of
+//!    `max_num_batched_tokens`: a decoding sequence takes 1 token, a sequence still prefilling
+//!    takes `min(remaining prompt, remaining budget)` tokens (chunked prefill).
+//! 3. Then waiting requests are admitted in FIFO order while `running < max_num_seqs`, budget is
+//!    left, and the KV cache can hold them. Admission looks up the longest cached prefix (capped at
+//!    `prompt_len - 1` tokens: like vLLM the last prompt token is always recomputed so the step
+//!    yields logits), pins those blocks and reserves blocks for the rest of the prompt *and* all
+//!    `max_tokens` decode tokens, so a running sequence never needs preemption. The first request
+//!    that does not fit stops admission (head-of-line, as vLLM's FCFS policy).
+//!
+//! # Cost model
+//! `step_ms = base_ms + prefill_tokens * prefill_ms_per_token + batch_seqs * decode_ms_per_seq`,
+//! where `prefill_tokens` counts only uncached prompt tokens computed in this step and
+//! `batch_seqs` is the number of sequences in the step. The loop sleeps `step_ms / time_scale`
+//! wall milliseconds (against an anchored clock, so sub-millisecond steps at high time scales
+//! still average out right), then applies the step: prefill progress is recorded, newly full
+//! blocks are committed to the cache, and every sequence whose prompt is complete emits one
+//! token. The step that finishes a prompt emits the first token (time to first token).
+//!
+//! Output is deterministic: token `i` of a request is a word picked from a small vocabulary by a
+//! hash of the prompt and `i`, so identical prompts get identical completions.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use crate::cache::{block_hashes, chain_hash, token_of, BlockHash, PrefixCache, Token, ROOT_HASH};
+
+/// Engine knobs (see [`crate::config::Args`] for the defaults and why).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    pub base_ms: f64,
+    pub prefill_ms_per_token: f64,
+    pub decode_ms_per_seq: f64,
+    pub time_scale: f64,
+}
+
+/// Token accounting of one finished sequence (OpenAI `usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SeqUsage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// What the engine tells the API layer about a sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SeqEvent {
+    /// One generated token; `text` is the delta (words after the first carry a leading space).
+    /// `finish_reason` is set on the sequence's last token (always `"length"`: the simulator
+    /// has no EOS and stops at `max_tokens`).
+    Token { index: usize, text: String, finish_reason: Option<&'static str> },
+    /// The sequence is done; no more events for `index`.
+    Finished { index: usize, usage: SeqUsage, finish_reason: &'static str },
+}
+
+/// A request for one sequence. `index` is echoed in events (the choice index of a multi-prompt
+/// completion request); the events channel may be shared by several sequences.
+#[derive(Debug)]
+pub struct SeqRequest {
+    pub tokens: Vec<Token>,
+    pub max_tokens: usize,
+    pub index: usize,
+    pub events: mpsc::UnboundedSender<SeqEvent>,
+}
+
+/// Monotonic counters exported as Prometheus counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counters {
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub request_success: u64,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub steps: u64,
+    pub aborted: u64,
+}
+
+/// Point-in-time engine state for `/metrics`.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot {
+    pub running: usize,
+    pub waiting: usize,
+    pub kv_usage: f64,
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub evictable_blocks: usize,
+    pub evictions: u64,
+    pub counters: Counters,
+}
+
+/// What one scheduled step does (returned by [`Engine::schedule`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepPlan {
+    pub cost_ms: f64,
+    pub prefill_tokens: usize,
+    pub batch_seqs: usize,
+}
+
+const VOCAB: &[&str] = &[
+    "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by",
+    "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an",
+    "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there",
+    "been", "if", "more", "when", "will", "would", "who", "so", "no", "cache", "block", "prefix",
+    "token", "route", "warm", "model", "batch", "decode", "fill", "queue", "step", "fleet", "node",
+    "load", "hit",
+];
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The `i`-th output word for a prompt whose seed is `seed`.
+pub fn output_word(seed: u64, i: usize) -> &'static str {
+    let idx = splitmix(seed ^ (i as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)) % VOCAB.len() as u64;
+    VOCAB.get(idx as usize).copied().unwrap_or("tok")
+}
+
+/// The full deterministic completion text for a prompt (what a non-streamed request returns).
+pub fn completion_text(tokens: &[Token], n: usize) -> String {
+    let seed = chain_hash(ROOT_HASH, tokens);
+    (0..n).map(|i| output_word(seed, i)).collect::<Vec<_>>().join(" ")
+}
+
+#[derive(Debug)]
+struct Seq {
+    req: SeqRequest,
+    prompt_hashes: Vec<BlockHash>,
+    /// Hashed blocks pinned by this sequence, in order (block k of prompt+output).
+    pinned: Vec<BlockHash>,
+    /// Reserved, not yet committed blocks.
+    private: usize,
+    /// Prompt tokens whose KV is computed (cached ones included).
+    computed: usize,
+    cached_tokens: usize,
+    /// Prompt + generated tokens.
+    all_tokens: Vec<Token>,
+    generated: usize,
+    seed: u64,
+    /// Tokens scheduled in the current step (0 = not in this step).
+    scheduled: usize,
+}
+
+impl Seq {
+    fn prompt_len(&self) -> usize {
+        self.req.tokens.len()
+    }
+    fn prefilling(&self) -> bool {
+        self.computed < self.prompt_len()
+    }
+}
+
+/// The engine state machine. Pure (no clock, no tasks): [`EngineHandle`] drives it in real time,
+/// unit tests and the bench can drive it step by step.
+#[derive(Debug)]
+pub struct Engine {
+    cfg: EngineConfig,
+    cache: PrefixCache,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    counters: Counters,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        let cache = PrefixCache::new(cfg.block_size, cfg.num_blocks);
+        Self { cfg, cache, waiting: VecDeque::new(), running: Vec::new(), counters: Counters::default() }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
+    /// Longest prompt + completion a request may ask for: `max_model_len`, but never more than
+    /// the whole KV cache (such a request could never be admitted).
+    pub fn max_len(&self) -> usize {
+        self.cfg.max_model_len.min(self.cfg.num_blocks.saturating_mul(self.cfg.block_size))
+    }
+
+    fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.cfg.block_size)
+    }
+
+    /// Queues a request (vLLM's `waiting`). Requests longer than [`max_len`](Self::max_len) must
+    /// be rejected by the caller; if one slips through it is finished immediately with no output.
+    pub fn add(&mut self, req: SeqRequest) {
+        let n = req.tokens.len();
+        if self.blocks_for(n + req.max_tokens) > self.cfg.num_blocks {
+            let usage = SeqUsage { prompt_tokens: n, ..SeqUsage::default() };
+            let _ = req.events.send(SeqEvent::Finished { index: req.index, usage, finish_reason: "length" });
+            return;
+        }
+        let prompt_hashes = block_hashes(&req.tokens, self.cfg.block_size);
+        let seed = chain_hash(ROOT_HASH, &req.tokens);
+        let all_tokens = req.tokens.clone();
+        self.waiting.push_back(Seq {
+            req,
+            prompt_hashes,
+            pinned: Vec::new(),
+            private: 0,
+            computed: 0,
+            cached_tokens: 0,
+            all_tokens,
+            generated: 0,
+            seed,
+            scheduled: 0,
+        });
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_usage: self.cache.usage(),
+            num_blocks: self.cfg.num_blocks,
+            block_size: self.cfg.block_size,
+            evictable_blocks: self.cache.evictable(),
+            evictions: self.cache.evictions(),
+            counters: self.counters,
+        }
+    }
+
+    /// Plans the next step (see the module docs). `None` when there is nothing to run.
+    pub fn schedule(&mut self) -> Option<StepPlan> {
+        self.drop_aborted();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut prefill_tokens = 0;
+        for seq in &mut self.running {
+            seq.scheduled = 0;
+            if budget == 0 {
+                continue;
+            }
+            if seq.prefilling() {
+                let chunk = (seq.prompt_len() - seq.computed).min(budget);
+                seq.scheduled = chunk;
+                budget -= chunk;
+                prefill_tokens += chunk;
+            } else {
+                seq.scheduled = 1;
+                budget -= 1;
+            }
+        }
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(seq) = self.waiting.front() else { break };
+            let n = seq.prompt_len();
+            let max_hit = n.saturating_sub(1) / self.cfg.block_size;
+            let hit = self.cache.match_prefix(&seq.prompt_hashes).min(max_hit);
+            let private = self.blocks_for(n + seq.req.max_tokens).saturating_sub(hit);
+            if !self.cache.admit(&seq.prompt_hashes[..hit], private) {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            seq.pinned = seq.prompt_hashes[..hit].to_vec();
+            seq.private = private;
+            seq.cached_tokens = hit * self.cfg.block_size;
+            seq.computed = seq.cached_tokens;
+            self.counters.prefix_cache_queries += n as u64;
+            self.counters.prefix_cache_hits += seq.cached_tokens as u64;
+            let chunk = (n - seq.computed).min(budget);
+            seq.scheduled = chunk;
+            budget -= chunk;
+            prefill_tokens += chunk;
+            self.running.push(seq);
+        }
+        let batch_seqs = self.running.iter().filter(|s| s.scheduled > 0 || s.prompt_len() == 0).count();
+        if batch_seqs == 0 {
+            return None;
+        }
+        let cost_ms = self.cfg.base_ms
+            + prefill_tokens as f64 * self.cfg.prefill_ms_per_token
+            + batch_seqs as f64 * self.cfg.decode_ms_per_seq;
+        Some(StepPlan { cost_ms, prefill_tokens, batch_seqs })
+    }
+
+    /// Applies the step planned by the last [`schedule`](Self::schedule): records prefill
+    /// progress, emits tokens, commits full blocks, finishes sequences.
+    pub fn complete(&mut self) {
+        self.counters.steps += 1;
+        let bs = self.cfg.block_size;
+        let mut i = 0;
+        while i < self.running.len() {
+            let Some(seq) = self.running.get_mut(i) else { break };
+            if seq.scheduled == 0 && seq.prompt_len() > 0 {
+                i += 1;
+                continue;
+            }
+            let mut emit = false;
+            if seq.prefilling() {
+                seq.computed += seq.scheduled;
+                if !seq.prefilling() {
+                    self.counters.prompt_tokens += seq.prompt_len() as u64;
+                    emit = true;
+                }
+            } else {
+                emit = true;
+            }
+            seq.scheduled = 0;
+            if emit {
+                let word = output_word(seq.seed, seq.generated);
+                let text = if seq.generated == 0 { word.to_string() } else { format!(" {word}") };
+                seq.all_tokens.push(token_of(word));
+                seq.generated += 1;
+                self.counters.generation_tokens += 1;
+                let finish_reason = (seq.generated >= seq.req.max_tokens).then_some("length");
+                let _ = seq.req.events.send(SeqEvent::Token { index: seq.req.index, text, finish_reason });
+            }
+            // Commit every block that is now full of computed tokens.
+            let known = if seq.prefilling() { seq.computed } else { seq.all_tokens.len() };
+            while seq.private > 0 && seq.pinned.len() < known / bs {
+                let k = seq.pinned.len();
+                let hash = match seq.prompt_hashes.get(k) {
+                    Some(h) => *h,
+                    None => {
+                        let parent = seq.pinned.last().copied().unwrap_or(ROOT_HASH);
+                        match seq.all_tokens.get(k * bs..(k + 1) * bs) {
+                            Some(block) => chain_hash(parent, block),
+                            None => break,
+                        }
+                    }
+                };
+                self.cache.commit(hash);
+                seq.private -= 1;
+                seq.pinned.push(hash);
+            }
+            if seq.generated >= seq.req.max_tokens && !seq.prefilling() {
+                let seq = self.running.remove(i);
+                self.cache.release(&seq.pinned, seq.private);
+                self.counters.request_success += 1;
+                let usage = SeqUsage {
+                    prompt_tokens: seq.prompt_len(),
+                    completion_tokens: seq.generated,
+                    cached_tokens: seq.cached_tokens,
+                };
+                let _ = seq.req.events.send(SeqEvent::Finished { index: seq.req.index, usage, finish_reason: "length" });
+                continue;
+            }
+            i += 1;
+        }
+    }
+
+    /// Removes requests whose client disconnected (their event receiver is gone).
+    fn drop_aborted(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.req.events.is_closed());
+        self.counters.aborted += (before - self.waiting.len()) as u64;
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running.get(i).is_some_and(|s| s.req.events.is_closed()) {
+                let seq = self.running.remove(i);
+                self.cache.release(&seq.pinned, seq.private);
+                self.counters.aborted += 1;
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+/// A running engine: the [`Engine`] behind a mutex, stepped by a background tokio task in
+/// (scaled) real time.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    inner: Arc<Mutex<Engine>>,
+    notify: Arc<Notify>,
+}
+
+impl EngineHandle {
+    /// Starts the step loop on the current tokio runtime.
+    pub fn spawn(cfg: EngineConfig) -> Self {
+        let time_scale = cfg.time_scale;
+        let handle = Self { inner: Arc::new(Mutex::new(Engine::new(cfg))), notify: Arc::new(Notify::new()) };
+        let h = handle.clone();
+        tokio::spawn(async move { h.run(time_scale).await });
+        handle
+    }
+
+    /// Locks the engine (a poisoned lock is recovered: the state is still consistent enough to
+    /// serve metrics, and the simulator must keep serving).
+    pub fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn submit(&self, req: SeqRequest) {
+        self.lock().add(req);
+        self.notify.notify_one();
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        self.lock().snapshot()
+    }
+
+    async fn run(&self, time_scale: f64) {
+        let mut anchor = Instant::now();
+        let mut sim_ms = 0.0_f64;
+        loop {
+            let plan = self.lock().schedule();
+            let Some(plan) = plan else {
+                self.notify.notified().await;
+                anchor = Instant::now();
+                sim_ms = 0.0;
+                continue;
+            };
+            sim_ms += plan.cost_ms;
+            let wall = Duration::try_from_secs_f64(sim_ms / 1000.0 / time_scale).unwrap_or(Duration::ZERO);
+            let deadline = anchor + wall;
+            let now = Instant::now();
+            if deadline > now {
+                tokio::time::sleep_until(deadline).await;
+            } else {
+                if now - deadline > Duration::from_millis(100) {
+                    // Far behind (overloaded host): do not replay the backlog as a burst.
+                    anchor = now;
+                    sim_ms = 0.0;
+                }
+                tokio::task::yield_now().await;
+            }
+            self.lock().complete();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::tokenize;
+
+    fn cfg() -> EngineConfig {
+        EngineConfig {
+            block_size: 16,
+            num_blocks: 1000,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_model_len: 100_000,
+            base_ms: 12.0,
+            prefill_ms_per_token: 0.06,
+            decode_ms_per_seq: 0.15,
+            time_scale: 1.0,
+        }
+    }
+
+    fn prompt(prefix: &str, n: usize) -> Vec<Token> {
+        tokenize(&(0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" "))
+    }
+
+    fn submit(e: &mut Engine, tokens: Vec<Token>, max_tokens: usize) -> mpsc::UnboundedReceiver<SeqEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        e.add(SeqRequest { tokens, max_tokens, index: 0, events: tx });
+        rx
+    }
+
+    fn run_to_idle(e: &mut Engine) -> Vec<StepPlan> {
+        let mut plans = Vec::new();
+        while let Some(p) = e.schedule() {
+            plans.push(p);
+            e.complete();
+            assert!(plans.len() < 100_000, "engine does not terminate");
+        }
+        plans
+    }
+
+    fn usage_of(rx: &mut mpsc::UnboundedReceiver<SeqEvent>) -> (String, SeqUsage) {
+        let mut text = String::new();
+        while let Ok(ev) = rx.try_recv() {
+            match ev {
+                SeqEvent::Token { text: t, .. } => text.push_str(&t),
+                SeqEvent::Finished { usage, .. } => return (text, usage),
+            }
+        }
+        panic!("sequence did not finish");
+    }
+
+    #[test]
+    fn prefill_cost_only_for_uncached_tokens() {
+        let mut e = Engine::new(cfg());
+        let p = prompt("w", 1000);
+        let mut rx = submit(&mut e, p.clone(), 4);
+        let plans = run_to_idle(&mut e);
+        assert_eq!(plans.len(), 4, "first step prefills and emits token 0");
+        assert_eq!(plans[0].prefill_tokens, 1000);
+        let (text, u) = usage_of(&mut rx);
+        assert_eq!(u, SeqUsage { prompt_tokens: 1000, completion_tokens: 4, cached_tokens: 0 });
+        assert_eq!(text, completion_text(&p, 4));
+
+        let mut rx = submit(&mut e, p.clone(), 4);
+        let plans = run_to_idle(&mut e);
+        // 1000 tokens = 62 full blocks + 8; all 62 blocks hit.
+        assert_eq!(plans[0].prefill_tokens, 1000 - 62 * 16);
+        let (text2, u) = usage_of(&mut rx);
+        assert_eq!(u.cached_tokens, 992);
+        assert_eq!(text2, text, "deterministic output");
+        let expected = 12.0 + 8.0 * 0.06 + 0.15;
+        assert!((plans[0].cost_ms - expected).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fully_cached_prompt_recomputes_last_token() {
+        let mut e = Engine::new(cfg());
+        let p = prompt("w", 64);
+        let _rx = submit(&mut e, p.clone(), 1);
+        run_to_idle(&mut e);
+        let mut rx = submit(&mut e, p, 1);
+        let plans = run_to_idle(&mut e);
+        assert_eq!(plans[0].prefill_tokens, 16);
+        assert_eq!(usage_of(&mut rx).1.cached_tokens, 48);
+    }
+
+    #[test]
+    fn output_blocks_are_cached_for_the_next_turn() {
+        let mut e = Engine::new(cfg());
+        let p = prompt("w", 32);
+        let mut rx = submit(&mut e, p.clone(), 32);
+        run_to_idle(&mut e);
+        let (text, _) = usage_of(&mut rx);
+        let mut next = p.clone();
+        next.extend(tokenize(&text));
+        next.extend(prompt("u", 20));
+        let mut rx = submit(&mut e, next, 1);
+        run_to_idle(&mut e);
+        // 32 prompt + 32 output tokens = 4 full blocks (the last output token's block is full too).
+        assert_eq!(usage_of(&mut rx).1.cached_tokens, 64);
+    }
+
+    #[test]
+    fn chunked_prefill_respects_budget() {
+        let mut c = cfg();
+        c.max_num_batched_tokens = 512;
+        let mut e = Engine::new(c);
+        let mut rx = submit(&mut e, prompt("w", 1200), 2);
+        let plans = run_to_idle(&mut e);
+        let prefill: Vec<_> = plans.iter().map(|p| p.prefill_tokens).collect();
+        assert_eq!(prefill, vec![512, 512, 176, 0]);
+        assert_eq!(usage_of(&mut rx).1.completion_tokens, 2);
+    }
+
+    #[test]
+    fn max_num_seqs_queues_fifo() {
+        let mut c = cfg();
+        c.max_num_seqs = 2;
+        let mut e = Engine::new(c);
+        let mut rxs: Vec<_> = (0..5).map(|i| submit(&mut e, prompt(&format!("r{i}_"), 40), 10)).collect();
+        e.schedule();
+        assert_eq!((e.num_running(), e.num_waiting()), (2, 3));
+        e.complete();
+        run_to_idle(&mut e);
+        for rx in &mut rxs {
+            assert_eq!(usage_of(rx).1.completion_tokens, 10);
+        }
+        let s = e.snapshot();
+        assert_eq!(s.counters.request_success, 5);
+        assert_eq!(s.counters.generation_tokens, 50);
+        assert_eq!(s.counters.prompt_tokens, 200);
+        assert_eq!(s.running + s.waiting, 0);
+        assert_eq!(s.kv_usage, 0.0);
+    }
+
+    #[test]
+    fn kv_capacity_limits_admission() {
+        let mut c = cfg();
+        c.num_blocks = 20;
+        let mut e = Engine::new(c);
+        // Each needs ceil((100+60)/16) = 10 blocks: two fit, the third waits.
+        let _rxs: Vec<_> = (0..3).map(|i| submit(&mut e, prompt(&format!("r{i}_"), 100), 60)).collect();
+        e.schedule();
+        assert_eq!((e.num_running(), e.num_waiting()), (2, 1));
+        assert!((e.snapshot().kv_usage - 1.0).abs() < 1e-9);
+        e.complete();
+        run_to_idle(&mut e);
+        assert_eq!(e.snapshot().counters.request_success, 3);
+    }
+
+    #[test]
+    fn aborted_requests_release_blocks() {
+        let mut e = Engine::new(cfg());
+        let rx = submit(&mut e, prompt("w", 100), 1000);
+        e.schedule();
+        e.complete();
+        assert!(e.cache().used() > 0);
+        drop(rx);
+        assert!(e.schedule().is_none());
+        assert_eq!(e.cache().used(), 0);
+        assert_eq!(e.snapshot().counters.aborted, 1);
+    }
+}

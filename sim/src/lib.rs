@@ -1,0 +1,51 @@
+//! `warmroute-sim`: a simulated vLLM server, the default fleet for warmroute's demo, tests and
+//! benchmarks.
+//!
+//! It behaves like vLLM wherever a router can observe it:
+//! * [`cache`]: a block prefix cache with chained block hashes, pinning and LRU eviction, so
+//!   `usage.prompt_tokens_details.cached_tokens` and the prefix-cache counters move like vLLM's;
+//! * [`engine`]: continuous batching as a step loop (chunked prefill, `max_num_seqs`, FIFO
+//!   waiting queue, KV-capacity admission) with a linear cost model, so latency depends on load
+//!   and on cache hits the way it does on a GPU;
+//! * [`api`]: the OpenAI-compatible HTTP API (JSON and SSE) with vLLM's error shapes;
+//! * [`metrics`]: `/metrics` with vLLM's metric names.
+//!
+//! `main.rs` only parses [`config::Args`] and calls [`serve`]; the loadgen/bench can embed
+//! replicas the same way, or drive an [`engine::Engine`] step by step without a clock.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+pub mod api;
+pub mod cache;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+
+use std::future::Future;
+use std::io;
+
+use tokio::net::TcpListener;
+
+pub use api::REPLICA_HEADER;
+pub use config::Args;
+
+/// Binds `--host:--port` (port 0 picks a free one).
+pub async fn bind(args: &Args) -> io::Result<TcpListener> {
+    TcpListener::bind((args.host.as_str(), args.port)).await
+}
+
+/// Serves the simulator on `listener` until `shutdown` resolves. The replica name defaults to
+/// `sim-<bound port>`.
+pub async fn serve_with_shutdown(
+    args: Args,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let port = listener.local_addr()?.port();
+    let state = api::AppState::new(&args, port);
+    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await
+}
+
+/// Serves the simulator on `listener` forever.
+pub async fn serve(args: Args, listener: TcpListener) -> io::Result<()> {
+    serve_with_shutdown(args, listener, std::future::pending()).await
+}

@@ -1,0 +1,112 @@
+//! `/metrics` in Prometheus text format, with vLLM's metric names and layout.
+//!
+//! vLLM exports through `prometheus_client` (Python), so this mimics its output: `# HELP` and
+//! `# TYPE` before each family, a `model_name` label, float values written like Python's `repr`
+//! (`3.0`), and counters named with the `_total` suffix in HELP/TYPE too. Routers (warmroute's
+//! scraper, llm-d's, the Gateway API inference extension's) read the gauges
+//! `vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
+//! (older vLLM: `vllm:gpu_cache_usage_perc`, exported too with the same value).
+//!
+//! Prefix-cache counters count *tokens*, like vLLM V1: `queries` grows by the prompt length of
+//! each admitted request, `hits` by its cached tokens.
+
+use std::fmt::Write;
+
+use crate::engine::Snapshot;
+
+/// Static labels of `vllm:cache_config_info`.
+#[derive(Debug, Clone)]
+pub struct CacheInfo {
+    pub block_size: usize,
+    pub num_gpu_blocks: usize,
+}
+
+/// Formats a float the way Python's `repr` does for the values we export (`3.0`, `0.25`).
+fn num(v: f64) -> String {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:?}")
+    }
+}
+
+/// Escapes a label value (backslash, double quote, newline), per the exposition format.
+pub fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: f64) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "{name}{{{labels}}} {}", num(value));
+}
+
+/// Renders the whole `/metrics` body.
+pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> String {
+    let m = format!("model_name=\"{}\"", escape_label(model));
+    let c = &s.counters;
+    let mut out = String::with_capacity(4096);
+    family(&mut out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", &m, s.running as f64);
+    family(&mut out, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", &m, s.waiting as f64);
+    family(&mut out, "vllm:num_requests_swapped", "gauge", "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is not used in V1", &m, 0.0);
+    family(&mut out, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", &m, s.kv_usage);
+    family(&mut out, "vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", &m, s.kv_usage);
+    family(&mut out, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", &m, c.prefix_cache_queries as f64);
+    family(&mut out, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", &m, c.prefix_cache_hits as f64);
+    family(&mut out, "vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: use vllm:prefix_cache_queries", &m, c.prefix_cache_queries as f64);
+    family(&mut out, "vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: use vllm:prefix_cache_hits", &m, c.prefix_cache_hits as f64);
+    family(&mut out, "vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", &m, 0.0);
+    family(&mut out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", &m, c.prompt_tokens as f64);
+    family(&mut out, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", &m, c.generation_tokens as f64);
+    family(
+        &mut out,
+        "vllm:request_success_total",
+        "counter",
+        "Count of successfully processed requests.",
+        &format!("finished_reason=\"length\",{m}"),
+        c.request_success as f64,
+    );
+    if let Some(ci) = cache_info {
+        let labels = format!(
+            "block_size=\"{}\",cache_dtype=\"auto\",calculate_kv_scales=\"False\",enable_prefix_caching=\"True\",\
+             gpu_memory_utilization=\"0.9\",is_attention_free=\"False\",num_cpu_blocks=\"None\",\
+             num_gpu_blocks=\"{}\",num_gpu_blocks_override=\"None\",prefix_caching_hash_algo=\"builtin\",\
+             sliding_window=\"None\",swap_space=\"4\"",
+            ci.block_size, ci.num_gpu_blocks
+        );
+        family(&mut out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", &labels, 1.0);
+    }
+    // Simulator-only extras (not in vLLM), handy for benchmarks.
+    family(&mut out, "sim:evictable_blocks", "gauge", "Cached blocks with no running user (evictable).", &m, s.evictable_blocks as f64);
+    family(&mut out, "sim:evicted_blocks_total", "counter", "Blocks evicted from the prefix cache.", &m, s.evictions as f64);
+    family(&mut out, "sim:engine_steps_total", "counter", "Engine steps executed.", &m, c.steps as f64);
+    family(&mut out, "sim:aborted_requests_total", "counter", "Requests aborted because the client went away.", &m, c.aborted as f64);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Counters;
+
+    #[test]
+    fn renders_vllm_style() {
+        let s = Snapshot {
+            running: 3,
+            waiting: 1,
+            kv_usage: 0.25,
+            num_blocks: 25000,
+            block_size: 16,
+            evictable_blocks: 0,
+            evictions: 0,
+            counters: Counters { prefix_cache_hits: 32, ..Counters::default() },
+        };
+        let out = render("m\"x", &s, Some(&CacheInfo { block_size: 16, num_gpu_blocks: 25000 }));
+        assert!(out.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3.0\n"));
+        assert!(out.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25\n"));
+        assert!(out.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
+        assert!(out.contains("vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 32.0\n"));
+        assert!(out.contains("num_gpu_blocks=\"25000\""));
+        assert!(!render("m", &s, None).contains("cache_config_info"));
+    }
+}
