@@ -1,0 +1,724 @@
+//! Plugin configuration: a serde wire format, validated into [`Config`].
+//!
+//! Two phases (the Kuadrant wasm-shim shape): [`WireConfig`] mirrors the JSON
+//! exactly (`deny_unknown_fields`, named defaults), and `Config::try_from`
+//! checks every value and names the offending field in the error, so
+//! `on_configure` can log one precise line and refuse to start.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+
+/// Why a configuration was rejected; `field` is the JSON path of the culprit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// JSON path of the offending field, e.g. `backends[1].address`.
+    pub field: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.problem)
+    }
+}
+
+fn bad(field: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        problem: problem.into(),
+    }
+}
+
+/// Routing strategy; `cache_aware` is the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Longest cached prefix weighed against load, per request, under a load bound.
+    #[default]
+    CacheAware,
+    /// Rendezvous hashing on the prompt prefix with bounded-load spillover.
+    PrefixHash,
+    /// Fewest in-flight requests (refined by scraped queue depth).
+    LeastRequest,
+    /// One rotation shared by all worker threads.
+    RoundRobin,
+    /// Uniformly random healthy backend.
+    Random,
+    /// Session header hashed onto a backend; round robin without it.
+    StickySession,
+}
+
+impl Strategy {
+    /// Stable name used in stats and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::CacheAware => "cache_aware",
+            Strategy::PrefixHash => "prefix_hash",
+            Strategy::LeastRequest => "least_request",
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Random => "random",
+            Strategy::StickySession => "sticky_session",
+        }
+    }
+}
+
+/// How the choice reaches Envoy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteMode {
+    /// `x-gateway-destination-endpoint: ip:port[,ip:port...]` for Envoy's `override_host` policy.
+    #[default]
+    Endpoint,
+    /// A header carrying the backend name, matched by Envoy routes / Istio subsets.
+    Header,
+    /// `:authority` rewritten to the backend host.
+    Authority,
+}
+
+/// Header used by Envoy's `override_host` policy and the Gateway API Inference Extension.
+pub const ENDPOINT_HEADER: &str = "x-gateway-destination-endpoint";
+/// Default header for the `header` route mode.
+pub const BACKEND_HEADER: &str = "x-warmroute-backend";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireBackend {
+    name: String,
+    address: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    metrics_path: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct WireRoute {
+    #[serde(default)]
+    mode: RouteMode,
+    #[serde(default)]
+    header: Option<String>,
+    #[serde(default = "d_fallbacks")]
+    fallbacks: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireBalance {
+    #[serde(default = "d_eps")]
+    eps: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireCacheAware {
+    #[serde(default = "d_tie_margin")]
+    tie_margin: f64,
+    #[serde(default = "d_min_match_blocks")]
+    min_match_blocks: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireSaturation {
+    #[serde(default = "d_max_waiting")]
+    max_waiting: f64,
+    #[serde(default = "d_max_kv_usage")]
+    max_kv_usage: f64,
+    #[serde(default)]
+    max_inflight: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireIndex {
+    #[serde(default = "d_max_blocks")]
+    max_blocks: usize,
+    #[serde(default = "d_ttl_ms")]
+    ttl_ms: u64,
+    #[serde(default = "d_log_bytes")]
+    log_bytes: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireMetricNames {
+    #[serde(default = "d_running")]
+    running: Vec<String>,
+    #[serde(default = "d_waiting")]
+    waiting: Vec<String>,
+    #[serde(default = "d_kv_usage")]
+    kv_usage: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireMetrics {
+    #[serde(default = "d_true")]
+    enabled: bool,
+    #[serde(default = "d_cluster")]
+    cluster: String,
+    #[serde(default = "d_path")]
+    path: String,
+    #[serde(default = "d_period_ms")]
+    period_ms: u64,
+    #[serde(default = "d_timeout_ms")]
+    timeout_ms: u64,
+    #[serde(default = "d_unhealthy_after")]
+    unhealthy_after: u32,
+    #[serde(default = "d_stale_after_ms")]
+    stale_after_ms: u64,
+    #[serde(default)]
+    model_name: Option<String>,
+    #[serde(default = "default_names")]
+    names: WireMetricNames,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireConfig {
+    backends: Vec<WireBackend>,
+    #[serde(default)]
+    strategy: Strategy,
+    #[serde(default)]
+    route: WireRoute,
+    #[serde(default = "d_block_bytes")]
+    block_bytes: usize,
+    #[serde(default = "d_max_body_bytes")]
+    max_body_bytes: usize,
+    #[serde(default = "d_session_header")]
+    session_header: String,
+    #[serde(default = "default_balance")]
+    balance: WireBalance,
+    #[serde(default = "default_cache_aware")]
+    cache_aware: WireCacheAware,
+    #[serde(default = "default_saturation")]
+    saturation: WireSaturation,
+    #[serde(default = "default_index")]
+    index: WireIndex,
+    #[serde(default = "default_metrics")]
+    metrics: WireMetrics,
+    #[serde(default)]
+    debug_header: bool,
+}
+
+fn d_fallbacks() -> usize {
+    2
+}
+fn d_eps() -> f64 {
+    0.5
+}
+fn d_tie_margin() -> f64 {
+    0.05
+}
+fn d_min_match_blocks() -> u32 {
+    1
+}
+fn d_max_waiting() -> f64 {
+    4.0
+}
+fn d_max_kv_usage() -> f64 {
+    0.98
+}
+fn d_max_blocks() -> usize {
+    262_144
+}
+fn d_ttl_ms() -> u64 {
+    600_000
+}
+fn d_log_bytes() -> usize {
+    262_144
+}
+fn d_running() -> Vec<String> {
+    vec!["vllm:num_requests_running".into(), "sglang:num_running_reqs".into()]
+}
+fn d_waiting() -> Vec<String> {
+    vec!["vllm:num_requests_waiting".into(), "sglang:num_queue_reqs".into()]
+}
+fn d_kv_usage() -> Vec<String> {
+    vec![
+        "vllm:kv_cache_usage_perc".into(),
+        "vllm:gpu_cache_usage_perc".into(),
+        "sglang:token_usage".into(),
+    ]
+}
+fn d_true() -> bool {
+    true
+}
+fn d_cluster() -> String {
+    "pool".into()
+}
+fn d_path() -> String {
+    "/metrics".into()
+}
+fn d_period_ms() -> u64 {
+    500
+}
+fn d_timeout_ms() -> u64 {
+    400
+}
+fn d_unhealthy_after() -> u32 {
+    2
+}
+fn d_stale_after_ms() -> u64 {
+    2000
+}
+fn d_block_bytes() -> usize {
+    256
+}
+fn d_max_body_bytes() -> usize {
+    8 * 1024 * 1024
+}
+fn d_session_header() -> String {
+    "x-session-id".into()
+}
+fn default_names() -> WireMetricNames {
+    WireMetricNames {
+        running: d_running(),
+        waiting: d_waiting(),
+        kv_usage: d_kv_usage(),
+    }
+}
+fn default_balance() -> WireBalance {
+    WireBalance { eps: d_eps() }
+}
+fn default_cache_aware() -> WireCacheAware {
+    WireCacheAware {
+        tie_margin: d_tie_margin(),
+        min_match_blocks: d_min_match_blocks(),
+    }
+}
+fn default_saturation() -> WireSaturation {
+    WireSaturation {
+        max_waiting: d_max_waiting(),
+        max_kv_usage: d_max_kv_usage(),
+        max_inflight: 0,
+    }
+}
+fn default_index() -> WireIndex {
+    WireIndex {
+        max_blocks: d_max_blocks(),
+        ttl_ms: d_ttl_ms(),
+        log_bytes: d_log_bytes(),
+    }
+}
+fn default_metrics() -> WireMetrics {
+    WireMetrics {
+        enabled: true,
+        cluster: d_cluster(),
+        path: d_path(),
+        period_ms: d_period_ms(),
+        timeout_ms: d_timeout_ms(),
+        unhealthy_after: d_unhealthy_after(),
+        stale_after_ms: d_stale_after_ms(),
+        model_name: None,
+        names: default_names(),
+    }
+}
+
+/// One inference server the filter may route to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Backend {
+    /// Unique name (stats, `header` route mode).
+    pub name: String,
+    /// `ip:port`, written to the endpoint header and used for scrapes.
+    pub address: String,
+    /// `:authority` in `authority` mode and for scrapes.
+    pub host: String,
+    /// Path of the Prometheus endpoint.
+    pub metrics_path: String,
+}
+
+/// Where and how the choice is written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteConfig {
+    /// Which of the three route modes.
+    pub mode: RouteMode,
+    /// Header written (unused in `authority` mode).
+    pub header: String,
+    /// Extra endpoints listed for Envoy retries (endpoint mode).
+    pub fallbacks: usize,
+}
+
+/// Tuning of the load bound and the cache/load weighing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyConfig {
+    /// Bounded-load slack: cap = ceil((1+eps) * (total+1) / healthy).
+    pub eps: f64,
+    /// Scores closer than this are ties, broken by rendezvous order.
+    pub tie_margin: f64,
+    /// Fewer matched blocks than this count as no match.
+    pub min_match_blocks: u32,
+    /// A backend with this many waiting requests is saturated.
+    pub max_waiting: f64,
+    /// A backend with KV usage at or above this is saturated.
+    pub max_kv_usage: f64,
+    /// In-flight requests per backend at which it is saturated (0 = off).
+    pub max_inflight: u32,
+}
+
+/// Bounds of the approximate prefix index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexConfig {
+    /// Most (block, backend) entries kept, fleet-wide.
+    pub max_blocks: usize,
+    /// Entries unused for this long are forgotten.
+    pub ttl_ms: u64,
+    /// Size bound of the shared change log replicating the index across workers.
+    pub log_bytes: usize,
+}
+
+/// Names of the scraped gauges; the first name present wins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricNames {
+    /// Running requests.
+    pub running: Vec<String>,
+    /// Queued requests.
+    pub waiting: Vec<String>,
+    /// KV cache usage, 0..1.
+    pub kv_usage: Vec<String>,
+}
+
+/// The companion tick's scrape settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsConfig {
+    /// Whether backends are scraped at all.
+    pub enabled: bool,
+    /// Envoy cluster the scrape calls go through.
+    pub cluster: String,
+    /// Tick and scrape period.
+    pub period_ms: u64,
+    /// Callout timeout, shorter than the period.
+    pub timeout_ms: u64,
+    /// Consecutive failed scrapes that take a backend out of rotation.
+    pub unhealthy_after: u32,
+    /// Snapshots older than this are not trusted.
+    pub stale_after_ms: u64,
+    /// Label value of `model_name` to select; `None` sums all label sets.
+    pub model_name: Option<String>,
+    /// Metric names per quantity.
+    pub names: MetricNames,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The fleet, in configured order (indices are stable ids).
+    pub backends: Vec<Backend>,
+    /// Active strategy.
+    pub strategy: Strategy,
+    /// How the choice reaches Envoy.
+    pub route: RouteConfig,
+    /// Prefix block size in bytes.
+    pub block_bytes: usize,
+    /// Largest body parsed.
+    pub max_body_bytes: usize,
+    /// Header naming a session (lower-case).
+    pub session_header: String,
+    /// Policy tuning.
+    pub policy: PolicyConfig,
+    /// Index bounds.
+    pub index: IndexConfig,
+    /// Scraping.
+    pub metrics: MetricsConfig,
+    /// Whether to add the `x-warmroute` response header.
+    pub debug_header: bool,
+}
+
+/// Most backends one filter instance routes over.
+pub const MAX_BACKENDS: usize = 1024;
+
+fn valid_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<T, ConfigError> {
+    if v >= lo && v <= hi {
+        Ok(v)
+    } else {
+        Err(bad(field, format!("{v} is out of range {lo}..={hi}")))
+    }
+}
+
+fn finite_in_range(field: &str, v: f64, lo: f64, hi: f64) -> Result<f64, ConfigError> {
+    if v.is_finite() {
+        in_range(field, v, lo, hi)
+    } else {
+        Err(bad(field, "must be a finite number"))
+    }
+}
+
+fn metric_names(field: &str, names: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if names.is_empty() || names.iter().any(|n| n.is_empty()) {
+        return Err(bad(field, "must list at least one non-empty metric name"));
+    }
+    Ok(names)
+}
+
+fn path(field: &str, p: String) -> Result<String, ConfigError> {
+    if p.starts_with('/') {
+        Ok(p)
+    } else {
+        Err(bad(field, "must start with '/'"))
+    }
+}
+
+impl TryFrom<WireConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(w: WireConfig) -> Result<Self, ConfigError> {
+        if w.backends.is_empty() {
+            return Err(bad("backends", "must list at least one backend"));
+        }
+        if w.backends.len() > MAX_BACKENDS {
+            return Err(bad("backends", format!("at most {MAX_BACKENDS} backends")));
+        }
+        let default_path = path("metrics.path", w.metrics.path.clone())?;
+        let mut backends: Vec<Backend> = Vec::with_capacity(w.backends.len());
+        for (i, b) in w.backends.into_iter().enumerate() {
+            if !valid_name(&b.name) {
+                return Err(bad(
+                    format!("backends[{i}].name"),
+                    "must be 1-128 characters of [A-Za-z0-9._-]",
+                ));
+            }
+            if backends.iter().any(|o| o.name == b.name) {
+                return Err(bad(format!("backends[{i}].name"), format!("duplicate name {:?}", b.name)));
+            }
+            if b.address.parse::<SocketAddr>().is_err() {
+                return Err(bad(
+                    format!("backends[{i}].address"),
+                    format!("{:?} is not ip:port", b.address),
+                ));
+            }
+            if backends.iter().any(|o| o.address == b.address) {
+                return Err(bad(
+                    format!("backends[{i}].address"),
+                    format!("duplicate address {:?}", b.address),
+                ));
+            }
+            let host = match b.host {
+                Some(h) if h.is_empty() || h.contains(char::is_whitespace) => {
+                    return Err(bad(format!("backends[{i}].host"), "must be a non-empty host[:port]"))
+                }
+                Some(h) => h,
+                None => b.address.clone(),
+            };
+            let metrics_path = match b.metrics_path {
+                Some(p) => path(&format!("backends[{i}].metrics_path"), p)?,
+                None => default_path.clone(),
+            };
+            backends.push(Backend {
+                name: b.name,
+                address: b.address,
+                host,
+                metrics_path,
+            });
+        }
+        let header = match (w.route.mode, w.route.header) {
+            (_, Some(h)) => {
+                let h = h.to_ascii_lowercase();
+                if !valid_header_name(&h) {
+                    return Err(bad("route.header", format!("{h:?} is not a valid header name")));
+                }
+                h
+            }
+            (RouteMode::Header, None) => BACKEND_HEADER.to_string(),
+            (_, None) => ENDPOINT_HEADER.to_string(),
+        };
+        let route = RouteConfig {
+            mode: w.route.mode,
+            header,
+            fallbacks: in_range("route.fallbacks", w.route.fallbacks, 0, 16)?,
+        };
+        let session_header = w.session_header.to_ascii_lowercase();
+        if !valid_header_name(&session_header) {
+            return Err(bad("session_header", "is not a valid header name"));
+        }
+        let policy = PolicyConfig {
+            eps: finite_in_range("balance.eps", w.balance.eps, 0.0, 100.0)?,
+            tie_margin: finite_in_range("cache_aware.tie_margin", w.cache_aware.tie_margin, 0.0, 1.0)?,
+            min_match_blocks: in_range("cache_aware.min_match_blocks", w.cache_aware.min_match_blocks, 1, 1 << 20)?,
+            max_waiting: finite_in_range("saturation.max_waiting", w.saturation.max_waiting, 0.0, 1e9)?,
+            max_kv_usage: finite_in_range("saturation.max_kv_usage", w.saturation.max_kv_usage, 0.0, 1.0)?,
+            max_inflight: w.saturation.max_inflight,
+        };
+        let index = IndexConfig {
+            max_blocks: in_range("index.max_blocks", w.index.max_blocks, 1024, 1 << 26)?,
+            ttl_ms: in_range("index.ttl_ms", w.index.ttl_ms, 1000, 7 * 24 * 3_600_000)?,
+            log_bytes: in_range("index.log_bytes", w.index.log_bytes, 4096, 64 << 20)?,
+        };
+        let m = w.metrics;
+        let period_ms = in_range("metrics.period_ms", m.period_ms, 50, 3_600_000)?;
+        let timeout_ms = in_range("metrics.timeout_ms", m.timeout_ms, 10, 3_600_000)?;
+        if timeout_ms >= period_ms {
+            return Err(bad("metrics.timeout_ms", "must be shorter than metrics.period_ms"));
+        }
+        if m.cluster.is_empty() {
+            return Err(bad("metrics.cluster", "must name an Envoy cluster"));
+        }
+        let metrics = MetricsConfig {
+            enabled: m.enabled,
+            cluster: m.cluster,
+            period_ms,
+            timeout_ms,
+            unhealthy_after: in_range("metrics.unhealthy_after", m.unhealthy_after, 1, 1000)?,
+            stale_after_ms: in_range("metrics.stale_after_ms", m.stale_after_ms, period_ms, 86_400_000)?,
+            model_name: m.model_name,
+            names: MetricNames {
+                running: metric_names("metrics.names.running", m.names.running)?,
+                waiting: metric_names("metrics.names.waiting", m.names.waiting)?,
+                kv_usage: metric_names("metrics.names.kv_usage", m.names.kv_usage)?,
+            },
+        };
+        Ok(Config {
+            backends,
+            strategy: w.strategy,
+            route,
+            block_bytes: in_range("block_bytes", w.block_bytes, 16, 65_536)?,
+            max_body_bytes: in_range("max_body_bytes", w.max_body_bytes, 1024, 1 << 30)?,
+            session_header,
+            policy,
+            index,
+            metrics,
+            debug_header: w.debug_header,
+        })
+    }
+}
+
+/// serde's messages name the field for unknown fields and bad variants, but not
+/// for nested type errors: prefix the path we can recover from the message.
+fn serde_error(e: serde_json::Error) -> ConfigError {
+    let msg = e.to_string();
+    let field = msg
+        .split('`')
+        .nth(1)
+        .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("line {} column {}", e.line(), e.column()));
+    bad(field, msg)
+}
+
+impl Config {
+    /// Parse and validate the plugin configuration bytes.
+    pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let wire: WireConfig = serde_json::from_slice(bytes).map_err(serde_error)?;
+        Config::try_from(wire)
+    }
+
+    /// Index of the backend with this name.
+    pub fn backend_index(&self, name: &str) -> Option<usize> {
+        self.backends.iter().position(|b| b.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#;
+
+    fn err(json: &str) -> ConfigError {
+        match Config::parse(json.as_bytes()) {
+            Ok(c) => panic!("accepted {json}: {c:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MIN.as_bytes()).unwrap();
+        assert_eq!(c.strategy, Strategy::CacheAware);
+        assert_eq!(c.route.mode, RouteMode::Endpoint);
+        assert_eq!(c.route.header, ENDPOINT_HEADER);
+        assert_eq!(c.block_bytes, 256);
+        assert_eq!(c.backends[1].host, "127.0.0.1:2");
+        assert_eq!(c.backends[0].metrics_path, "/metrics");
+        assert!(c.metrics.enabled);
+        assert_eq!(c.metrics.period_ms, 500);
+    }
+
+    #[test]
+    fn header_mode_defaults_its_header() {
+        let c = Config::parse(
+            br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"route":{"mode":"header"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.route.header, BACKEND_HEADER);
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"stratgy":"random"}"#);
+        assert_eq!(e.field, "stratgy");
+    }
+
+    #[test]
+    fn unknown_nested_field_is_named() {
+        let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1","weight":3}]}"#);
+        assert_eq!(e.field, "weight");
+    }
+
+    #[test]
+    fn bad_strategy_is_rejected() {
+        let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"strategy":"fastest"}"#);
+        assert!(e.problem.contains("unknown variant"), "{e}");
+    }
+
+    #[test]
+    fn missing_backends_is_named() {
+        assert_eq!(err("{}").field, "backends");
+        assert_eq!(err(r#"{"backends":[]}"#).field, "backends");
+    }
+
+    #[test]
+    fn bad_address_is_named() {
+        let e = err(r#"{"backends":[{"name":"a","address":"vllm-0:8000"}]}"#);
+        assert_eq!(e.field, "backends[0].address");
+    }
+
+    #[test]
+    fn duplicate_name_is_named() {
+        let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"a","address":"127.0.0.1:2"}]}"#);
+        assert_eq!(e.field, "backends[1].name");
+    }
+
+    #[test]
+    fn out_of_range_values_are_named() {
+        let base = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"#;
+        assert_eq!(err(&format!("{base}\"block_bytes\":4}}")).field, "block_bytes");
+        assert_eq!(err(&format!("{base}\"balance\":{{\"eps\":-1}}}}")).field, "balance.eps");
+        assert_eq!(
+            err(&format!("{base}\"metrics\":{{\"period_ms\":100,\"timeout_ms\":200}}}}")).field,
+            "metrics.timeout_ms"
+        );
+        assert_eq!(
+            err(&format!("{base}\"saturation\":{{\"max_kv_usage\":1.5}}}}")).field,
+            "saturation.max_kv_usage"
+        );
+        assert_eq!(err(&format!("{base}\"route\":{{\"header\":\"bad header\"}}}}")).field, "route.header");
+    }
+
+    #[test]
+    fn not_json_is_rejected() {
+        let e = err("strategy: random");
+        assert!(e.field.starts_with("line 1"), "{e}");
+    }
+}

@@ -1,0 +1,263 @@
+//! Per-backend load: scraped metrics, health, and the filter's own in-flight count.
+//!
+//! ## How load is weighed (used by every load-aware strategy)
+//! ```text
+//! load_b      = max(inflight_b, running_b + waiting_b)      (scrape fresh)
+//!             = inflight_b                                   (no fresh scrape)
+//! saturated_b = waiting_b >= max_waiting  ∨  kv_usage_b >= max_kv_usage
+//!               ∨ (max_inflight > 0 ∧ inflight_b >= max_inflight)
+//! ```
+//! In-flight counts react instantly (between scrapes); scraped running+waiting
+//! also see traffic from other gateway replicas. A queue (`waiting > 0`) means
+//! the server already hit `max_num_seqs` or its KV capacity, so it counts as
+//! saturation, not just load. A snapshot older than `stale_after_ms` is
+//! ignored: no metrics degrades to in-flight accounting, never to an outage.
+
+use crate::config::{MetricNames, PolicyConfig};
+use crate::prometheus::{self, Sample};
+
+/// What one scrape of a backend said.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Scrape {
+    /// Requests in the running batch.
+    pub running: f64,
+    /// Requests queued.
+    pub waiting: f64,
+    /// KV cache usage, 0..1.
+    pub kv_usage: f64,
+    /// KV capacity in tokens, from `vllm:cache_config_info`.
+    pub capacity_tokens: Option<u64>,
+    /// Prefix cache hits (tokens), cumulative.
+    pub prefix_hits: f64,
+    /// Prefix cache queries (tokens), cumulative.
+    pub prefix_queries: f64,
+    /// Lines that did not parse.
+    pub garbage: u32,
+}
+
+/// The first configured name present wins; label sets are summed, or only the
+/// configured `model_name` is taken.
+fn pick(samples: &[Sample<'_>], names: &[String], model: Option<&str>, max: bool) -> Option<f64> {
+    names.iter().find_map(|n| {
+        let mut found = None;
+        for s in samples.iter().filter(|s| s.name == n) {
+            if let Some(m) = model {
+                if s.label("model_name").as_deref() != Some(m) {
+                    continue;
+                }
+            }
+            let v = if s.value.is_finite() { s.value } else { 0.0 };
+            found = Some(match found {
+                None => v,
+                Some(f) if max => f64::max(f, v),
+                Some(f) => f + v,
+            });
+        }
+        found
+    })
+}
+
+/// Extracts a [`Scrape`] from Prometheus text.
+pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
+    let mut samples = Vec::new();
+    let stats = prometheus::parse(text, |s| {
+        if s.name.starts_with("vllm:") || s.name.starts_with("sglang:") || names_contain(names, s.name) {
+            samples.push(s)
+        }
+    });
+    let capacity_tokens = samples.iter().find(|s| s.name == "vllm:cache_config_info").and_then(|s| {
+        let blocks: u64 = s.label("num_gpu_blocks")?.parse().ok()?;
+        let size: u64 = s.label("block_size")?.parse().ok()?;
+        blocks.checked_mul(size)
+    });
+    let counter = |n: &str| pick(&samples, &[n.to_string()], model, false).unwrap_or(0.0);
+    Scrape {
+        running: pick(&samples, &names.running, model, false).unwrap_or(0.0).max(0.0),
+        waiting: pick(&samples, &names.waiting, model, false).unwrap_or(0.0).max(0.0),
+        kv_usage: pick(&samples, &names.kv_usage, model, true).unwrap_or(0.0).clamp(0.0, 1.0),
+        capacity_tokens,
+        prefix_hits: counter("vllm:prefix_cache_hits_total"),
+        prefix_queries: counter("vllm:prefix_cache_queries_total"),
+        garbage: stats.garbage.min(u32::MAX as usize) as u32,
+    }
+}
+
+fn names_contain(names: &MetricNames, n: &str) -> bool {
+    [&names.running, &names.waiting, &names.kv_usage]
+        .iter()
+        .any(|l| l.iter().any(|x| x == n))
+}
+
+/// What the tick knows of one backend (shared by all workers).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Health {
+    /// Last good scrape, host ms (0 = never).
+    pub scraped_ms: u64,
+    /// Consecutive failed scrapes.
+    pub failures: u32,
+    /// Whether the backend is out of rotation.
+    pub down: bool,
+    /// Last good scrape.
+    pub scrape: Scrape,
+}
+
+const HEALTH_LEN: usize = 8 + 4 + 1 + 8 * 6 + 4;
+
+/// Encodes every backend's health for shared data.
+pub fn encode_health(all: &[Health]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(all.len() * HEALTH_LEN);
+    for h in all {
+        out.extend_from_slice(&h.scraped_ms.to_le_bytes());
+        out.extend_from_slice(&h.failures.to_le_bytes());
+        out.push(h.down as u8);
+        let s = &h.scrape;
+        for v in [
+            s.running,
+            s.waiting,
+            s.kv_usage,
+            s.capacity_tokens.map_or(-1.0, |c| c as f64),
+            s.prefix_hits,
+            s.prefix_queries,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&s.garbage.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes health for `n` backends; a mismatched blob (another fleet) reads as "no data".
+pub fn decode_health(bytes: &[u8], n: usize) -> Vec<Health> {
+    if bytes.len() != n * HEALTH_LEN {
+        return vec![Health::default(); n];
+    }
+    bytes
+        .chunks_exact(HEALTH_LEN)
+        .map(|c| {
+            let f = |at: usize| c.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0.0, f64::from_le_bytes);
+            let u64_ = c.get(0..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
+            let u32_ = |at: usize| c.get(at..at + 4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes);
+            let cap = f(13 + 24);
+            Health {
+                scraped_ms: u64_,
+                failures: u32_(8),
+                down: c.get(12) == Some(&1),
+                scrape: Scrape {
+                    running: f(13),
+                    waiting: f(21),
+                    kv_usage: f(29),
+                    capacity_tokens: (cap >= 0.0).then_some(cap as u64),
+                    prefix_hits: f(45),
+                    prefix_queries: f(53),
+                    garbage: u32_(61),
+                },
+            }
+        })
+        .collect()
+}
+
+/// The load picture of one backend at decision time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BackendLoad {
+    /// In rotation.
+    pub healthy: bool,
+    /// Requests, per the formula at the top of this module.
+    pub load: f64,
+    /// Not eligible for cache affinity or bounded-load placement.
+    pub saturated: bool,
+}
+
+/// Combines in-flight counts and health into per-backend load.
+pub fn backend_loads(
+    inflight: &[u32],
+    health: &[Health],
+    now_ms: u64,
+    stale_after_ms: u64,
+    policy: &PolicyConfig,
+) -> Vec<BackendLoad> {
+    inflight
+        .iter()
+        .enumerate()
+        .map(|(b, &inf)| {
+            let h = health.get(b).copied().unwrap_or_default();
+            let fresh = h.scraped_ms > 0 && now_ms.saturating_sub(h.scraped_ms) <= stale_after_ms;
+            let inf = inf as f64;
+            let (load, sat) = if fresh {
+                let s = h.scrape;
+                (
+                    inf.max(s.running + s.waiting),
+                    s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE) || s.kv_usage >= policy.max_kv_usage,
+                )
+            } else {
+                (inf, false)
+            };
+            BackendLoad {
+                healthy: !h.down,
+                load,
+                saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn cfg() -> Config {
+        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#)
+            .unwrap()
+    }
+
+    #[test]
+    fn extracts_vllm_and_sums_label_sets() {
+        let c = cfg();
+        let text = "vllm:num_requests_running{model_name=\"a\"} 3\nvllm:num_requests_running{model_name=\"b\"} 4\n\
+vllm:num_requests_waiting{model_name=\"a\"} 1\nvllm:gpu_cache_usage_perc{model_name=\"a\"} 0.5\n\
+vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n\
+vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_total{model_name=\"a\"} 40\n";
+        let s = extract(text, &c.metrics.names, None);
+        assert_eq!((s.running, s.waiting, s.kv_usage), (7.0, 1.0, 0.5));
+        assert_eq!(s.capacity_tokens, Some(16_000));
+        assert_eq!((s.prefix_hits, s.prefix_queries), (10.0, 40.0));
+        let only_b = extract(text, &c.metrics.names, Some("b"));
+        assert_eq!(only_b.running, 4.0);
+    }
+
+    #[test]
+    fn extracts_sglang_and_newer_name_wins() {
+        let c = cfg();
+        let s = extract(
+            "sglang:num_running_reqs 2\nsglang:num_queue_reqs 5\nsglang:token_usage 0.9\n",
+            &c.metrics.names,
+            None,
+        );
+        assert_eq!((s.running, s.waiting, s.kv_usage), (2.0, 5.0, 0.9));
+        let both = extract("vllm:kv_cache_usage_perc 0.2\nvllm:gpu_cache_usage_perc 0.7\n", &c.metrics.names, None);
+        assert_eq!(both.kv_usage, 0.2);
+    }
+
+    #[test]
+    fn health_round_trips_and_rejects_foreign_blobs() {
+        let h = vec![
+            Health { scraped_ms: 5, failures: 2, down: true, scrape: Scrape { running: 1.0, waiting: 2.0, kv_usage: 0.3, capacity_tokens: Some(99), prefix_hits: 4.0, prefix_queries: 8.0, garbage: 1 } },
+            Health::default(),
+        ];
+        assert_eq!(decode_health(&encode_health(&h), 2), h);
+        assert_eq!(decode_health(&encode_health(&h), 3), vec![Health::default(); 3]);
+    }
+
+    #[test]
+    fn stale_scrapes_are_ignored_and_queues_saturate() {
+        let c = cfg();
+        let busy = Health { scraped_ms: 1000, scrape: Scrape { running: 10.0, waiting: 6.0, ..Scrape::default() }, ..Health::default() };
+        let l = backend_loads(&[1, 1], &[busy, Health::default()], 1500, 2000, &c.policy);
+        assert_eq!(l[0].load, 16.0);
+        assert!(l[0].saturated);
+        assert_eq!(l[1].load, 1.0);
+        let stale = backend_loads(&[1, 1], &[busy, Health::default()], 5000, 2000, &c.policy);
+        assert_eq!(stale[0].load, 1.0);
+        assert!(!stale[0].saturated);
+    }
+}

@@ -1,0 +1,334 @@
+//! OpenAI-style request bodies → canonical prompt bytes → [`PromptKey`].
+//!
+//! Parsing borrows from the body wherever JSON allows (strings without
+//! escapes, raw `tools`/parts JSON), so a 128 KB prompt is not copied.
+//! serde_json's recursion limit (128) turns hostile nesting into an error,
+//! not a stack overflow.
+//!
+//! Canonical stream, fed in order: `tools` (raw JSON), then per message
+//! `0x1e role 0x1f len64 content [0x1d tool_calls-raw]`. Each piece is
+//! length-prefixed, so no content can forge a boundary, and a conversation's
+//! turn N+1 extends turn N's stream byte for byte.
+
+use crate::prefix::{PrefixHasher, PromptKey};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// The OpenAI endpoints whose bodies carry a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/responses`.
+    Responses,
+}
+
+impl Endpoint {
+    /// Recognises the path (query string ignored).
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        match path.trim_end_matches('/') {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/responses" => Some(Endpoint::Responses),
+            _ => None,
+        }
+    }
+}
+
+/// Why a body yielded no prompt key (each is counted as a fallback reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParseError {
+    /// Not valid JSON (or truncated, or nested too deeply).
+    NotJson,
+    /// Valid JSON without the fields this endpoint needs.
+    Shape,
+}
+
+impl ParseError {
+    /// Stable name used in stats.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParseError::NotJson => "not_json",
+            ParseError::Shape => "bad_shape",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Chat<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    messages: Vec<Message<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Completion<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    prompt: &'a RawValue,
+}
+
+#[derive(Deserialize)]
+struct Responses<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    instructions: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: &'a RawValue,
+}
+
+const RECORD: u8 = 0x1e;
+const UNIT: u8 = 0x1f;
+const GROUP: u8 = 0x1d;
+
+/// A JSON value as canonical bytes: a string's text, anything else its raw JSON.
+enum Text<'a> {
+    Str(Cow<'a, str>),
+    Raw(&'a str),
+}
+
+impl<'a> Text<'a> {
+    fn of(raw: &'a RawValue) -> Result<Text<'a>, ParseError> {
+        let s = raw.get();
+        if s.starts_with('"') {
+            let text: Cow<'a, str> = serde_json::from_str(s).map_err(|_| ParseError::NotJson)?;
+            Ok(Text::Str(text))
+        } else {
+            Ok(Text::Raw(s))
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Text::Str(s) => s.as_bytes(),
+            Text::Raw(s) => s.as_bytes(),
+        }
+    }
+}
+
+fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &[u8]) {
+    h.feed(&[RECORD]);
+    h.feed(tag);
+    h.feed(&[UNIT]);
+    h.feed(&(content.len() as u64).to_le_bytes());
+    h.feed(content);
+}
+
+fn hasher(model: &Option<Cow<'_, str>>, salt: &Option<Cow<'_, str>>, block: usize, anchor: usize) -> PrefixHasher {
+    PrefixHasher::new(
+        block,
+        anchor,
+        model.as_deref().unwrap_or_default().as_bytes(),
+        salt.as_deref().map(str::as_bytes),
+    )
+}
+
+/// Turns a request body into its routing key.
+pub fn prompt_key(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_bytes: usize,
+    anchor_bytes: usize,
+) -> Result<PromptKey, ParseError> {
+    // Distinguish "not JSON at all" from "JSON of the wrong shape" for the stats.
+    let classify = |e: serde_json::Error| {
+        if e.is_data() {
+            ParseError::Shape
+        } else {
+            ParseError::NotJson
+        }
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let req: Chat = serde_json::from_slice(body).map_err(classify)?;
+            if req.messages.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
+            if let Some(tools) = req.tools {
+                feed_piece(&mut h, b"tools", tools.get().as_bytes());
+            }
+            for m in &req.messages {
+                let content = match m.content {
+                    Some(c) => Text::of(c)?,
+                    None => Text::Raw(""),
+                };
+                feed_piece(&mut h, m.role.as_bytes(), content.bytes());
+                if let Some(calls) = m.tool_calls {
+                    h.feed(&[GROUP]);
+                    h.feed(calls.get().as_bytes());
+                }
+                // The first turn that is not instructions anchors the conversation.
+                if !matches!(m.role.as_ref(), "system" | "developer") {
+                    h.mark_anchor();
+                }
+            }
+            Ok(h.finish())
+        }
+        Endpoint::Completions => {
+            let req: Completion = serde_json::from_slice(body).map_err(classify)?;
+            let prompt = Text::of(req.prompt)?;
+            if prompt.bytes().is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
+            h.feed(prompt.bytes());
+            Ok(h.finish())
+        }
+        Endpoint::Responses => {
+            let req: Responses = serde_json::from_slice(body).map_err(classify)?;
+            let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
+            if let Some(tools) = req.tools {
+                feed_piece(&mut h, b"tools", tools.get().as_bytes());
+            }
+            if let Some(instr) = &req.instructions {
+                feed_piece(&mut h, b"system", instr.as_bytes());
+            }
+            let input = Text::of(req.input)?;
+            feed_piece(&mut h, b"input", input.bytes());
+            Ok(h.finish())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(messages: &str) -> PromptKey {
+        let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
+        prompt_key(Endpoint::Chat, body.as_bytes(), 16, 4096).unwrap()
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(Endpoint::from_path("/v1/chat/completions?x=1"), Some(Endpoint::Chat));
+        assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
+        assert_eq!(Endpoint::from_path("/v1/responses/"), Some(Endpoint::Responses));
+        assert_eq!(Endpoint::from_path("/v1/models"), None);
+    }
+
+    #[test]
+    fn next_turn_extends_previous_turn() {
+        let t1 = chat(r#"[{"role":"system","content":"You are a helpful assistant, be brief."},{"role":"user","content":"What is the capital of France?"}]"#);
+        let t2 = chat(r#"[{"role":"system","content":"You are a helpful assistant, be brief."},{"role":"user","content":"What is the capital of France?"},{"role":"assistant","content":"Paris."},{"role":"user","content":"And of Spain?"}]"#);
+        assert!(t1.blocks.len() >= 4);
+        assert_eq!(t1.blocks[..], t2.blocks[..t1.blocks.len()]);
+        assert_eq!(t1.anchor, t2.anchor, "a conversation keeps its anchor");
+    }
+
+    #[test]
+    fn different_tasks_get_different_anchors() {
+        let a = chat(r#"[{"role":"system","content":"shared"},{"role":"user","content":"task one"}]"#);
+        let b = chat(r#"[{"role":"system","content":"shared"},{"role":"user","content":"task two"}]"#);
+        assert_ne!(a.anchor, b.anchor);
+    }
+
+    #[test]
+    fn string_and_escaped_content_hash_by_text() {
+        let a = chat(r#"[{"role":"user","content":"line\nbreak and quote \" here, long enough"}]"#);
+        let b = chat("[{\"role\":\"user\",\"content\":\"line\\u000abreak and quote \\\" here, long enough\"}]");
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn parts_content_and_tools_count() {
+        let a = chat(r#"[{"role":"user","content":[{"type":"text","text":"describe this image please"}]}]"#);
+        let b = chat(r#"[{"role":"user","content":[{"type":"text","text":"describe that image please"}]}]"#);
+        assert_ne!(a.blocks, b.blocks);
+        let with_tools = prompt_key(
+            Endpoint::Chat,
+            br#"{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"describe this image please"}]}"#,
+            16,
+            4096,
+        )
+        .unwrap();
+        assert_ne!(with_tools.blocks[0], chat(r#"[{"role":"user","content":"describe this image please"}]"#).blocks[0]);
+    }
+
+    #[test]
+    fn role_boundaries_are_unambiguous() {
+        let a = chat(r#"[{"role":"user","content":"ab"},{"role":"user","content":"cdefghijklmnopqrstuvwxyz"}]"#);
+        let b = chat(r#"[{"role":"user","content":"abcd"},{"role":"user","content":"efghijklmnopqrstuvwxyz"}]"#);
+        assert_ne!(a.blocks, b.blocks);
+    }
+
+    #[test]
+    fn completions_string_list_and_tokens() {
+        let s = prompt_key(Endpoint::Completions, br#"{"model":"m","prompt":"once upon a time there was"}"#, 8, 64).unwrap();
+        assert_eq!(s.blocks.len(), 3);
+        let list = prompt_key(Endpoint::Completions, br#"{"model":"m","prompt":["a b c d e f g h i"]}"#, 8, 64).unwrap();
+        assert!(!list.blocks.is_empty());
+        let ids = prompt_key(Endpoint::Completions, br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9]}"#, 8, 64).unwrap();
+        assert!(!ids.blocks.is_empty());
+    }
+
+    #[test]
+    fn responses_api() {
+        let k = prompt_key(
+            Endpoint::Responses,
+            br#"{"model":"m","instructions":"be terse and kind","input":[{"role":"user","content":"hi"}]}"#,
+            8,
+            64,
+        )
+        .unwrap();
+        assert!(!k.blocks.is_empty());
+    }
+
+    #[test]
+    fn models_and_salts_do_not_share() {
+        let a = prompt_key(Endpoint::Completions, br#"{"model":"a","prompt":"0123456789abcdef"}"#, 8, 64).unwrap();
+        let b = prompt_key(Endpoint::Completions, br#"{"model":"b","prompt":"0123456789abcdef"}"#, 8, 64).unwrap();
+        let c = prompt_key(Endpoint::Completions, br#"{"model":"a","cache_salt":"s","prompt":"0123456789abcdef"}"#, 8, 64).unwrap();
+        assert_ne!(a.blocks, b.blocks);
+        assert_ne!(a.blocks, c.blocks);
+    }
+
+    #[test]
+    fn hostile_bodies_are_errors_not_panics() {
+        let deep = "[".repeat(100_000);
+        let cases: Vec<(&[u8], ParseError)> = vec![
+            (b"", ParseError::NotJson),
+            (b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"trunc", ParseError::NotJson),
+            (b"\xff\xfe\x00garbage", ParseError::NotJson),
+            (br#"{"model":"m","messages":"not a list"}"#, ParseError::Shape),
+            (br#"{"model":"m","messages":[]}"#, ParseError::Shape),
+            (br#"{"model":7,"messages":[{"role":"user","content":"x"}]}"#, ParseError::Shape),
+            (br#"[1,2,3]"#, ParseError::Shape),
+            (deep.as_bytes(), ParseError::Shape),
+        ];
+        for (body, want) in cases {
+            assert_eq!(prompt_key(Endpoint::Chat, body, 16, 64), Err(want), "{:?}", String::from_utf8_lossy(&body[..body.len().min(40)]));
+        }
+        let nested = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{}}}]}}"#, "[".repeat(5000));
+        assert!(prompt_key(Endpoint::Chat, nested.as_bytes(), 16, 64).is_err());
+        assert_eq!(prompt_key(Endpoint::Completions, br#"{"prompt":""}"#, 16, 64), Err(ParseError::Shape));
+    }
+}

@@ -1,0 +1,421 @@
+//! Routing strategies: pure functions from (request key, backend loads, index
+//! matches) to an ordered choice (primary, then fallbacks for retries).
+//!
+//! ## Bounded load (Mirrokni et al., "Consistent Hashing with Bounded Loads", 2016)
+//! Over the healthy set H with total load L, a backend is *eligible* when it is
+//! not saturated and `load_b + 1 <= cap`, `cap = ceil((1+eps)·(L+1)/|H|)`.
+//! No backend can then run more than (1+eps)× the mean — the per-request guard
+//! that replaces SGLang's and the vLLM router's single fleet-wide "imbalanced,
+//! so ignore the cache for everyone" switch (which, at their defaults, sends a
+//! whole agent workload to one replica).
+//!
+//! ## cache_aware (default)
+//! ```text
+//! ratio_b = matched_blocks_b / prompt_blocks        (0 below min_match_blocks)
+//! score_b = ratio_b − load_weight · (load_b − min_load) / cap      for b ∈ eligible
+//! ```
+//! - no eligible backend matches → *placement*: the first eligible backend in
+//!   rendezvous order of the prompt's anchor (deterministic, so independent
+//!   gateway replicas place a new conversation on the same pod);
+//! - otherwise the best score wins; scores within `tie_margin` of the best
+//!   are ties, broken by rendezvous order (again for cross-gateway agreement);
+//! - if the backend with the longest match overall was not chosen, the request
+//!   *spilled over*; the caller records the prefix on the new backend too, so a
+//!   hot prefix ends up replicated on more than one pod.
+//!
+//! | parameter      | default | why |
+//! |----------------|---------|-----|
+//! | `eps`          | 0.5     | Envoy's bounded-load default (hash_balance_factor 150): tighter bounds spill conversations at loads a vLLM pod does not feel |
+//! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
+//! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
+//!
+//! ## The others
+//! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load spillover).
+//! - `least_request`: least load among non-saturated healthy backends; ties random.
+//! - `round_robin`: shared rotation over healthy backends.
+//! - `random`: uniform over healthy backends.
+//! - `sticky_session`: rendezvous on the session id over healthy backends (a
+//!   dead backend's sessions move, and only those); no session → round robin.
+//!
+//! With no healthy backend, every strategy routes over all backends: our
+//! health view may be wrong, and refusing traffic is worse than trying.
+//!
+//! Cost: O(backends · log backends) per decision.
+
+use crate::config::{PolicyConfig, Strategy};
+use crate::load::BackendLoad;
+
+/// Weight of load against cache share in `cache_aware` scores.
+pub const LOAD_WEIGHT: f64 = 0.5;
+
+/// Why a backend was chosen (stats and the debug header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Longest cached prefix (net of load).
+    CacheHit,
+    /// No cache match: placed by rendezvous among eligible backends.
+    Placed,
+    /// The cache owner was saturated or over its load bound.
+    Spillover,
+    /// Least loaded.
+    LeastLoaded,
+    /// Round robin rotation.
+    RoundRobin,
+    /// Random pick.
+    Random,
+    /// Session affinity.
+    Sticky,
+    /// Request not understood: load-only choice.
+    Fallback,
+}
+
+impl Reason {
+    /// Stable name used in stats and the debug header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reason::CacheHit => "cache_hit",
+            Reason::Placed => "placed",
+            Reason::Spillover => "spillover",
+            Reason::LeastLoaded => "least_loaded",
+            Reason::RoundRobin => "round_robin",
+            Reason::Random => "random",
+            Reason::Sticky => "sticky",
+            Reason::Fallback => "fallback",
+        }
+    }
+}
+
+/// What a strategy needs to know about one request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestKey<'a> {
+    /// Rendezvous key for placement (prefix anchor).
+    pub anchor: u64,
+    /// Per backend: leading prompt blocks it holds.
+    pub matched: &'a [u32],
+    /// Full blocks in the prompt.
+    pub blocks: u32,
+    /// Hash of the session header, if any.
+    pub session: Option<u64>,
+    /// Shared round-robin counter value for this request.
+    pub rotation: u64,
+    /// A random number for this request.
+    pub random: u64,
+}
+
+/// The outcome of a strategy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Backend indices: primary first, then fallbacks.
+    pub order: Vec<usize>,
+    /// Blocks of the prompt the primary is believed to hold.
+    pub matched: u32,
+    /// Why the primary was chosen.
+    pub reason: Reason,
+}
+
+/// splitmix64: a fast, well-mixed 64-bit finaliser.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Backends sorted by rendezvous (highest random weight) order for `key`.
+pub fn rendezvous(key: u64, ids: &[u64], among: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut v: Vec<(u64, usize)> = among
+        .map(|b| (mix(key ^ ids.get(b).copied().unwrap_or(b as u64)), b))
+        .collect();
+    v.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    v.into_iter().map(|(_, b)| b).collect()
+}
+
+/// Decides where one request goes.
+pub struct Chooser<'a> {
+    /// Tuning.
+    pub cfg: &'a PolicyConfig,
+    /// Per backend load picture.
+    pub loads: &'a [BackendLoad],
+    /// Stable per-backend ids (hash of the address) for rendezvous hashing.
+    pub ids: &'a [u64],
+    /// How many fallbacks to list after the primary.
+    pub fallbacks: usize,
+}
+
+impl Chooser<'_> {
+    fn healthy(&self) -> Vec<usize> {
+        let h: Vec<usize> = (0..self.loads.len()).filter(|&b| self.loads[b].healthy).collect();
+        if h.is_empty() {
+            (0..self.loads.len()).collect()
+        } else {
+            h
+        }
+    }
+
+    fn cap(&self, healthy: &[usize]) -> f64 {
+        let total: f64 = healthy.iter().map(|&b| self.loads[b].load).sum();
+        ((1.0 + self.cfg.eps) * (total + 1.0) / healthy.len().max(1) as f64).ceil()
+    }
+
+    fn eligible(&self, b: usize, cap: f64) -> bool {
+        let l = &self.loads[b];
+        !l.saturated && l.load + 1.0 <= cap
+    }
+
+    fn least_loaded(&self, among: &[usize], tiebreak: u64) -> Option<usize> {
+        let min = among.iter().map(|&b| self.loads[b].load).fold(f64::INFINITY, f64::min);
+        let ties: Vec<usize> = among.iter().copied().filter(|&b| self.loads[b].load <= min).collect();
+        ties.get((tiebreak % ties.len().max(1) as u64) as usize).copied()
+    }
+
+    /// Primary first, then fallbacks in rendezvous order of `key`.
+    fn finish(&self, primary: usize, key: u64, matched: u32, reason: Reason) -> Decision {
+        let mut order = vec![primary];
+        order.extend(
+            rendezvous(key, self.ids, self.healthy().into_iter())
+                .into_iter()
+                .filter(|&b| b != primary)
+                .take(self.fallbacks),
+        );
+        Decision { order, matched, reason }
+    }
+
+    /// Runs `strategy` for one request.
+    pub fn choose(&self, strategy: Strategy, req: &RequestKey<'_>) -> Option<Decision> {
+        let healthy = self.healthy();
+        let cap = self.cap(&healthy);
+        let matched = |b: usize| req.matched.get(b).copied().unwrap_or(0);
+        match strategy {
+            Strategy::CacheAware => Some(self.cache_aware(req, &healthy, cap)),
+            Strategy::PrefixHash => {
+                let order = rendezvous(req.anchor, self.ids, healthy.iter().copied());
+                let owner = *order.first()?;
+                let (b, reason) = match order.iter().copied().find(|&b| self.eligible(b, cap)) {
+                    Some(b) if b == owner => (b, Reason::Placed),
+                    Some(b) => (b, Reason::Spillover),
+                    None => (self.least_loaded(&healthy, req.random)?, Reason::Spillover),
+                };
+                Some(self.finish(b, req.anchor, matched(b), reason))
+            }
+            Strategy::LeastRequest => {
+                let open: Vec<usize> = healthy.iter().copied().filter(|&b| !self.loads[b].saturated).collect();
+                let among = if open.is_empty() { &healthy } else { &open };
+                let b = self.least_loaded(among, req.random)?;
+                Some(self.finish(b, req.random, matched(b), Reason::LeastLoaded))
+            }
+            Strategy::RoundRobin => {
+                let b = *healthy.get((req.rotation % healthy.len().max(1) as u64) as usize)?;
+                Some(self.finish(b, req.rotation, matched(b), Reason::RoundRobin))
+            }
+            Strategy::Random => {
+                let b = *healthy.get((req.random % healthy.len().max(1) as u64) as usize)?;
+                Some(self.finish(b, req.random, matched(b), Reason::Random))
+            }
+            Strategy::StickySession => match req.session {
+                Some(s) => {
+                    let b = *rendezvous(s, self.ids, healthy.iter().copied()).first()?;
+                    Some(self.finish(b, s, matched(b), Reason::Sticky))
+                }
+                None => {
+                    let b = *healthy.get((req.rotation % healthy.len().max(1) as u64) as usize)?;
+                    Some(self.finish(b, req.rotation, matched(b), Reason::RoundRobin))
+                }
+            },
+        }
+    }
+
+    /// The load-only choice for requests whose prompt could not be read.
+    pub fn fallback(&self, random: u64) -> Option<Decision> {
+        let healthy = self.healthy();
+        let open: Vec<usize> = healthy.iter().copied().filter(|&b| !self.loads[b].saturated).collect();
+        let among = if open.is_empty() { &healthy } else { &open };
+        let b = self.least_loaded(among, random)?;
+        Some(self.finish(b, random, 0, Reason::Fallback))
+    }
+
+    fn cache_aware(&self, req: &RequestKey<'_>, healthy: &[usize], cap: f64) -> Decision {
+        let blocks = req.blocks.max(1) as f64;
+        let ratio = |b: usize| {
+            let m = req.matched.get(b).copied().unwrap_or(0);
+            if m >= self.cfg.min_match_blocks {
+                m as f64 / blocks
+            } else {
+                0.0
+            }
+        };
+        let order = rendezvous(req.anchor, self.ids, healthy.iter().copied());
+        let eligible: Vec<usize> = order.iter().copied().filter(|&b| self.eligible(b, cap)).collect();
+        // The backend believed to hold the longest prefix, whatever its load.
+        let owner = order
+            .iter()
+            .copied()
+            .max_by(|&a, &b| ratio(a).total_cmp(&ratio(b)).then(b.cmp(&a)))
+            .filter(|&b| ratio(b) > 0.0);
+        let matched = |b: usize| req.matched.get(b).copied().unwrap_or(0);
+        let Some(&first) = eligible.first() else {
+            // Everyone saturated or over the bound: least loaded, deterministic ties.
+            let b = self.least_loaded(healthy, 0).unwrap_or(0);
+            let reason = if owner.is_some_and(|o| o != b) { Reason::Spillover } else { Reason::Placed };
+            return self.finish(b, req.anchor, matched(b), reason);
+        };
+        if eligible.iter().all(|&b| ratio(b) == 0.0) {
+            let reason = if owner.is_some() { Reason::Spillover } else { Reason::Placed };
+            return self.finish(first, req.anchor, matched(first), reason);
+        }
+        let min_load = eligible.iter().map(|&b| self.loads[b].load).fold(f64::INFINITY, f64::min);
+        let score = |b: usize| ratio(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0);
+        let best = eligible.iter().map(|&b| score(b)).fold(f64::NEG_INFINITY, f64::max);
+        // `eligible` is in rendezvous order, so the first near-best is the tie-break.
+        let b = eligible
+            .iter()
+            .copied()
+            .find(|&b| score(b) >= best - self.cfg.tie_margin)
+            .unwrap_or(first);
+        let reason = match owner {
+            Some(o) if o != b && ratio(o) > ratio(b) => Reason::Spillover,
+            _ => Reason::CacheHit,
+        };
+        self.finish(b, req.anchor, matched(b), reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn policy() -> PolicyConfig {
+        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#).unwrap().policy
+    }
+
+    fn loads(v: &[f64]) -> Vec<BackendLoad> {
+        v.iter().map(|&l| BackendLoad { healthy: true, load: l, saturated: false }).collect()
+    }
+
+    const IDS: [u64; 4] = [11, 22, 33, 44];
+
+    fn pick(strategy: Strategy, loads: &[BackendLoad], req: RequestKey<'_>) -> Decision {
+        let cfg = policy();
+        let c = Chooser { cfg: &cfg, loads, ids: &IDS[..loads.len()], fallbacks: 2 };
+        c.choose(strategy, &req).unwrap()
+    }
+
+    #[test]
+    fn cache_aware_follows_the_longest_match() {
+        let l = loads(&[0.0, 0.0, 0.0]);
+        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[2, 9, 0], blocks: 10, anchor: 5, ..Default::default() });
+        assert_eq!(d.order[0], 1);
+        assert_eq!(d.reason, Reason::CacheHit);
+        assert_eq!(d.matched, 9);
+        assert_eq!(d.order.len(), 3);
+    }
+
+    #[test]
+    fn cache_aware_spills_when_the_owner_is_over_the_bound() {
+        // total 12 over 3 → cap = ceil(1.5·13/3) = 7; owner at 10 is not eligible.
+        let l = loads(&[10.0, 1.0, 1.0]);
+        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[9, 0, 0], blocks: 10, anchor: 5, ..Default::default() });
+        assert_ne!(d.order[0], 0);
+        assert_eq!(d.reason, Reason::Spillover);
+    }
+
+    #[test]
+    fn cache_aware_spills_away_from_a_saturated_owner() {
+        let mut l = loads(&[0.0, 0.0, 0.0]);
+        l[1].saturated = true;
+        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[0, 9, 0], blocks: 10, anchor: 5, ..Default::default() });
+        assert_ne!(d.order[0], 1);
+        assert_eq!(d.reason, Reason::Spillover);
+    }
+
+    #[test]
+    fn cache_beats_modest_load_difference() {
+        let l = loads(&[4.0, 2.0, 2.0]);
+        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[9, 3, 3], blocks: 10, anchor: 5, ..Default::default() });
+        assert_eq!(d.order[0], 0);
+    }
+
+    #[test]
+    fn new_prefixes_are_placed_deterministically_and_spread() {
+        let l = loads(&[0.0, 0.0, 0.0]);
+        let mut seen = [0usize; 3];
+        for anchor in 0..300u64 {
+            let a = pick(Strategy::CacheAware, &l, RequestKey { matched: &[0, 0, 0], blocks: 4, anchor, ..Default::default() });
+            let b = pick(Strategy::CacheAware, &l, RequestKey { matched: &[0, 0, 0], blocks: 4, anchor, ..Default::default() });
+            assert_eq!(a, b);
+            assert_eq!(a.reason, Reason::Placed);
+            seen[a.order[0]] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
+    }
+
+    #[test]
+    fn never_everything_on_one_replica() {
+        // Every request shares a system prompt that only backend 0 holds so far.
+        let mut l = loads(&[0.0, 0.0, 0.0]);
+        let mut count = [0usize; 3];
+        for i in 0..60u64 {
+            let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[4, 0, 0], blocks: 10, anchor: i, ..Default::default() });
+            l[d.order[0]].load += 1.0;
+            count[d.order[0]] += 1;
+        }
+        // The owner takes at most its bound, (1+eps)·mean (+1 for rounding); the rest spill.
+        assert!(count[0] <= 31, "{count:?}");
+        assert!(count.iter().all(|&c| c >= 10), "{count:?}");
+    }
+
+    #[test]
+    fn prefix_hash_is_consistent_with_bounded_spillover() {
+        let l = loads(&[0.0, 0.0, 0.0]);
+        let d = pick(Strategy::PrefixHash, &l, RequestKey { anchor: 42, ..Default::default() });
+        let owner = d.order[0];
+        let mut hot = loads(&[0.0, 0.0, 0.0]);
+        hot[owner].load = 20.0;
+        let s = pick(Strategy::PrefixHash, &hot, RequestKey { anchor: 42, ..Default::default() });
+        assert_ne!(s.order[0], owner);
+        assert_eq!(s.order[0], d.order[1], "spills to the key's next backend");
+        assert_eq!(s.reason, Reason::Spillover);
+    }
+
+    #[test]
+    fn least_request_and_round_robin_and_random() {
+        let l = loads(&[3.0, 1.0, 2.0]);
+        assert_eq!(pick(Strategy::LeastRequest, &l, RequestKey::default()).order[0], 1);
+        let rr: Vec<usize> = (0..6).map(|r| pick(Strategy::RoundRobin, &l, RequestKey { rotation: r, ..Default::default() }).order[0]).collect();
+        assert_eq!(rr, vec![0, 1, 2, 0, 1, 2]);
+        assert_eq!(pick(Strategy::Random, &l, RequestKey { random: 7, ..Default::default() }).order[0], 1);
+    }
+
+    #[test]
+    fn sticky_moves_only_the_dead_backends_sessions() {
+        let l = loads(&[0.0, 0.0, 0.0, 0.0]);
+        let before: Vec<usize> = (0..200).map(|s| pick(Strategy::StickySession, &l, RequestKey { session: Some(s), ..Default::default() }).order[0]).collect();
+        let mut dead = l.clone();
+        dead[2].healthy = false;
+        for (s, &b) in before.iter().enumerate() {
+            let now = pick(Strategy::StickySession, &dead, RequestKey { session: Some(s as u64), ..Default::default() }).order[0];
+            if b != 2 {
+                assert_eq!(now, b, "session {s} moved off a live backend");
+            } else {
+                assert_ne!(now, 2);
+            }
+        }
+        let no_session = pick(Strategy::StickySession, &l, RequestKey { rotation: 1, ..Default::default() });
+        assert_eq!(no_session.reason, Reason::RoundRobin);
+    }
+
+    #[test]
+    fn unhealthy_backends_are_skipped_unless_all_are() {
+        let mut l = loads(&[0.0, 0.0]);
+        l[0].healthy = false;
+        for s in [Strategy::CacheAware, Strategy::PrefixHash, Strategy::LeastRequest, Strategy::RoundRobin, Strategy::Random, Strategy::StickySession] {
+            for r in 0..10 {
+                let d = pick(s, &l, RequestKey { anchor: r, rotation: r, random: r, session: Some(r), matched: &[5, 0], blocks: 5 });
+                assert_eq!(d.order, vec![1], "{s:?}");
+            }
+        }
+        l[1].healthy = false;
+        let d = pick(Strategy::RoundRobin, &l, RequestKey::default());
+        assert_eq!(d.order.len(), 2);
+    }
+}

