@@ -13,8 +13,10 @@ use clap::Parser;
 use crate::engine::EngineConfig;
 
 /// Simulated vLLM server (OpenAI-compatible API, vLLM metrics, prefix cache, continuous batching).
+///
+/// A flag given twice takes its last value, so wrappers can append overrides.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "warmroute-sim", version, about)]
+#[command(name = "warmroute-sim", version, about, args_override_self = true)]
 pub struct Args {
     /// Address to bind. Loopback by default: the simulator is for local fleets and tests.
     #[arg(long, default_value = "127.0.0.1")]

@@ -1,0 +1,425 @@
+//! HTTP-level tests: each starts a simulator on an ephemeral loopback port inside the test, with a
+//! high `--time-scale` so simulated seconds take wall milliseconds.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::{json, Value};
+use warmroute_sim::{Args, REPLICA_HEADER};
+
+struct Sim {
+    base: String,
+    client: reqwest::Client,
+}
+
+async fn start(extra: &[&str]) -> Sim {
+    let mut argv = vec!["warmroute-sim", "--port", "0", "--name", "test-replica", "--time-scale", "100"];
+    argv.extend_from_slice(extra);
+    let args = Args::try_parse_from(&argv).unwrap();
+    let listener = warmroute_sim::bind(&args).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warmroute_sim::serve(args, listener));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    Sim { base: format!("http://{addr}"), client }
+}
+
+impl Sim {
+    async fn post(&self, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+        let res = self.client.post(format!("{}{path}", self.base)).json(body).send().await.unwrap();
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad json {e}: {text}"));
+        (status, headers, v)
+    }
+
+    async fn post_raw(&self, path: &str, body: &'static str) -> (u16, reqwest::header::HeaderMap, Value) {
+        let res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    async fn metrics(&self) -> HashMap<String, f64> {
+        let res = self.client.get(format!("{}/metrics", self.base)).send().await.unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        parse_prometheus(&res.text().await.unwrap())
+    }
+}
+
+fn words(prefix: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" ")
+}
+
+fn cached(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+}
+
+/// Minimal Prometheus text-format (0.0.4) checker: every line is a `# HELP`/`# TYPE` comment or
+/// `name{label="value",...} number`, each sample belongs to a family declared by a preceding
+/// `# TYPE`. Returns `name -> value` for samples (labels dropped; names are unique here).
+fn parse_prometheus(text: &str) -> HashMap<String, f64> {
+    fn valid_name(n: &str) -> bool {
+        let mut chars = n.chars();
+        matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+    let mut types: HashMap<String, String> = HashMap::new();
+    let mut samples = HashMap::new();
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut it = rest.splitn(3, ' ');
+            let (kw, name, arg) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap_or(""));
+            assert!(valid_name(name), "bad metric name in {line:?}");
+            match kw {
+                "HELP" => {}
+                "TYPE" => {
+                    assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&arg), "{line:?}");
+                    types.insert(name.to_string(), arg.to_string());
+                }
+                _ => panic!("unknown comment {line:?}"),
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let name = match series.split_once('{') {
+            None => series,
+            Some((name, labels)) => {
+                let labels = labels.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+                // label="value" pairs; values here contain no commas or escaped quotes.
+                for pair in labels.split(',') {
+                    let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("bad label {pair:?}"));
+                    assert!(valid_name(k) && !k.contains(':'), "bad label name {k:?}");
+                    assert!(v.len() >= 2 && v.starts_with('"') && v.ends_with('"'), "bad label value {v:?}");
+                }
+                name
+            }
+        };
+        assert!(valid_name(name), "bad metric name in {line:?}");
+        assert!(types.contains_key(name), "sample before its # TYPE: {line:?}");
+        samples.insert(name.to_string(), value);
+    }
+    samples
+}
+
+#[tokio::test]
+async fn repeated_prompt_hits_prefix_cache() {
+    let sim = start(&[]).await;
+    let body = json!({
+        "model": "sim-llama-8b",
+        "messages": [{"role": "system", "content": "You are a test."}, {"role": "user", "content": words("w", 500)}],
+        "max_tokens": 8,
+    });
+    let (status, headers, first) = sim.post("/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(headers[REPLICA_HEADER], "test-replica");
+    assert_eq!(first["object"], "chat.completion");
+    assert_eq!(cached(&first), 0);
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(prompt_tokens, 5 + 501 + 1, "<|system|> You are a test. / <|user|> 500 words / <|assistant|>");
+    assert_eq!(first["usage"]["completion_tokens"], 8);
+    let content = first["choices"][0]["message"]["content"].as_str().unwrap();
+    assert_eq!(content.split_whitespace().count(), 8);
+
+    let (_, _, second) = sim.post("/v1/chat/completions", &body).await;
+    assert!(cached(&second) > 0);
+    assert_eq!(cached(&second), (prompt_tokens - 1) / 16 * 16);
+    assert_eq!(second["choices"][0]["message"]["content"], content, "deterministic output");
+}
+
+#[tokio::test]
+async fn shared_prefix_reports_shared_blocks() {
+    let sim = start(&[]).await;
+    let a = words("a", 300);
+    let (_, _, first) = sim.post("/v1/completions", &json!({"prompt": a, "max_tokens": 2})).await;
+    assert_eq!(cached(&first), 0);
+    assert_eq!(first["object"], "text_completion");
+    // Shares the first 6 blocks (96 words) and 10 more words, then diverges.
+    let b = format!("{} {}", words("a", 106), words("b", 200));
+    let (_, _, second) = sim.post("/v1/completions", &json!({"prompt": b, "max_tokens": 2})).await;
+    assert_eq!(cached(&second), 6 * 16);
+    assert_eq!(second["usage"]["prompt_tokens"], 306);
+}
+
+#[tokio::test]
+async fn multi_turn_chat_hits_previous_turn_and_answer() {
+    let sim = start(&[]).await;
+    let mut messages = vec![json!({"role": "user", "content": words("q", 100)})];
+    let (_, _, t1) = sim.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 40})).await;
+    let answer = t1["choices"][0]["message"]["content"].clone();
+    messages.push(json!({"role": "assistant", "content": answer}));
+    messages.push(json!({"role": "user", "content": "and then?"}));
+    let (_, _, t2) = sim.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 4})).await;
+    // Turn 1 = 102 prompt + 40 output tokens = 142 tokens -> 8 full blocks, all reused.
+    assert_eq!(cached(&t2), 128);
+}
+
+#[tokio::test]
+async fn max_num_seqs_queues_requests() {
+    let sim = start(&["--max-num-seqs", "2", "--time-scale", "10"]).await;
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let client = sim.client.clone();
+        let url = format!("{}/v1/completions", sim.base);
+        tasks.push(tokio::spawn(async move {
+            let body = json!({"prompt": words(&format!("r{i}_"), 2000), "max_tokens": 150});
+            let res = client.post(url).json(&body).send().await.unwrap();
+            assert_eq!(res.status().as_u16(), 200);
+            res.json::<Value>().await.unwrap()
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut max_waiting, mut max_running) = (0.0_f64, 0.0_f64);
+    while Instant::now() < deadline && !tasks.iter().all(|t| t.is_finished()) {
+        let m = sim.metrics().await;
+        max_waiting = max_waiting.max(m["vllm:num_requests_waiting"]);
+        max_running = max_running.max(m["vllm:num_requests_running"]);
+        assert!(m["vllm:num_requests_running"] <= 2.0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(max_waiting > 0.0, "waiting never > 0");
+    assert_eq!(max_running, 2.0);
+    for t in tasks {
+        assert_eq!(t.await.unwrap()["usage"]["completion_tokens"], 150);
+    }
+    let m = sim.metrics().await;
+    assert_eq!(m["vllm:num_requests_waiting"], 0.0);
+    assert_eq!(m["vllm:num_requests_running"], 0.0);
+    assert_eq!(m["vllm:request_success_total"], 5.0);
+}
+
+#[tokio::test]
+async fn sse_stream_is_valid_and_carries_usage() {
+    let sim = start(&["--time-scale", "1"]).await;
+    let body = json!({
+        "model": "sim-llama-8b",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": words("s", 40)}]}],
+        "max_tokens": 30,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let t0 = Instant::now();
+    let mut res = sim.client.post(format!("{}/v1/chat/completions", sim.base)).json(&body).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert!(res.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
+    let mut raw = Vec::new();
+    let mut first_chunk_at = None;
+    while let Some(chunk) = res.chunk().await.unwrap() {
+        first_chunk_at.get_or_insert_with(|| t0.elapsed());
+        raw.extend_from_slice(&chunk);
+    }
+    let total = t0.elapsed();
+    // 30 steps of ~12 ms at time-scale 1: the first token comes after one step, not at the end.
+    let ttft = first_chunk_at.unwrap();
+    assert!(ttft * 3 < total, "first chunk at {ttft:?} of {total:?}: not streamed");
+
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let events: Vec<&str> = text.split_terminator("\n\n").collect();
+    let mut content = String::new();
+    let mut usage = None;
+    let mut finish = None;
+    for (i, ev) in events.iter().enumerate() {
+        let data = ev.strip_prefix("data: ").unwrap_or_else(|| panic!("bad event {ev:?}"));
+        assert!(!data.contains('\n'));
+        if data == "[DONE]" {
+            assert_eq!(i, events.len() - 1);
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        let choices = v["choices"].as_array().unwrap();
+        if choices.is_empty() {
+            usage = Some(v["usage"].clone());
+            assert_eq!(i, events.len() - 2, "usage chunk is last before [DONE]");
+            continue;
+        }
+        if let Some(c) = choices[0]["delta"]["content"].as_str() {
+            content.push_str(c);
+        }
+        if let Some(r) = choices[0]["finish_reason"].as_str() {
+            finish = Some(r.to_string());
+        }
+    }
+    let usage = usage.expect("usage chunk");
+    assert_eq!(usage["completion_tokens"], 30);
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(finish.as_deref(), Some("length"));
+    assert_eq!(content.split_whitespace().count(), 30);
+
+    // The same request without streaming returns the same text, and now hits the cache.
+    let mut plain = body.clone();
+    plain["stream"] = json!(false);
+    plain.as_object_mut().unwrap().remove("stream_options");
+    let (_, _, v) = sim.post("/v1/chat/completions", &plain).await;
+    assert_eq!(v["choices"][0]["message"]["content"], content.as_str());
+    assert_eq!(cached(&v), 32);
+
+    // Without include_usage: no usage chunk; completions endpoint streams text deltas.
+    let res = sim
+        .client
+        .post(format!("{}/v1/completions", sim.base))
+        .json(&json!({"prompt": "a b c", "max_tokens": 3, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let text = res.text().await.unwrap();
+    let events: Vec<&str> = text.split_terminator("\n\n").collect();
+    assert_eq!(events.len(), 4, "{text}");
+    assert_eq!(events[3], "data: [DONE]");
+    let v: Value = serde_json::from_str(events[0].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["choices"][0]["text"].is_string());
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move_with_load() {
+    let sim = start(&["--time-scale", "5"]).await;
+    let text = sim.client.get(format!("{}/metrics", sim.base)).send().await.unwrap().text().await.unwrap();
+    for needle in [
+        "# TYPE vllm:num_requests_running gauge",
+        "vllm:num_requests_running{model_name=\"sim-llama-8b\"} 0.0",
+        "vllm:num_requests_waiting{model_name=\"sim-llama-8b\"} 0.0",
+        "vllm:kv_cache_usage_perc{model_name=\"sim-llama-8b\"} 0.0",
+        "vllm:gpu_cache_usage_perc{model_name=\"sim-llama-8b\"} 0.0",
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        "vllm:prefix_cache_queries_total{",
+        "vllm:prompt_tokens_total{",
+        "vllm:generation_tokens_total{",
+        "vllm:request_success_total{",
+        "vllm:cache_config_info{block_size=\"16\",",
+        "num_gpu_blocks=\"25000\"",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in\n{text}");
+    }
+    let m0 = parse_prometheus(&text);
+    assert_eq!(m0["vllm:cache_config_info"], 1.0);
+
+    let body = json!({"prompt": words("m", 600), "max_tokens": 60});
+    let req = {
+        let (client, url, body) = (sim.client.clone(), format!("{}/v1/completions", sim.base), body.clone());
+        tokio::spawn(async move { client.post(url).json(&body).send().await.unwrap().json::<Value>().await.unwrap() })
+    };
+    let mut saw = (0.0_f64, 0.0_f64);
+    while !req.is_finished() {
+        let m = sim.metrics().await;
+        saw.0 = saw.0.max(m["vllm:num_requests_running"]);
+        saw.1 = saw.1.max(m["vllm:kv_cache_usage_perc"]);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    req.await.unwrap();
+    assert_eq!(saw.0, 1.0, "running > 0 during the request");
+    assert!(saw.1 > 0.0 && saw.1 < 1.0, "kv usage during the request: {}", saw.1);
+    let m1 = sim.metrics().await;
+    assert_eq!(m1["vllm:num_requests_running"], 0.0);
+    assert_eq!(m1["vllm:kv_cache_usage_perc"], 0.0);
+    assert_eq!(m1["vllm:prompt_tokens_total"], 600.0);
+    assert_eq!(m1["vllm:generation_tokens_total"], 60.0);
+    assert_eq!(m1["vllm:prefix_cache_queries_total"], 600.0);
+    assert_eq!(m1["vllm:prefix_cache_hits_total"], 0.0);
+
+    let (_, _, v) = sim.post("/v1/completions", &body).await;
+    let m2 = sim.metrics().await;
+    assert_eq!(m2["vllm:prefix_cache_hits_total"], cached(&v) as f64);
+    assert!(m2["vllm:prefix_cache_hits_total"] > m1["vllm:prefix_cache_hits_total"]);
+    assert_eq!(m2["vllm:request_success_total"], 2.0);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_vllm_errors() {
+    let sim = start(&[]).await;
+    let check = |status: u16, headers: &reqwest::header::HeaderMap, v: &Value, code: u16, kind: &str| {
+        assert_eq!(status, code, "{v}");
+        assert_eq!(headers[REPLICA_HEADER], "test-replica");
+        assert_eq!(v["object"], "error", "{v}");
+        assert_eq!(v["type"], kind);
+        assert_eq!(v["code"], code);
+        assert!(v["param"].is_null());
+        assert!(!v["message"].as_str().unwrap().is_empty());
+    };
+    for raw in ["not json", "", "[1,2]", "{\"messages\": [", "null"] {
+        let (s, h, v) = sim.post_raw("/v1/chat/completions", raw).await;
+        check(s, &h, &v, 400, "BadRequestError");
+    }
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    for body in [
+        json!({}),
+        json!({"messages": "hello"}),
+        json!({"messages": [{"role": 1, "content": "x"}]}),
+        json!({"messages": [{"role": "user", "content": {"a": 1}}]}),
+        json!({"messages": msgs, "max_tokens": "ten"}),
+        json!({"messages": msgs, "max_tokens": -1}),
+        json!({"messages": msgs, "max_tokens": 0}),
+        json!({"messages": msgs, "stream": "yes"}),
+        json!({"messages": msgs, "stream_options": 5}),
+        json!({"messages": msgs, "model": 7}),
+        json!({"messages": msgs, "max_tokens": 10_000_000}),
+    ] {
+        let (s, h, v) = sim.post("/v1/chat/completions", &body).await;
+        check(s, &h, &v, 400, "BadRequestError");
+    }
+    for body in [json!({}), json!({"prompt": 5}), json!({"prompt": [1, "x"]}), json!({"prompt": ""})] {
+        let (s, h, v) = sim.post("/v1/completions", &body).await;
+        check(s, &h, &v, 400, "BadRequestError");
+    }
+    let (s, h, v) = sim.post("/v1/chat/completions", &json!({"model": "gpt-4", "messages": msgs})).await;
+    check(s, &h, &v, 404, "NotFoundError");
+    assert!(v["message"].as_str().unwrap().contains("gpt-4"));
+
+    // Unknown route: FastAPI-style 404, still tagged with the replica.
+    let res = sim.client.get(format!("{}/nope", sim.base)).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 404);
+    assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
+
+    // The server is still fine.
+    let (s, _, v) = sim.post("/v1/chat/completions", &json!({"messages": msgs, "max_completion_tokens": 2})).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+#[tokio::test]
+async fn models_health_and_multi_prompt() {
+    let sim = start(&["--model", "m1"]).await;
+    let res = sim.client.get(format!("{}/health", sim.base)).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
+    assert!(res.text().await.unwrap().is_empty());
+    let v: Value = sim.client.get(format!("{}/v1/models", sim.base)).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "m1");
+    let (s, _, v) = sim.post("/v1/completions", &json!({"model": "m1", "prompt": ["a b", "c d e"], "max_tokens": 3})).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    let (s, _, v) = sim.post("/v1/completions", &json!({"prompt": [17, 42, 42], "max_tokens": 1})).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+}
+
+#[tokio::test]
+async fn default_name_is_sim_port() {
+    let args = Args::try_parse_from(["warmroute-sim", "--port", "0", "--time-scale", "100"]).unwrap();
+    let listener = warmroute_sim::bind(&args).await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    assert_eq!(listener.local_addr().unwrap().ip().to_string(), "127.0.0.1");
+    tokio::spawn(warmroute_sim::serve(args, listener));
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let res = client.get(format!("http://127.0.0.1:{port}/health")).send().await.unwrap();
+    assert_eq!(res.headers()[REPLICA_HEADER], format!("sim-{port}").as_str());
+}
