@@ -13,3 +13,6 @@
 
 pub mod rng;
 pub mod workload;
+pub mod prom;
+pub mod runner;
+pub mod report;

@@ -1,0 +1,508 @@
+//! The load runner: drives [`Session`]s against a target and records each request.
+//!
+//! # Measurement
+//! - **Connections**: one hyper-util pooled HTTP/1.1 client; every connection
+//!   is opened with `TCP_NODELAY` (Nagle would add up to 40 ms to small request
+//!   writes and skew TTFT) and kept alive for reuse across requests.
+//! - **TTFT**: time from just before the request is handed to the client until
+//!   the arrival of the body frame that completes the first SSE `data:` line.
+//!   **e2e**: until the body has ended. Both use the monotonic clock.
+//! - **Served by**: the `x-sim-replica` response header.
+//! - **Usage**: `prompt_tokens`, `completion_tokens` and
+//!   `prompt_tokens_details.cached_tokens` from the usage chunk (we always send
+//!   `stream_options.include_usage`). Only `data:` lines mentioning
+//!   `"prompt_tokens"` are JSON-parsed, so per-token chunks cost a line scan.
+//! - **Cheap client**: bodies are pre-rendered `Bytes` (cloning is a refcount
+//!   bump); per request we build one `http::Request` and scan the stream.
+//!
+//! # Control
+//! - Sessions start at their offset; requests within a session are sequential,
+//!   separated by their `think` time.
+//! - `concurrency` bounds requests in flight (a semaphore; 0 = unbounded, the
+//!   right choice for open-loop trace replay).
+//! - `max_requests` bounds requests sent; later ones are counted as skipped.
+//! - `max_seconds` is a hard bound on the run: no request starts after it, and
+//!   requests still in flight at it are cut and recorded as `aborted` (not as
+//!   errors: the server did nothing wrong, the run just ended).
+//! - `timeout` bounds each request; exceeding it is an error.
+//!
+//! A failed step does not end its session: the next step's body is already
+//! rendered and a real agent would retry; only the run deadline ends sessions.
+//! Server output is foreign input: nothing here unwraps it.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE};
+use hyper::{Method, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::workload::{Api, Request, Session, Workload};
+
+/// Response header naming the replica that served a request.
+pub const REPLICA_HEADER: &str = "x-sim-replica";
+
+/// Pooled HTTP/1.1 client used for load and scrapes.
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Build the keep-alive client; every connection gets `TCP_NODELAY`.
+pub fn build_client(connect_timeout: Duration) -> HttpClient {
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    http.enforce_http(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(usize::MAX)
+        .build(http)
+}
+
+/// Run limits.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// Base URL, e.g. `http://127.0.0.1:10000`.
+    pub target: String,
+    /// Hard bound on the run.
+    pub max_seconds: f64,
+    /// Bound on requests sent.
+    pub max_requests: Option<usize>,
+    /// Max requests in flight (0 = unbounded).
+    pub concurrency: usize,
+    /// Per-request timeout.
+    pub timeout: Duration,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            target: "http://127.0.0.1:10000".into(),
+            max_seconds: 120.0,
+            max_requests: None,
+            concurrency: 0,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// 2xx and a complete stream.
+    Ok,
+    /// Transport error, non-2xx, timeout or truncated stream.
+    Error,
+    /// Cut by the run deadline.
+    Aborted,
+}
+
+/// What was measured for one request.
+#[derive(Clone, Debug, Serialize)]
+pub struct RequestRecord {
+    /// Session id.
+    pub session: String,
+    /// Index within the session (agent step number).
+    pub step: usize,
+    /// Send time, ms since run start.
+    pub start_ms: f64,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// HTTP status, if a response arrived.
+    pub status: Option<u16>,
+    /// Time to first SSE `data:` chunk.
+    pub ttft_ms: Option<f64>,
+    /// Time to end of body (or to failure).
+    pub e2e_ms: f64,
+    /// `x-sim-replica` response header.
+    pub replica: Option<String>,
+    /// Prompt length in words as generated.
+    pub prompt_words: usize,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
+    /// `usage.completion_tokens`.
+    pub completion_tokens: Option<u64>,
+    /// SSE `data:` events received, excluding `[DONE]`.
+    pub events: usize,
+    /// Error text.
+    pub error: Option<String>,
+}
+
+/// Result of a run.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// One record per request sent, in completion order per session.
+    pub records: Vec<RequestRecord>,
+    /// Requests never sent (deadline or request budget).
+    pub skipped: usize,
+    /// Wall time from start to the last request's end.
+    pub runtime: Duration,
+}
+
+#[derive(Deserialize)]
+struct UsageChunk {
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
+}
+
+/// Incremental SSE scanner (lines may span body frames).
+#[derive(Default, Debug)]
+pub struct SseScanner {
+    partial: Vec<u8>,
+    /// `data:` events seen, excluding `[DONE]`.
+    pub events: usize,
+    /// `data: [DONE]` seen.
+    pub done: bool,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
+    /// `usage.completion_tokens`.
+    pub completion_tokens: Option<u64>,
+}
+
+impl SseScanner {
+    /// Feed bytes; returns true if at least one `data:` line completed in them.
+    pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        let mut saw_data = false;
+        let mut rest = chunk;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let (line_part, after) = rest.split_at(nl);
+            rest = &after[1..];
+            if self.partial.is_empty() {
+                saw_data |= self.line(line_part);
+            } else {
+                self.partial.extend_from_slice(line_part);
+                let line = std::mem::take(&mut self.partial);
+                saw_data |= self.line(&line);
+            }
+        }
+        self.partial.extend_from_slice(rest);
+        saw_data
+    }
+
+    /// Process a trailing line without newline at end of stream.
+    pub fn finish(&mut self) -> bool {
+        let line = std::mem::take(&mut self.partial);
+        !line.is_empty() && self.line(&line)
+    }
+
+    fn line(&mut self, line: &[u8]) -> bool {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(payload) = line.strip_prefix(b"data:") else {
+            return false;
+        };
+        let payload = payload.trim_ascii();
+        if payload == b"[DONE]" {
+            self.done = true;
+            return true;
+        }
+        self.events += 1;
+        if contains(payload, b"\"prompt_tokens\"") {
+            self.usage(payload);
+        }
+        true
+    }
+
+    /// Read usage from a JSON document (usage chunk or non-streamed response).
+    pub fn usage(&mut self, json: &[u8]) {
+        if let Ok(UsageChunk { usage: Some(u) }) = serde_json::from_slice::<UsageChunk>(json) {
+            self.prompt_tokens = u.prompt_tokens.or(self.prompt_tokens);
+            self.completion_tokens = u.completion_tokens.or(self.completion_tokens);
+            if let Some(c) = u.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+                self.cached_tokens = Some(c);
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+struct Shared {
+    client: HttpClient,
+    chat_uri: Uri,
+    completions_uri: Uri,
+    start: Instant,
+    deadline: Instant,
+    budget: AtomicUsize,
+    permits: Option<Semaphore>,
+    timeout: Duration,
+}
+
+/// Drive a workload to completion (or the deadline).
+pub async fn run(workload: Workload, cfg: &RunConfig) -> Result<RunResult> {
+    let client = build_client(Duration::from_secs(5));
+    run_with_client(workload, cfg, client).await
+}
+
+fn join_uri(base: &str, path: &str) -> Result<Uri> {
+    let s = format!("{}{}", base.trim_end_matches('/'), path);
+    s.parse::<Uri>().with_context(|| format!("bad target URL {s:?}"))
+}
+
+/// [`run`] with a caller-provided client (shared with metric scrapes).
+pub async fn run_with_client(workload: Workload, cfg: &RunConfig, client: HttpClient) -> Result<RunResult> {
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        client,
+        chat_uri: join_uri(&cfg.target, Api::Chat.path())?,
+        completions_uri: join_uri(&cfg.target, Api::Completions.path())?,
+        start,
+        deadline: start + Duration::from_secs_f64(cfg.max_seconds.max(0.0)),
+        budget: AtomicUsize::new(cfg.max_requests.unwrap_or(usize::MAX)),
+        permits: (cfg.concurrency > 0).then(|| Semaphore::new(cfg.concurrency)),
+        timeout: cfg.timeout,
+    });
+    let handles: Vec<_> = workload
+        .sessions
+        .into_iter()
+        .map(|s| tokio::spawn(run_session(shared.clone(), s)))
+        .collect();
+    let mut records = Vec::new();
+    let mut skipped = 0;
+    for h in handles {
+        let (mut r, s) = h.await.context("session task failed")?;
+        records.append(&mut r);
+        skipped += s;
+    }
+    Ok(RunResult { records, skipped, runtime: start.elapsed() })
+}
+
+fn take_budget(b: &AtomicUsize) -> bool {
+    b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+}
+
+async fn run_session(sh: Arc<Shared>, session: Session) -> (Vec<RequestRecord>, usize) {
+    let mut records = Vec::with_capacity(session.requests.len());
+    let total = session.requests.len();
+    let begin = sh.start + session.start;
+    if begin >= sh.deadline {
+        return (records, total);
+    }
+    tokio::time::sleep_until(begin).await;
+    for (i, req) in session.requests.iter().enumerate() {
+        let at = Instant::now() + req.think;
+        if at >= sh.deadline || !take_budget(&sh.budget) {
+            return (records, total - i);
+        }
+        tokio::time::sleep_until(at).await;
+        let _permit = match &sh.permits {
+            Some(sem) => tokio::select! {
+                p = sem.acquire() => match p { Ok(p) => Some(p), Err(_) => return (records, total - i) },
+                _ = tokio::time::sleep_until(sh.deadline) => return (records, total - i),
+            },
+            None => None,
+        };
+        let rec = send(&sh, &session.id, i, req).await;
+        let aborted = rec.outcome == Outcome::Aborted;
+        records.push(rec);
+        if aborted {
+            return (records, total - i - 1);
+        }
+    }
+    (records, 0)
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> RequestRecord {
+    let uri = match req.api {
+        Api::Chat => sh.chat_uri.clone(),
+        Api::Completions => sh.completions_uri.clone(),
+    };
+    let mut rec = RequestRecord {
+        session: session.to_string(),
+        step,
+        start_ms: ms_since(sh.start),
+        outcome: Outcome::Error,
+        status: None,
+        ttft_ms: None,
+        e2e_ms: 0.0,
+        replica: None,
+        prompt_words: req.prompt_words,
+        prompt_tokens: None,
+        cached_tokens: None,
+        completion_tokens: None,
+        events: 0,
+        error: None,
+    };
+    let http_req = match build_request(uri, req) {
+        Ok(r) => r,
+        Err(e) => {
+            rec.error = Some(format!("{e:#}"));
+            return rec;
+        }
+    };
+    let t0 = Instant::now();
+    let limit = (t0 + sh.timeout).min(sh.deadline);
+    let mut sse = SseScanner::default();
+    let res = tokio::time::timeout_at(limit, exchange(sh, http_req, t0, &mut rec, &mut sse)).await;
+    rec.e2e_ms = ms_since(t0);
+    rec.events = sse.events;
+    rec.prompt_tokens = sse.prompt_tokens;
+    rec.cached_tokens = sse.cached_tokens;
+    rec.completion_tokens = sse.completion_tokens;
+    match res {
+        Ok(Ok(())) => rec.outcome = Outcome::Ok,
+        Ok(Err(e)) => rec.error = Some(e),
+        Err(_) if limit == sh.deadline && t0 + sh.timeout > sh.deadline => {
+            rec.outcome = Outcome::Aborted;
+            rec.error = Some("cut by --max-seconds".into());
+        }
+        Err(_) => rec.error = Some(format!("timeout after {:.1}s", sh.timeout.as_secs_f64())),
+    }
+    rec
+}
+
+fn build_request(uri: Uri, req: &Request) -> Result<hyper::Request<Full<Bytes>>> {
+    let mut b = hyper::Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+        .header(ACCEPT, HeaderValue::from_static("text/event-stream"));
+    for (k, v) in &req.headers {
+        b = b.header(HeaderName::try_from(k.as_str())?, HeaderValue::try_from(v.as_str())?);
+    }
+    Ok(b.body(Full::new(req.body.clone()))?)
+}
+
+const MAX_ERROR_BODY: usize = 512;
+
+async fn exchange(
+    sh: &Shared,
+    req: hyper::Request<Full<Bytes>>,
+    t0: Instant,
+    rec: &mut RequestRecord,
+    sse: &mut SseScanner,
+) -> Result<(), String> {
+    let resp = sh.client.request(req).await.map_err(|e| format!("request: {}", error_chain(&e)))?;
+    let status = resp.status();
+    rec.status = Some(status.as_u16());
+    rec.replica = resp
+        .headers()
+        .get(REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let is_sse = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let mut text = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("HTTP {status}, body: {e}"))?;
+            if let Some(d) = frame.data_ref() {
+                text.extend_from_slice(&d[..d.len().min(MAX_ERROR_BODY - text.len().min(MAX_ERROR_BODY))]);
+            }
+        }
+        return Err(format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(&text).trim()));
+    }
+    let mut whole = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| format!("body: {}", error_chain(&e)))?;
+        if let Some(d) = frame.data_ref() {
+            if is_sse {
+                if sse.feed(d) && rec.ttft_ms.is_none() {
+                    rec.ttft_ms = Some(ms_since(t0));
+                }
+            } else {
+                whole.extend_from_slice(d);
+            }
+        }
+    }
+    if !is_sse {
+        sse.usage(&whole);
+        return Ok(());
+    }
+    if sse.finish() && rec.ttft_ms.is_none() {
+        rec.ttft_ms = Some(ms_since(t0));
+    }
+    if !sse.done {
+        return Err("stream ended without data: [DONE]".into());
+    }
+    Ok(())
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// GET a URL's body as text (for `/metrics`), bounded by `timeout`.
+pub async fn get_text(client: &HttpClient, url: &str, timeout: Duration) -> Result<String, String> {
+    let uri: Uri = url.parse().map_err(|e| format!("bad URL {url:?}: {e}"))?;
+    let req = hyper::Request::get(uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let fut = async {
+        let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.map_err(|e| error_chain(&e))?.to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {}", status.as_u16()));
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    };
+    tokio::time::timeout(timeout, fut).await.map_err(|_| "timeout".to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_scanner_handles_split_lines_and_usage() {
+        let mut s = SseScanner::default();
+        assert!(!s.feed(b": comment\n\nda"));
+        assert!(s.feed(b"ta: {\"choices\":[{\"text\":\"a\"}]}\n\n"));
+        assert!(s.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\r\n\r\n"));
+        assert!(!s.done);
+        assert!(!s.feed(b"data: [DONE]"));
+        // [DONE] without trailing newline completes only at finish.
+        assert!(!s.done);
+        assert!(s.finish());
+        assert!(s.done);
+        assert_eq!(s.events, 2);
+        assert_eq!((s.prompt_tokens, s.cached_tokens, s.completion_tokens), (Some(40), Some(32), Some(2)));
+    }
+
+    #[test]
+    fn usage_null_chunks_are_ignored() {
+        let mut s = SseScanner::default();
+        s.feed(b"data: {\"choices\":[],\"usage\":null,\"x\":\"\\\"prompt_tokens\\\"\"}\n");
+        s.feed(b"data: not json \"prompt_tokens\"\n");
+        assert_eq!(s.prompt_tokens, None);
+        assert_eq!(s.events, 2);
+    }
+}
