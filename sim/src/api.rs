@@ -70,17 +70,19 @@ impl AppState {
     /// Builds the state and starts the engine loop (needs a tokio runtime).
     pub fn new(args: &Args, bound_port: u16) -> Self {
         let cfg = args.engine_config();
-        let cache_info = args
-            .cache_config_info
-            .then(|| CacheInfo { block_size: cfg.block_size, num_gpu_blocks: cfg.num_blocks });
+        let cache_info = args.cache_config_info.then_some(CacheInfo {
+            block_size: cfg.block_size,
+            num_gpu_blocks: cfg.num_blocks,
+        });
         let engine = EngineHandle::spawn(cfg);
         let max_len = engine.lock().max_len();
         let replica = args.replica_name(bound_port);
-        let replica_header =
-            HeaderValue::from_str(&replica).unwrap_or_else(|_| HeaderValue::from_static("sim-invalid-name"));
+        let replica_header = HeaderValue::from_str(&replica)
+            .unwrap_or_else(|_| HeaderValue::from_static("sim-invalid-name"));
         let started = unix_now();
         // Ids only need to be unique per process and distinct across replicas.
-        let seed = crate::cache::fnv1a(format!("{replica}{started}{}", std::process::id()).as_bytes());
+        let seed =
+            crate::cache::fnv1a(format!("{replica}{started}{}", std::process::id()).as_bytes());
         Self {
             engine,
             model: args.model.as_str().into(),
@@ -95,7 +97,10 @@ impl AppState {
     }
 
     fn new_id(&self, prefix: &str) -> String {
-        format!("{prefix}-{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "{prefix}-{:016x}",
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
     }
 }
 
@@ -109,17 +114,24 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics_handler))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::map_response_with_state(state.clone(), add_replica_header))
+        .layer(middleware::map_response_with_state(
+            state.clone(),
+            add_replica_header,
+        ))
         .with_state(state)
 }
 
 async fn add_replica_header(State(state): State<AppState>, mut res: Response) -> Response {
-    res.headers_mut().insert(REPLICA_HEADER, state.replica_header.clone());
+    res.headers_mut()
+        .insert(REPLICA_HEADER, state.replica_header.clone());
     res
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// vLLM's error response.
@@ -131,7 +143,10 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(message: impl Into<String>) -> Self {
-        Self { status: StatusCode::BAD_REQUEST, message: message.into() }
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
     }
     fn kind(&self) -> &'static str {
         match self.status {
@@ -182,7 +197,14 @@ async fn models(State(st): State<AppState>) -> Json<Value> {
 
 async fn metrics_handler(State(st): State<AppState>) -> Response {
     let body = metrics::render(&st.model, &st.engine.snapshot(), st.cache_info.as_ref());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -218,8 +240,12 @@ fn opt_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ApiEr
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v.as_u64() {
             Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
-            Some(n) => Err(ApiError::bad_request(format!("{key} must be at least 1, got {n}."))),
-            None => Err(ApiError::bad_request(format!("'{key}' must be a positive integer"))),
+            Some(n) => Err(ApiError::bad_request(format!(
+                "{key} must be at least 1, got {n}."
+            ))),
+            None => Err(ApiError::bad_request(format!(
+                "'{key}' must be a positive integer"
+            ))),
         },
     }
 }
@@ -229,7 +255,10 @@ fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiEr
         None | Some(Value::Null) => {}
         Some(Value::String(m)) if m.as_str() == &*st.model => {}
         Some(Value::String(m)) => {
-            return Err(ApiError { status: StatusCode::NOT_FOUND, message: format!("The model `{m}` does not exist.") })
+            return Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("The model `{m}` does not exist."),
+            })
         }
         Some(_) => return Err(ApiError::bad_request("'model' must be a string")),
     }
@@ -243,7 +272,11 @@ fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiEr
         Some(Value::Object(o)) => opt_bool(o, "include_usage")?.unwrap_or(false),
         Some(_) => return Err(ApiError::bad_request("'stream_options' must be an object")),
     };
-    Ok(Common { max_tokens, stream, include_usage })
+    Ok(Common {
+        max_tokens,
+        stream,
+        include_usage,
+    })
 }
 
 /// Renders a chat request's `tools` + `messages` into prompt text (see the module docs).
@@ -262,11 +295,17 @@ pub fn render_chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
     };
     for (i, msg) in messages.iter().enumerate() {
         let Value::Object(msg) = msg else {
-            return Err(ApiError::bad_request(format!("messages[{i}] must be an object")));
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}] must be an object"
+            )));
         };
         let role = match msg.get("role") {
             Some(Value::String(r)) => r,
-            _ => return Err(ApiError::bad_request(format!("messages[{i}].role must be a string"))),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}].role must be a string"
+                )))
+            }
         };
         let mut line = format!("<|{role}|>");
         match msg.get("content") {
@@ -280,7 +319,9 @@ pub fn render_chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
                     let text = match part {
                         Value::String(s) => s.clone(),
                         Value::Object(p) => match (p.get("type"), p.get("text")) {
-                            (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => text.clone(),
+                            (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
+                                text.clone()
+                            }
                             (Some(Value::String(t)), _) if t == "text" => {
                                 return Err(ApiError::bad_request(format!(
                                     "messages[{i}].content[{j}].text must be a string"
@@ -304,7 +345,9 @@ pub fn render_chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
                 }
             }
             Some(_) => {
-                return Err(ApiError::bad_request(format!("messages[{i}].content must be a string or an array")))
+                return Err(ApiError::bad_request(format!(
+                    "messages[{i}].content must be a string or an array"
+                )))
             }
         }
         if let Some(calls @ Value::Array(_)) = msg.get("tool_calls") {
@@ -321,18 +364,32 @@ pub fn render_chat(obj: &Map<String, Value>) -> Result<String, ApiError> {
 /// The prompts of a `/v1/completions` request, tokenized.
 pub fn completion_prompts(obj: &Map<String, Value>) -> Result<Vec<Vec<Token>>, ApiError> {
     fn ids(list: &[Value]) -> Option<Vec<Token>> {
-        list.iter().map(|v| v.as_u64().map(|id| crate::cache::token_of(&id.to_string()))).collect()
+        list.iter()
+            .map(|v| v.as_u64().map(|id| crate::cache::token_of(&id.to_string())))
+            .collect()
     }
-    let bad = || ApiError::bad_request("'prompt' must be a string, a list of strings, or a list of token ids");
+    let bad = || {
+        ApiError::bad_request(
+            "'prompt' must be a string, a list of strings, or a list of token ids",
+        )
+    };
     match obj.get("prompt") {
         None | Some(Value::Null) => Err(ApiError::bad_request("Field required: 'prompt'")),
         Some(Value::String(s)) => Ok(vec![tokenize(s)]),
-        Some(Value::Array(items)) if items.is_empty() => Err(ApiError::bad_request("'prompt' must not be empty")),
+        Some(Value::Array(items)) if items.is_empty() => {
+            Err(ApiError::bad_request("'prompt' must not be empty"))
+        }
         Some(Value::Array(items)) => {
             if items.iter().all(Value::is_string) {
-                Ok(items.iter().map(|v| tokenize(v.as_str().unwrap_or_default())).collect())
+                Ok(items
+                    .iter()
+                    .map(|v| tokenize(v.as_str().unwrap_or_default()))
+                    .collect())
             } else if items.iter().all(Value::is_array) {
-                items.iter().map(|v| v.as_array().and_then(|l| ids(l)).ok_or_else(bad)).collect()
+                items
+                    .iter()
+                    .map(|v| v.as_array().and_then(|l| ids(l)).ok_or_else(bad))
+                    .collect()
             } else {
                 ids(items).map(|t| vec![t]).ok_or_else(bad)
             }
@@ -407,10 +464,19 @@ async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Tok
     let n = prompts.len();
     let (tx, rx) = mpsc::unbounded_channel();
     for (index, tokens) in prompts.into_iter().enumerate() {
-        st.engine.submit(SeqRequest { tokens, max_tokens: common.max_tokens, index, events: tx.clone() });
+        st.engine.submit(SeqRequest {
+            tokens,
+            max_tokens: common.max_tokens,
+            index,
+            events: tx.clone(),
+        });
     }
     drop(tx);
-    let id = st.new_id(if kind == Kind::Chat { "chatcmpl" } else { "cmpl" });
+    let id = st.new_id(if kind == Kind::Chat {
+        "chatcmpl"
+    } else {
+        "cmpl"
+    });
     let created = unix_now();
     if common.stream {
         stream_response(st, kind, id, created, n, common.include_usage, rx)
@@ -438,7 +504,11 @@ async fn full_response(
                     t.push_str(&text);
                 }
             }
-            Some(SeqEvent::Finished { index, usage: u, finish_reason }) => {
+            Some(SeqEvent::Finished {
+                index,
+                usage: u,
+                finish_reason,
+            }) => {
                 if let Some(r) = reasons.get_mut(index) {
                     *r = Some(finish_reason);
                 }
@@ -446,8 +516,11 @@ async fn full_response(
                 remaining -= 1;
             }
             None => {
-                return ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: "engine stopped".into() }
-                    .into_response()
+                return ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    message: "engine stopped".into(),
+                }
+                .into_response()
             }
         }
     }
@@ -473,7 +546,11 @@ async fn full_response(
             }),
         })
         .collect();
-    let object = if kind == Kind::Chat { "chat.completion" } else { "text_completion" };
+    let object = if kind == Kind::Chat {
+        "chat.completion"
+    } else {
+        "text_completion"
+    };
     Json(json!({
         "id": id,
         "object": object,
@@ -497,7 +574,11 @@ fn stream_response(
 ) -> Response {
     let (sse_tx, sse_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let model = st.model.clone();
-    let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if kind == Kind::Chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let (chunk_id, chunk_model) = (id.clone(), model.clone());
     let chunk = move |choices: Value| -> Event {
         let mut v = json!({"id": &chunk_id, "object": object, "created": created, "model": &*chunk_model, "choices": choices});
@@ -517,7 +598,11 @@ fn stream_response(
         while remaining > 0 {
             let Some(ev) = rx.recv().await else { return };
             match ev {
-                SeqEvent::Token { index, text, finish_reason } => {
+                SeqEvent::Token {
+                    index,
+                    text,
+                    finish_reason,
+                } => {
                     let mut events = Vec::with_capacity(2);
                     if kind == Kind::Chat {
                         if let Some(s) = started.get_mut(index) {
@@ -563,7 +648,11 @@ fn stream_response(
                 "id": &id, "object": object, "created": created, "model": &*model,
                 "choices": [], "usage": usage_json(&usage),
             });
-            if sse_tx.send(Ok(Event::default().data(v.to_string()))).await.is_err() {
+            if sse_tx
+                .send(Ok(Event::default().data(v.to_string())))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -615,8 +704,12 @@ mod tests {
         ] {
             assert!(render_chat(&obj(bad.clone())).is_err(), "{bad}");
         }
-        let tools = obj(json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}));
-        assert!(render_chat(&tools).unwrap_or_default().starts_with("<|tools|> [{\"type\":\"function\"}]"));
+        let tools = obj(
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
+        );
+        assert!(render_chat(&tools)
+            .unwrap_or_default()
+            .starts_with("<|tools|> [{\"type\":\"function\"}]"));
     }
 
     #[test]
@@ -624,7 +717,10 @@ mod tests {
         let p = |v: Value| completion_prompts(&obj(json!({ "prompt": v })));
         assert_eq!(p(json!("a b c")).map(|v| v[0].len()).ok(), Some(3));
         assert_eq!(p(json!(["a b", "c"])).map(|v| v.len()).ok(), Some(2));
-        assert_eq!(p(json!([1, 2, 3])).map(|v| (v.len(), v[0].len())).ok(), Some((1, 3)));
+        assert_eq!(
+            p(json!([1, 2, 3])).map(|v| (v.len(), v[0].len())).ok(),
+            Some((1, 3))
+        );
         assert_eq!(p(json!([[1, 2], [3]])).map(|v| v.len()).ok(), Some(2));
         assert!(p(json!([1, "a"])).is_err());
         assert!(p(json!({})).is_err());

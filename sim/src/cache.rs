@@ -148,7 +148,10 @@ impl PrefixCache {
 
     /// Length of the longest prefix of `hashes` present in the cache.
     pub fn match_prefix(&self, hashes: &[BlockHash]) -> usize {
-        hashes.iter().take_while(|h| self.entries.contains_key(h)).count()
+        hashes
+            .iter()
+            .take_while(|h| self.entries.contains_key(h))
+            .count()
     }
 
     /// Pins `cached` (all present, as returned by [`match_prefix`](Self::match_prefix)) and
@@ -179,11 +182,15 @@ impl PrefixCache {
     /// private block is freed.
     pub fn commit(&mut self, hash: BlockHash) {
         self.private = self.private.saturating_sub(1);
-        if self.entries.contains_key(&hash) {
-            self.pin(hash);
-        } else {
-            self.entries.insert(hash, Entry { refs: 1, lru_key: None });
-            self.pinned += 1;
+        match self.entries.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(_) => self.pin(hash),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Entry {
+                    refs: 1,
+                    lru_key: None,
+                });
+                self.pinned += 1;
+            }
         }
         self.make_room();
     }
@@ -193,7 +200,9 @@ impl PrefixCache {
     pub fn release(&mut self, hashes: &[BlockHash], private: usize) {
         self.private = self.private.saturating_sub(private);
         for h in hashes.iter().rev() {
-            let Some(e) = self.entries.get_mut(h) else { continue };
+            let Some(e) = self.entries.get_mut(h) else {
+                continue;
+            };
             if e.refs == 0 {
                 continue;
             }
@@ -223,7 +232,9 @@ impl PrefixCache {
     /// Evicts least-recently-used evictable blocks until everything fits in `capacity`.
     fn make_room(&mut self) {
         while self.used() + self.lru.len() > self.capacity {
-            let Some((_, h)) = self.lru.pop_first() else { break };
+            let Some((_, h)) = self.lru.pop_first() else {
+                break;
+            };
             self.entries.remove(&h);
             self.evictions += 1;
         }
@@ -290,8 +301,15 @@ mod tests {
         run(&mut c, &d);
         assert_eq!(c.match_prefix(&a), 4, "recently touched prefix stays");
         assert_eq!(c.match_prefix(&d), 4);
-        assert!(c.match_prefix(&b) < 4, "least recently used prefix is evicted");
-        assert_eq!(c.match_prefix(&b), 2, "evicted tail-first: B's head still hits");
+        assert!(
+            c.match_prefix(&b) < 4,
+            "least recently used prefix is evicted"
+        );
+        assert_eq!(
+            c.match_prefix(&b),
+            2,
+            "evicted tail-first: B's head still hits"
+        );
         assert_eq!(c.evictions(), 2);
         // One more fresh prefix pushes B out entirely.
         let e = block_hashes(&words("e", 32), 16);

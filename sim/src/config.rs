@@ -74,7 +74,9 @@ impl Default for Args {
 impl Args {
     /// The replica name: `--name`, or `sim-<port>`.
     pub fn replica_name(&self, bound_port: u16) -> String {
-        self.name.clone().unwrap_or_else(|| format!("sim-{bound_port}"))
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("sim-{bound_port}"))
     }
 
     /// Engine part of the configuration (sanitised: no zero block size / capacity, positive time

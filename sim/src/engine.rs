@@ -61,9 +61,17 @@ pub enum SeqEvent {
     /// One generated token; `text` is the delta (words after the first carry a leading space).
     /// `finish_reason` is set on the sequence's last token (always `"length"`: the simulator
     /// has no EOS and stops at `max_tokens`).
-    Token { index: usize, text: String, finish_reason: Option<&'static str> },
+    Token {
+        index: usize,
+        text: String,
+        finish_reason: Option<&'static str>,
+    },
     /// The sequence is done; no more events for `index`.
-    Finished { index: usize, usage: SeqUsage, finish_reason: &'static str },
+    Finished {
+        index: usize,
+        usage: SeqUsage,
+        finish_reason: &'static str,
+    },
 }
 
 /// A request for one sequence. `index` is echoed in events (the choice index of a multi-prompt
@@ -134,7 +142,10 @@ pub fn output_word(seed: u64, i: usize) -> &'static str {
 /// The full deterministic completion text for a prompt (what a non-streamed request returns).
 pub fn completion_text(tokens: &[Token], n: usize) -> String {
     let seed = chain_hash(ROOT_HASH, tokens);
-    (0..n).map(|i| output_word(seed, i)).collect::<Vec<_>>().join(" ")
+    (0..n)
+        .map(|i| output_word(seed, i))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[derive(Debug)]
@@ -179,7 +190,13 @@ pub struct Engine {
 impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         let cache = PrefixCache::new(cfg.block_size, cfg.num_blocks);
-        Self { cfg, cache, waiting: VecDeque::new(), running: Vec::new(), counters: Counters::default() }
+        Self {
+            cfg,
+            cache,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: Counters::default(),
+        }
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -193,7 +210,9 @@ impl Engine {
     /// Longest prompt + completion a request may ask for: `max_model_len`, but never more than
     /// the whole KV cache (such a request could never be admitted).
     pub fn max_len(&self) -> usize {
-        self.cfg.max_model_len.min(self.cfg.num_blocks.saturating_mul(self.cfg.block_size))
+        self.cfg
+            .max_model_len
+            .min(self.cfg.num_blocks.saturating_mul(self.cfg.block_size))
     }
 
     fn blocks_for(&self, tokens: usize) -> usize {
@@ -205,8 +224,15 @@ impl Engine {
     pub fn add(&mut self, req: SeqRequest) {
         let n = req.tokens.len();
         if self.blocks_for(n + req.max_tokens) > self.cfg.num_blocks {
-            let usage = SeqUsage { prompt_tokens: n, ..SeqUsage::default() };
-            let _ = req.events.send(SeqEvent::Finished { index: req.index, usage, finish_reason: "length" });
+            let usage = SeqUsage {
+                prompt_tokens: n,
+                ..SeqUsage::default()
+            };
+            let _ = req.events.send(SeqEvent::Finished {
+                index: req.index,
+                usage,
+                finish_reason: "length",
+            });
             return;
         }
         let prompt_hashes = block_hashes(&req.tokens, self.cfg.block_size);
@@ -270,7 +296,9 @@ impl Engine {
             }
         }
         while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
-            let Some(seq) = self.waiting.front() else { break };
+            let Some(seq) = self.waiting.front() else {
+                break;
+            };
             let n = seq.prompt_len();
             let max_hit = n.saturating_sub(1) / self.cfg.block_size;
             let hit = self.cache.match_prefix(&seq.prompt_hashes).min(max_hit);
@@ -278,7 +306,9 @@ impl Engine {
             if !self.cache.admit(&seq.prompt_hashes[..hit], private) {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             seq.pinned = seq.prompt_hashes[..hit].to_vec();
             seq.private = private;
             seq.cached_tokens = hit * self.cfg.block_size;
@@ -291,14 +321,22 @@ impl Engine {
             prefill_tokens += chunk;
             self.running.push(seq);
         }
-        let batch_seqs = self.running.iter().filter(|s| s.scheduled > 0 || s.prompt_len() == 0).count();
+        let batch_seqs = self
+            .running
+            .iter()
+            .filter(|s| s.scheduled > 0 || s.prompt_len() == 0)
+            .count();
         if batch_seqs == 0 {
             return None;
         }
         let cost_ms = self.cfg.base_ms
             + prefill_tokens as f64 * self.cfg.prefill_ms_per_token
             + batch_seqs as f64 * self.cfg.decode_ms_per_seq;
-        Some(StepPlan { cost_ms, prefill_tokens, batch_seqs })
+        Some(StepPlan {
+            cost_ms,
+            prefill_tokens,
+            batch_seqs,
+        })
     }
 
     /// Applies the step planned by the last [`schedule`](Self::schedule): records prefill
@@ -308,7 +346,9 @@ impl Engine {
         let bs = self.cfg.block_size;
         let mut i = 0;
         while i < self.running.len() {
-            let Some(seq) = self.running.get_mut(i) else { break };
+            let Some(seq) = self.running.get_mut(i) else {
+                break;
+            };
             if seq.scheduled == 0 && seq.prompt_len() > 0 {
                 i += 1;
                 continue;
@@ -326,15 +366,27 @@ impl Engine {
             seq.scheduled = 0;
             if emit {
                 let word = output_word(seq.seed, seq.generated);
-                let text = if seq.generated == 0 { word.to_string() } else { format!(" {word}") };
+                let text = if seq.generated == 0 {
+                    word.to_string()
+                } else {
+                    format!(" {word}")
+                };
                 seq.all_tokens.push(token_of(word));
                 seq.generated += 1;
                 self.counters.generation_tokens += 1;
                 let finish_reason = (seq.generated >= seq.req.max_tokens).then_some("length");
-                let _ = seq.req.events.send(SeqEvent::Token { index: seq.req.index, text, finish_reason });
+                let _ = seq.req.events.send(SeqEvent::Token {
+                    index: seq.req.index,
+                    text,
+                    finish_reason,
+                });
             }
             // Commit every block that is now full of computed tokens.
-            let known = if seq.prefilling() { seq.computed } else { seq.all_tokens.len() };
+            let known = if seq.prefilling() {
+                seq.computed
+            } else {
+                seq.all_tokens.len()
+            };
             while seq.private > 0 && seq.pinned.len() < known / bs {
                 let k = seq.pinned.len();
                 let hash = match seq.prompt_hashes.get(k) {
@@ -360,7 +412,11 @@ impl Engine {
                     completion_tokens: seq.generated,
                     cached_tokens: seq.cached_tokens,
                 };
-                let _ = seq.req.events.send(SeqEvent::Finished { index: seq.req.index, usage, finish_reason: "length" });
+                let _ = seq.req.events.send(SeqEvent::Finished {
+                    index: seq.req.index,
+                    usage,
+                    finish_reason: "length",
+                });
                 continue;
             }
             i += 1;
@@ -374,7 +430,11 @@ impl Engine {
         self.counters.aborted += (before - self.waiting.len()) as u64;
         let mut i = 0;
         while i < self.running.len() {
-            if self.running.get(i).is_some_and(|s| s.req.events.is_closed()) {
+            if self
+                .running
+                .get(i)
+                .is_some_and(|s| s.req.events.is_closed())
+            {
                 let seq = self.running.remove(i);
                 self.cache.release(&seq.pinned, seq.private);
                 self.counters.aborted += 1;
@@ -397,7 +457,10 @@ impl EngineHandle {
     /// Starts the step loop on the current tokio runtime.
     pub fn spawn(cfg: EngineConfig) -> Self {
         let time_scale = cfg.time_scale;
-        let handle = Self { inner: Arc::new(Mutex::new(Engine::new(cfg))), notify: Arc::new(Notify::new()) };
+        let handle = Self {
+            inner: Arc::new(Mutex::new(Engine::new(cfg))),
+            notify: Arc::new(Notify::new()),
+        };
         let h = handle.clone();
         tokio::spawn(async move { h.run(time_scale).await });
         handle
@@ -430,7 +493,8 @@ impl EngineHandle {
                 continue;
             };
             sim_ms += plan.cost_ms;
-            let wall = Duration::try_from_secs_f64(sim_ms / 1000.0 / time_scale).unwrap_or(Duration::ZERO);
+            let wall =
+                Duration::try_from_secs_f64(sim_ms / 1000.0 / time_scale).unwrap_or(Duration::ZERO);
             let deadline = anchor + wall;
             let now = Instant::now();
             if deadline > now {
@@ -468,12 +532,26 @@ mod tests {
     }
 
     fn prompt(prefix: &str, n: usize) -> Vec<Token> {
-        tokenize(&(0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" "))
+        tokenize(
+            &(0..n)
+                .map(|i| format!("{prefix}{i}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
     }
 
-    fn submit(e: &mut Engine, tokens: Vec<Token>, max_tokens: usize) -> mpsc::UnboundedReceiver<SeqEvent> {
+    fn submit(
+        e: &mut Engine,
+        tokens: Vec<Token>,
+        max_tokens: usize,
+    ) -> mpsc::UnboundedReceiver<SeqEvent> {
         let (tx, rx) = mpsc::unbounded_channel();
-        e.add(SeqRequest { tokens, max_tokens, index: 0, events: tx });
+        e.add(SeqRequest {
+            tokens,
+            max_tokens,
+            index: 0,
+            events: tx,
+        });
         rx
     }
 
@@ -507,7 +585,14 @@ mod tests {
         assert_eq!(plans.len(), 4, "first step prefills and emits token 0");
         assert_eq!(plans[0].prefill_tokens, 1000);
         let (text, u) = usage_of(&mut rx);
-        assert_eq!(u, SeqUsage { prompt_tokens: 1000, completion_tokens: 4, cached_tokens: 0 });
+        assert_eq!(
+            u,
+            SeqUsage {
+                prompt_tokens: 1000,
+                completion_tokens: 4,
+                cached_tokens: 0
+            }
+        );
         assert_eq!(text, completion_text(&p, 4));
 
         let mut rx = submit(&mut e, p.clone(), 4);
@@ -566,7 +651,9 @@ mod tests {
         let mut c = cfg();
         c.max_num_seqs = 2;
         let mut e = Engine::new(c);
-        let mut rxs: Vec<_> = (0..5).map(|i| submit(&mut e, prompt(&format!("r{i}_"), 40), 10)).collect();
+        let mut rxs: Vec<_> = (0..5)
+            .map(|i| submit(&mut e, prompt(&format!("r{i}_"), 40), 10))
+            .collect();
         e.schedule();
         assert_eq!((e.num_running(), e.num_waiting()), (2, 3));
         e.complete();
@@ -588,7 +675,9 @@ mod tests {
         c.num_blocks = 20;
         let mut e = Engine::new(c);
         // Each needs ceil((100+60)/16) = 10 blocks: two fit, the third waits.
-        let _rxs: Vec<_> = (0..3).map(|i| submit(&mut e, prompt(&format!("r{i}_"), 100), 60)).collect();
+        let _rxs: Vec<_> = (0..3)
+            .map(|i| submit(&mut e, prompt(&format!("r{i}_"), 100), 60))
+            .collect();
         e.schedule();
         assert_eq!((e.num_running(), e.num_waiting()), (2, 1));
         assert!((e.snapshot().kv_usage - 1.0).abs() < 1e-9);

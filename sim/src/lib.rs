@@ -12,7 +12,10 @@
 //!
 //! `main.rs` only parses [`config::Args`] and calls [`serve`]; the loadgen/bench can embed
 //! replicas the same way, or drive an [`engine::Engine`] step by step without a clock.
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod api;
 pub mod cache;
@@ -42,7 +45,9 @@ pub async fn serve_with_shutdown(
 ) -> io::Result<()> {
     let port = listener.local_addr()?.port();
     let state = api::AppState::new(&args, port);
-    axum::serve(listener, api::router(state)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 /// Serves the simulator on `listener` forever.

@@ -30,7 +30,10 @@ async fn main() -> std::process::ExitCode {
     let listener = match bind(&args).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("warmroute-sim: cannot bind {}:{}: {e}", args.host, args.port);
+            eprintln!(
+                "warmroute-sim: cannot bind {}:{}: {e}",
+                args.host, args.port
+            );
             return std::process::ExitCode::FAILURE;
         }
     };

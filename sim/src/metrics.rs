@@ -32,7 +32,9 @@ fn num(v: f64) -> String {
 
 /// Escapes a label value (backslash, double quote, newline), per the exposition format.
 pub fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: f64) {
@@ -46,18 +48,88 @@ pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> Stri
     let m = format!("model_name=\"{}\"", escape_label(model));
     let c = &s.counters;
     let mut out = String::with_capacity(4096);
-    family(&mut out, "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", &m, s.running as f64);
-    family(&mut out, "vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", &m, s.waiting as f64);
-    family(&mut out, "vllm:num_requests_swapped", "gauge", "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is not used in V1", &m, 0.0);
-    family(&mut out, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", &m, s.kv_usage);
-    family(&mut out, "vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", &m, s.kv_usage);
-    family(&mut out, "vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.", &m, c.prefix_cache_queries as f64);
-    family(&mut out, "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", &m, c.prefix_cache_hits as f64);
+    family(
+        &mut out,
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        &m,
+        s.running as f64,
+    );
+    family(
+        &mut out,
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        &m,
+        s.waiting as f64,
+    );
+    family(
+        &mut out,
+        "vllm:num_requests_swapped",
+        "gauge",
+        "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is not used in V1",
+        &m,
+        0.0,
+    );
+    family(
+        &mut out,
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        &m,
+        s.kv_usage,
+    );
+    family(
+        &mut out,
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "GPU KV-cache usage. 1 means 100 percent usage.",
+        &m,
+        s.kv_usage,
+    );
+    family(
+        &mut out,
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &m,
+        c.prefix_cache_queries as f64,
+    );
+    family(
+        &mut out,
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &m,
+        c.prefix_cache_hits as f64,
+    );
     family(&mut out, "vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: use vllm:prefix_cache_queries", &m, c.prefix_cache_queries as f64);
     family(&mut out, "vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: use vllm:prefix_cache_hits", &m, c.prefix_cache_hits as f64);
-    family(&mut out, "vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.", &m, 0.0);
-    family(&mut out, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", &m, c.prompt_tokens as f64);
-    family(&mut out, "vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", &m, c.generation_tokens as f64);
+    family(
+        &mut out,
+        "vllm:num_preemptions_total",
+        "counter",
+        "Cumulative number of preemption from the engine.",
+        &m,
+        0.0,
+    );
+    family(
+        &mut out,
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        &m,
+        c.prompt_tokens as f64,
+    );
+    family(
+        &mut out,
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        &m,
+        c.generation_tokens as f64,
+    );
     family(
         &mut out,
         "vllm:request_success_total",
@@ -74,13 +146,48 @@ pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> Stri
              sliding_window=\"None\",swap_space=\"4\"",
             ci.block_size, ci.num_gpu_blocks
         );
-        family(&mut out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", &labels, 1.0);
+        family(
+            &mut out,
+            "vllm:cache_config_info",
+            "gauge",
+            "Information of the LLMEngine CacheConfig",
+            &labels,
+            1.0,
+        );
     }
     // Simulator-only extras (not in vLLM), handy for benchmarks.
-    family(&mut out, "sim:evictable_blocks", "gauge", "Cached blocks with no running user (evictable).", &m, s.evictable_blocks as f64);
-    family(&mut out, "sim:evicted_blocks_total", "counter", "Blocks evicted from the prefix cache.", &m, s.evictions as f64);
-    family(&mut out, "sim:engine_steps_total", "counter", "Engine steps executed.", &m, c.steps as f64);
-    family(&mut out, "sim:aborted_requests_total", "counter", "Requests aborted because the client went away.", &m, c.aborted as f64);
+    family(
+        &mut out,
+        "sim:evictable_blocks",
+        "gauge",
+        "Cached blocks with no running user (evictable).",
+        &m,
+        s.evictable_blocks as f64,
+    );
+    family(
+        &mut out,
+        "sim:evicted_blocks_total",
+        "counter",
+        "Blocks evicted from the prefix cache.",
+        &m,
+        s.evictions as f64,
+    );
+    family(
+        &mut out,
+        "sim:engine_steps_total",
+        "counter",
+        "Engine steps executed.",
+        &m,
+        c.steps as f64,
+    );
+    family(
+        &mut out,
+        "sim:aborted_requests_total",
+        "counter",
+        "Requests aborted because the client went away.",
+        &m,
+        c.aborted as f64,
+    );
     out
 }
 
@@ -99,9 +206,19 @@ mod tests {
             block_size: 16,
             evictable_blocks: 0,
             evictions: 0,
-            counters: Counters { prefix_cache_hits: 32, ..Counters::default() },
+            counters: Counters {
+                prefix_cache_hits: 32,
+                ..Counters::default()
+            },
         };
-        let out = render("m\"x", &s, Some(&CacheInfo { block_size: 16, num_gpu_blocks: 25000 }));
+        let out = render(
+            "m\"x",
+            &s,
+            Some(&CacheInfo {
+                block_size: 16,
+                num_gpu_blocks: 25000,
+            }),
+        );
         assert!(out.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3.0\n"));
         assert!(out.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25\n"));
         assert!(out.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));

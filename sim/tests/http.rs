@@ -14,19 +14,36 @@ struct Sim {
 }
 
 async fn start(extra: &[&str]) -> Sim {
-    let mut argv = vec!["warmroute-sim", "--port", "0", "--name", "test-replica", "--time-scale", "100"];
+    let mut argv = vec![
+        "warmroute-sim",
+        "--port",
+        "0",
+        "--name",
+        "test-replica",
+        "--time-scale",
+        "100",
+    ];
     argv.extend_from_slice(extra);
     let args = Args::try_parse_from(&argv).unwrap();
     let listener = warmroute_sim::bind(&args).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(warmroute_sim::serve(args, listener));
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    Sim { base: format!("http://{addr}"), client }
+    Sim {
+        base: format!("http://{addr}"),
+        client,
+    }
 }
 
 impl Sim {
     async fn post(&self, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-        let res = self.client.post(format!("{}{path}", self.base)).json(body).send().await.unwrap();
+        let res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
         let status = res.status().as_u16();
         let headers = res.headers().clone();
         let text = res.text().await.unwrap();
@@ -34,7 +51,11 @@ impl Sim {
         (status, headers, v)
     }
 
-    async fn post_raw(&self, path: &str, body: &'static str) -> (u16, reqwest::header::HeaderMap, Value) {
+    async fn post_raw(
+        &self,
+        path: &str,
+        body: &'static str,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
         let res = self
             .client
             .post(format!("{}{path}", self.base))
@@ -46,22 +67,36 @@ impl Sim {
         let status = res.status().as_u16();
         let headers = res.headers().clone();
         let text = res.text().await.unwrap();
-        (status, headers, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     async fn metrics(&self) -> HashMap<String, f64> {
-        let res = self.client.get(format!("{}/metrics", self.base)).send().await.unwrap();
+        let res = self
+            .client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status().as_u16(), 200);
         parse_prometheus(&res.text().await.unwrap())
     }
 }
 
 fn words(prefix: &str, n: usize) -> String {
-    (0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" ")
+    (0..n)
+        .map(|i| format!("{prefix}{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn cached(v: &Value) -> u64 {
-    v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
 }
 
 /// Minimal Prometheus text-format (0.0.4) checker: every line is a `# HELP`/`# TYPE` comment or
@@ -81,35 +116,56 @@ fn parse_prometheus(text: &str) -> HashMap<String, f64> {
         }
         if let Some(rest) = line.strip_prefix("# ") {
             let mut it = rest.splitn(3, ' ');
-            let (kw, name, arg) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap_or(""));
+            let (kw, name, arg) = (
+                it.next().unwrap(),
+                it.next().unwrap(),
+                it.next().unwrap_or(""),
+            );
             assert!(valid_name(name), "bad metric name in {line:?}");
             match kw {
                 "HELP" => {}
                 "TYPE" => {
-                    assert!(["counter", "gauge", "histogram", "summary", "untyped"].contains(&arg), "{line:?}");
+                    assert!(
+                        ["counter", "gauge", "histogram", "summary", "untyped"].contains(&arg),
+                        "{line:?}"
+                    );
                     types.insert(name.to_string(), arg.to_string());
                 }
                 _ => panic!("unknown comment {line:?}"),
             }
             continue;
         }
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value in {line:?}"));
-        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value in {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
         let name = match series.split_once('{') {
             None => series,
             Some((name, labels)) => {
-                let labels = labels.strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+                let labels = labels
+                    .strip_suffix('}')
+                    .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
                 // label="value" pairs; values here contain no commas or escaped quotes.
                 for pair in labels.split(',') {
-                    let (k, v) = pair.split_once('=').unwrap_or_else(|| panic!("bad label {pair:?}"));
+                    let (k, v) = pair
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("bad label {pair:?}"));
                     assert!(valid_name(k) && !k.contains(':'), "bad label name {k:?}");
-                    assert!(v.len() >= 2 && v.starts_with('"') && v.ends_with('"'), "bad label value {v:?}");
+                    assert!(
+                        v.len() >= 2 && v.starts_with('"') && v.ends_with('"'),
+                        "bad label value {v:?}"
+                    );
                 }
                 name
             }
         };
         assert!(valid_name(name), "bad metric name in {line:?}");
-        assert!(types.contains_key(name), "sample before its # TYPE: {line:?}");
+        assert!(
+            types.contains_key(name),
+            "sample before its # TYPE: {line:?}"
+        );
         samples.insert(name.to_string(), value);
     }
     samples
@@ -129,7 +185,11 @@ async fn repeated_prompt_hits_prefix_cache() {
     assert_eq!(first["object"], "chat.completion");
     assert_eq!(cached(&first), 0);
     let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert_eq!(prompt_tokens, 5 + 501 + 1, "<|system|> You are a test. / <|user|> 500 words / <|assistant|>");
+    assert_eq!(
+        prompt_tokens,
+        5 + 501 + 1,
+        "<|system|> You are a test. / <|user|> 500 words / <|assistant|>"
+    );
     assert_eq!(first["usage"]["completion_tokens"], 8);
     let content = first["choices"][0]["message"]["content"].as_str().unwrap();
     assert_eq!(content.split_whitespace().count(), 8);
@@ -137,19 +197,26 @@ async fn repeated_prompt_hits_prefix_cache() {
     let (_, _, second) = sim.post("/v1/chat/completions", &body).await;
     assert!(cached(&second) > 0);
     assert_eq!(cached(&second), (prompt_tokens - 1) / 16 * 16);
-    assert_eq!(second["choices"][0]["message"]["content"], content, "deterministic output");
+    assert_eq!(
+        second["choices"][0]["message"]["content"], content,
+        "deterministic output"
+    );
 }
 
 #[tokio::test]
 async fn shared_prefix_reports_shared_blocks() {
     let sim = start(&[]).await;
     let a = words("a", 300);
-    let (_, _, first) = sim.post("/v1/completions", &json!({"prompt": a, "max_tokens": 2})).await;
+    let (_, _, first) = sim
+        .post("/v1/completions", &json!({"prompt": a, "max_tokens": 2}))
+        .await;
     assert_eq!(cached(&first), 0);
     assert_eq!(first["object"], "text_completion");
     // Shares the first 6 blocks (96 words) and 10 more words, then diverges.
     let b = format!("{} {}", words("a", 106), words("b", 200));
-    let (_, _, second) = sim.post("/v1/completions", &json!({"prompt": b, "max_tokens": 2})).await;
+    let (_, _, second) = sim
+        .post("/v1/completions", &json!({"prompt": b, "max_tokens": 2}))
+        .await;
     assert_eq!(cached(&second), 6 * 16);
     assert_eq!(second["usage"]["prompt_tokens"], 306);
 }
@@ -158,11 +225,21 @@ async fn shared_prefix_reports_shared_blocks() {
 async fn multi_turn_chat_hits_previous_turn_and_answer() {
     let sim = start(&[]).await;
     let mut messages = vec![json!({"role": "user", "content": words("q", 100)})];
-    let (_, _, t1) = sim.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 40})).await;
+    let (_, _, t1) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 40}),
+        )
+        .await;
     let answer = t1["choices"][0]["message"]["content"].clone();
     messages.push(json!({"role": "assistant", "content": answer}));
     messages.push(json!({"role": "user", "content": "and then?"}));
-    let (_, _, t2) = sim.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 4})).await;
+    let (_, _, t2) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 4}),
+        )
+        .await;
     // Turn 1 = 102 prompt + 40 output tokens = 142 tokens -> 8 full blocks, all reused.
     assert_eq!(cached(&t2), 128);
 }
@@ -212,9 +289,18 @@ async fn sse_stream_is_valid_and_carries_usage() {
         "stream_options": {"include_usage": true},
     });
     let t0 = Instant::now();
-    let mut res = sim.client.post(format!("{}/v1/chat/completions", sim.base)).json(&body).send().await.unwrap();
+    let mut res = sim
+        .client
+        .post(format!("{}/v1/chat/completions", sim.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 200);
-    assert!(res.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert!(res.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
     assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
     let mut raw = Vec::new();
     let mut first_chunk_at = None;
@@ -225,7 +311,10 @@ async fn sse_stream_is_valid_and_carries_usage() {
     let total = t0.elapsed();
     // 30 steps of ~12 ms at time-scale 1: the first token comes after one step, not at the end.
     let ttft = first_chunk_at.unwrap();
-    assert!(ttft * 3 < total, "first chunk at {ttft:?} of {total:?}: not streamed");
+    assert!(
+        ttft * 3 < total,
+        "first chunk at {ttft:?} of {total:?}: not streamed"
+    );
 
     let text = String::from_utf8(raw).unwrap();
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -234,7 +323,9 @@ async fn sse_stream_is_valid_and_carries_usage() {
     let mut usage = None;
     let mut finish = None;
     for (i, ev) in events.iter().enumerate() {
-        let data = ev.strip_prefix("data: ").unwrap_or_else(|| panic!("bad event {ev:?}"));
+        let data = ev
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("bad event {ev:?}"));
         assert!(!data.contains('\n'));
         if data == "[DONE]" {
             assert_eq!(i, events.len() - 1);
@@ -289,7 +380,15 @@ async fn sse_stream_is_valid_and_carries_usage() {
 #[tokio::test]
 async fn metrics_parse_and_move_with_load() {
     let sim = start(&["--time-scale", "5"]).await;
-    let text = sim.client.get(format!("{}/metrics", sim.base)).send().await.unwrap().text().await.unwrap();
+    let text = sim
+        .client
+        .get(format!("{}/metrics", sim.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for needle in [
         "# TYPE vllm:num_requests_running gauge",
         "vllm:num_requests_running{model_name=\"sim-llama-8b\"} 0.0",
@@ -311,8 +410,22 @@ async fn metrics_parse_and_move_with_load() {
 
     let body = json!({"prompt": words("m", 600), "max_tokens": 60});
     let req = {
-        let (client, url, body) = (sim.client.clone(), format!("{}/v1/completions", sim.base), body.clone());
-        tokio::spawn(async move { client.post(url).json(&body).send().await.unwrap().json::<Value>().await.unwrap() })
+        let (client, url, body) = (
+            sim.client.clone(),
+            format!("{}/v1/completions", sim.base),
+            body.clone(),
+        );
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
     };
     let mut saw = (0.0_f64, 0.0_f64);
     while !req.is_finished() {
@@ -323,7 +436,11 @@ async fn metrics_parse_and_move_with_load() {
     }
     req.await.unwrap();
     assert_eq!(saw.0, 1.0, "running > 0 during the request");
-    assert!(saw.1 > 0.0 && saw.1 < 1.0, "kv usage during the request: {}", saw.1);
+    assert!(
+        saw.1 > 0.0 && saw.1 < 1.0,
+        "kv usage during the request: {}",
+        saw.1
+    );
     let m1 = sim.metrics().await;
     assert_eq!(m1["vllm:num_requests_running"], 0.0);
     assert_eq!(m1["vllm:kv_cache_usage_perc"], 0.0);
@@ -342,15 +459,16 @@ async fn metrics_parse_and_move_with_load() {
 #[tokio::test]
 async fn malformed_requests_get_vllm_errors() {
     let sim = start(&[]).await;
-    let check = |status: u16, headers: &reqwest::header::HeaderMap, v: &Value, code: u16, kind: &str| {
-        assert_eq!(status, code, "{v}");
-        assert_eq!(headers[REPLICA_HEADER], "test-replica");
-        assert_eq!(v["object"], "error", "{v}");
-        assert_eq!(v["type"], kind);
-        assert_eq!(v["code"], code);
-        assert!(v["param"].is_null());
-        assert!(!v["message"].as_str().unwrap().is_empty());
-    };
+    let check =
+        |status: u16, headers: &reqwest::header::HeaderMap, v: &Value, code: u16, kind: &str| {
+            assert_eq!(status, code, "{v}");
+            assert_eq!(headers[REPLICA_HEADER], "test-replica");
+            assert_eq!(v["object"], "error", "{v}");
+            assert_eq!(v["type"], kind);
+            assert_eq!(v["code"], code);
+            assert!(v["param"].is_null());
+            assert!(!v["message"].as_str().unwrap().is_empty());
+        };
     for raw in ["not json", "", "[1,2]", "{\"messages\": [", "null"] {
         let (s, h, v) = sim.post_raw("/v1/chat/completions", raw).await;
         check(s, &h, &v, 400, "BadRequestError");
@@ -372,21 +490,41 @@ async fn malformed_requests_get_vllm_errors() {
         let (s, h, v) = sim.post("/v1/chat/completions", &body).await;
         check(s, &h, &v, 400, "BadRequestError");
     }
-    for body in [json!({}), json!({"prompt": 5}), json!({"prompt": [1, "x"]}), json!({"prompt": ""})] {
+    for body in [
+        json!({}),
+        json!({"prompt": 5}),
+        json!({"prompt": [1, "x"]}),
+        json!({"prompt": ""}),
+    ] {
         let (s, h, v) = sim.post("/v1/completions", &body).await;
         check(s, &h, &v, 400, "BadRequestError");
     }
-    let (s, h, v) = sim.post("/v1/chat/completions", &json!({"model": "gpt-4", "messages": msgs})).await;
+    let (s, h, v) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "gpt-4", "messages": msgs}),
+        )
+        .await;
     check(s, &h, &v, 404, "NotFoundError");
     assert!(v["message"].as_str().unwrap().contains("gpt-4"));
 
     // Unknown route: FastAPI-style 404, still tagged with the replica.
-    let res = sim.client.get(format!("{}/nope", sim.base)).send().await.unwrap();
+    let res = sim
+        .client
+        .get(format!("{}/nope", sim.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 404);
     assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
 
     // The server is still fine.
-    let (s, _, v) = sim.post("/v1/chat/completions", &json!({"messages": msgs, "max_completion_tokens": 2})).await;
+    let (s, _, v) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_completion_tokens": 2}),
+        )
+        .await;
     assert_eq!(s, 200);
     assert_eq!(v["usage"]["completion_tokens"], 2);
 }
@@ -394,32 +532,96 @@ async fn malformed_requests_get_vllm_errors() {
 #[tokio::test]
 async fn models_health_and_multi_prompt() {
     let sim = start(&["--model", "m1"]).await;
-    let res = sim.client.get(format!("{}/health", sim.base)).send().await.unwrap();
+    let res = sim
+        .client
+        .get(format!("{}/health", sim.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
     assert!(res.text().await.unwrap().is_empty());
-    let v: Value = sim.client.get(format!("{}/v1/models", sim.base)).send().await.unwrap().json().await.unwrap();
+    let v: Value = sim
+        .client
+        .get(format!("{}/v1/models", sim.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "m1");
-    let (s, _, v) = sim.post("/v1/completions", &json!({"model": "m1", "prompt": ["a b", "c d e"], "max_tokens": 3})).await;
+    let (s, _, v) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "m1", "prompt": ["a b", "c d e"], "max_tokens": 3}),
+        )
+        .await;
     assert_eq!(s, 200);
     assert_eq!(v["choices"].as_array().unwrap().len(), 2);
     assert_eq!(v["choices"][1]["index"], 1);
     assert_eq!(v["usage"]["prompt_tokens"], 5);
     assert_eq!(v["usage"]["completion_tokens"], 6);
-    let (s, _, v) = sim.post("/v1/completions", &json!({"prompt": [17, 42, 42], "max_tokens": 1})).await;
+    let (s, _, v) = sim
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [17, 42, 42], "max_tokens": 1}),
+        )
+        .await;
     assert_eq!(s, 200);
     assert_eq!(v["usage"]["prompt_tokens"], 3);
 }
 
 #[tokio::test]
 async fn default_name_is_sim_port() {
-    let args = Args::try_parse_from(["warmroute-sim", "--port", "0", "--time-scale", "100"]).unwrap();
+    let args =
+        Args::try_parse_from(["warmroute-sim", "--port", "0", "--time-scale", "100"]).unwrap();
     let listener = warmroute_sim::bind(&args).await.unwrap();
     let port = listener.local_addr().unwrap().port();
     assert_eq!(listener.local_addr().unwrap().ip().to_string(), "127.0.0.1");
     tokio::spawn(warmroute_sim::serve(args, listener));
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let res = client.get(format!("http://127.0.0.1:{port}/health")).send().await.unwrap();
-    assert_eq!(res.headers()[REPLICA_HEADER], format!("sim-{port}").as_str());
+    let res = client
+        .get(format!("http://127.0.0.1:{port}/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()[REPLICA_HEADER],
+        format!("sim-{port}").as_str()
+    );
+}
+
+#[tokio::test]
+async fn client_disconnect_aborts_and_frees_kv() {
+    let sim = start(&["--time-scale", "1"]).await;
+    let body = json!({"prompt": words("d", 100), "max_tokens": 100_000, "stream": true});
+    let mut res = sim
+        .client
+        .post(format!("{}/v1/completions", sim.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert!(res.chunk().await.unwrap().is_some());
+    let m = sim.metrics().await;
+    assert_eq!(m["vllm:num_requests_running"], 1.0);
+    assert!(m["vllm:kv_cache_usage_perc"] > 0.0);
+    drop(res);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let m = sim.metrics().await;
+        if m["sim:aborted_requests_total"] == 1.0 {
+            assert_eq!(m["vllm:num_requests_running"], 0.0);
+            assert_eq!(m["vllm:kv_cache_usage_perc"], 0.0);
+            assert_eq!(m["vllm:request_success_total"], 0.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "request not aborted after disconnect"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
