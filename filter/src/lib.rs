@@ -1,12 +1,22 @@
 //! warmroute: KV-cache-aware routing for LLM inference fleets, as a proxy-wasm filter.
 //!
-//! Everything but `filter` (the proxy-wasm glue) and `host` (the one place that
-//! calls the host) is plain Rust, unit-tested natively and inside wasm32.
+//! Only `filter` (the proxy-wasm contexts), `stats` and `host::Proxy` call the
+//! host; everything else is plain Rust, unit-tested natively and inside wasm32.
 
 pub mod config;
+pub mod host;
 pub mod index;
 pub mod load;
 pub mod openai;
 pub mod policy;
 pub mod prefix;
 pub mod prometheus;
+pub mod route;
+pub mod router;
+pub mod shared;
+pub mod telemetry;
+
+#[cfg(target_arch = "wasm32")]
+mod filter;
+#[cfg(target_arch = "wasm32")]
+mod stats;

@@ -1,0 +1,71 @@
+//! How a decision reaches Envoy: which header to write, and which client
+//! headers to strip so a client can never pick its upstream.
+
+use crate::config::{Config, RouteMode, BACKEND_HEADER, ENDPOINT_HEADER};
+
+/// Envoy's pseudo-header for the request authority.
+pub const AUTHORITY: &str = ":authority";
+
+/// Headers a client may not send: every header any route mode reads.
+pub fn forbidden_client_headers(cfg: &Config) -> Vec<&str> {
+    let mut v = vec![ENDPOINT_HEADER, BACKEND_HEADER];
+    if cfg.route.mode != RouteMode::Authority && !v.contains(&cfg.route.header.as_str()) {
+        v.push(cfg.route.header.as_str());
+    }
+    v
+}
+
+/// The header (name, value) that steers Envoy to `order[0]` (then the fallbacks).
+pub fn route_header<'c>(cfg: &'c Config, order: &[usize]) -> Option<(&'c str, String)> {
+    let primary = cfg.backends.get(*order.first()?)?;
+    Some(match cfg.route.mode {
+        RouteMode::Endpoint => {
+            let list: Vec<&str> = order
+                .iter()
+                .take(1 + cfg.route.fallbacks)
+                .filter_map(|&b| cfg.backends.get(b).map(|x| x.address.as_str()))
+                .collect();
+            (cfg.route.header.as_str(), list.join(","))
+        }
+        RouteMode::Header => (cfg.route.header.as_str(), primary.name.clone()),
+        RouteMode::Authority => (AUTHORITY, primary.host.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(route: &str) -> Config {
+        Config::parse(
+            format!(
+                r#"{{"backends":[{{"name":"a","address":"10.0.0.1:8000","host":"a.svc:8000"}},{{"name":"b","address":"10.0.0.2:8000"}},{{"name":"c","address":"10.0.0.3:8000"}}],"route":{route}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn endpoint_mode_lists_fallbacks() {
+        let c = cfg(r#"{"mode":"endpoint","fallbacks":1}"#);
+        assert_eq!(
+            route_header(&c, &[2, 0, 1]),
+            Some((ENDPOINT_HEADER, "10.0.0.3:8000,10.0.0.1:8000".to_string()))
+        );
+    }
+
+    #[test]
+    fn header_and_authority_modes() {
+        assert_eq!(route_header(&cfg(r#"{"mode":"header"}"#), &[1]), Some((BACKEND_HEADER, "b".to_string())));
+        assert_eq!(route_header(&cfg(r#"{"mode":"authority"}"#), &[0]), Some((AUTHORITY, "a.svc:8000".to_string())));
+        assert_eq!(route_header(&cfg(r#"{"mode":"header"}"#), &[]), None);
+    }
+
+    #[test]
+    fn clients_cannot_set_any_routing_header() {
+        let c = cfg(r#"{"mode":"header","header":"x-pod"}"#);
+        let f = forbidden_client_headers(&c);
+        assert!(f.contains(&"x-pod") && f.contains(&ENDPOINT_HEADER) && f.contains(&BACKEND_HEADER));
+    }
+}

@@ -1,0 +1,300 @@
+//! One VM's router: ties the index replica, the shared fleet state and the
+//! policies together. Generic over [`Host`], so the same code runs in Envoy
+//! and in unit tests that put several "VMs" on one in-memory host.
+//!
+//! Per routed request the host calls are: read the log hint (8 bytes), read
+//! the log only if the hint moved, read in-flight counts and health, one CAS
+//! increment of the chosen backend's in-flight count, one CAS append to the
+//! log — none of them per block.
+
+use crate::config::{Config, Strategy};
+use crate::host::{Host, HostError};
+use crate::index::Index;
+use crate::load::{backend_loads, Health};
+use crate::policy::{mix, Chooser, Decision, RequestKey};
+use crate::prefix::PromptKey;
+use crate::shared::{Keys, Shared};
+use crate::telemetry::Scraper;
+
+/// Anchor length for prompts without message structure (completions).
+pub const ANCHOR_BYTES: usize = 2048;
+
+/// Bytes of prompt text per KV token, to size the index from a backend's
+/// token capacity (≈4 for English BPE tokenizers).
+pub const BYTES_PER_TOKEN: u64 = 4;
+
+/// What the filter learned about one request.
+#[derive(Debug, Clone, Default)]
+pub struct Request<'a> {
+    /// The prompt's key, if the body could be read.
+    pub key: Option<&'a PromptKey>,
+    /// Value of the session header.
+    pub session: Option<&'a str>,
+}
+
+/// A routing decision plus what it cost to make.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    /// The choice.
+    pub decision: Decision,
+    /// Full blocks in the prompt.
+    pub blocks: u32,
+    /// Host calls that failed along the way (the decision is still made).
+    pub host_errors: u32,
+    /// Index events other VMs appended that this VM never saw (log trimmed).
+    pub log_gap: bool,
+}
+
+/// Per-VM routing state.
+pub struct Router {
+    /// The validated configuration.
+    pub cfg: Config,
+    keys: Keys,
+    ids: Vec<u64>,
+    /// Fleet-unique id of this VM.
+    pub vm_id: u64,
+    /// This VM's replica of the prefix index.
+    pub index: Index,
+    applied_seq: u64,
+    seen_hint: u64,
+    requests: u64,
+    /// Scrape bookkeeping (used while this VM holds the lease).
+    pub scraper: Scraper,
+    matched: Vec<u32>,
+}
+
+fn fleet_id(cfg: &Config) -> (u64, Vec<u64>) {
+    let ids: Vec<u64> = cfg
+        .backends
+        .iter()
+        .map(|b| b.address.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| mix(h ^ c as u64)))
+        .collect();
+    let fleet = ids.iter().fold(cfg.block_bytes as u64, |h, &i| mix(h ^ i));
+    (fleet, ids)
+}
+
+impl Router {
+    /// A router for `cfg`; takes a fleet-unique VM id from shared data.
+    pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
+        let (fleet, ids) = fleet_id(&cfg);
+        let keys = Keys::new(fleet);
+        let n = cfg.backends.len();
+        let shared = Shared { host, keys: &keys, n };
+        // Without shared data an id from the clock still keeps VMs apart.
+        let vm_id = shared.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
+        // Start reading the log where it is now: older events describe a past we cannot date.
+        let seen_hint = shared.log_hint().unwrap_or(0);
+        let index = Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms);
+        Router {
+            keys,
+            ids,
+            vm_id,
+            index,
+            applied_seq: seen_hint,
+            seen_hint,
+            requests: 0,
+            scraper: Scraper::new(n),
+            matched: Vec::with_capacity(n),
+            cfg,
+        }
+    }
+
+    /// Typed access to shared fleet state.
+    pub fn shared<'h, H: Host>(&'h self, host: &'h H) -> Shared<'h, H> {
+        Shared { host, keys: &self.keys, n: self.cfg.backends.len() }
+    }
+
+    /// Applies index events other VMs appended since the last sync.
+    fn sync_index<H: Host>(&mut self, host: &H) -> Result<bool, HostError> {
+        let shared = Shared { host, keys: &self.keys, n: self.cfg.backends.len() };
+        let hint = shared.log_hint()?;
+        if hint == self.seen_hint {
+            return Ok(false);
+        }
+        let log = shared.log()?;
+        let gap = log.first_seq > self.applied_seq;
+        for ev in log.since(self.applied_seq) {
+            if ev.origin != self.vm_id {
+                self.index.record(&ev.blocks, ev.backend as usize, ev.time_ms);
+            }
+        }
+        self.applied_seq = self.applied_seq.max(log.next_seq);
+        self.seen_hint = hint;
+        Ok(gap)
+    }
+
+    /// Routes one request; never fails (host errors degrade to less information).
+    pub fn route<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
+        let mut host_errors = 0u32;
+        let mut note = |r: Result<(), HostError>| {
+            if r.is_err() {
+                host_errors += 1;
+            }
+        };
+        let now = host.now_ms();
+        let n = self.cfg.backends.len();
+        let mut log_gap = false;
+        if req.key.is_some() {
+            match self.sync_index(host) {
+                Ok(g) => log_gap = g,
+                Err(e) => note(Err(e)),
+            }
+        }
+        let shared = Shared { host, keys: &self.keys, n };
+        let inflight = shared.inflight().unwrap_or_else(|e| {
+            note(Err(e));
+            vec![0; n]
+        });
+        let health = shared.health().unwrap_or_else(|e| {
+            note(Err(e));
+            vec![Health::default(); n]
+        });
+        let loads = backend_loads(&inflight, &health, now, self.cfg.metrics.stale_after_ms, &self.cfg.policy);
+        self.requests = self.requests.wrapping_add(1);
+        let random = mix(now ^ self.vm_id.rotate_left(32) ^ self.requests);
+        let needs_rotation = match self.cfg.strategy {
+            Strategy::RoundRobin => true,
+            Strategy::StickySession => req.session.is_none(),
+            _ => false,
+        };
+        let rotation = if needs_rotation {
+            shared.next_rotation().unwrap_or_else(|e| {
+                note(Err(e));
+                random
+            })
+        } else {
+            0
+        };
+        let chooser = Chooser { cfg: &self.cfg.policy, loads: &loads, ids: &self.ids, fallbacks: self.cfg.route.fallbacks };
+        let (decision, blocks) = match req.key {
+            Some(key) => {
+                self.index.match_lengths(&key.blocks, now, &mut self.matched);
+                let rk = RequestKey {
+                    anchor: key.anchor,
+                    matched: &self.matched,
+                    blocks: key.blocks.len() as u32,
+                    session: req.session.map(session_hash),
+                    rotation,
+                    random,
+                };
+                let strategy = self.cfg.strategy;
+                (chooser.choose(strategy, &rk), key.blocks.len() as u32)
+            }
+            None if self.cfg.strategy == Strategy::StickySession || self.cfg.strategy == Strategy::RoundRobin => {
+                // These strategies do not need the body: apply them as configured.
+                let rk = RequestKey { session: req.session.map(session_hash), rotation, random, ..Default::default() };
+                (chooser.choose(self.cfg.strategy, &rk), 0)
+            }
+            None => (chooser.fallback(random), 0),
+        };
+        let decision = decision.unwrap_or(Decision { order: vec![0], matched: 0, reason: crate::policy::Reason::Fallback });
+        let primary = decision.order.first().copied().unwrap_or(0);
+        note(shared.add_inflight(primary, 1).map(|_| ()));
+        if let Some(key) = req.key.filter(|k| !k.blocks.is_empty()) {
+            // Record the whole chain: it refreshes recency of the matched part
+            // and, after a spillover, replicates a hot prefix to the new pod.
+            self.index.record(&key.blocks, primary, now);
+            note(
+                shared
+                    .append_log(self.vm_id, primary as u16, &key.blocks, self.cfg.index.log_bytes)
+                    .map(|_| ()),
+            );
+        }
+        Routed { decision, blocks, host_errors, log_gap }
+    }
+
+    /// Releases the in-flight slot a routed request held.
+    pub fn release<H: Host>(&self, host: &H, backend: usize) -> Result<(), HostError> {
+        self.shared(host).add_inflight(backend, -1).map(|_| ())
+    }
+
+    /// Sizes the index to each backend's real KV capacity, when known.
+    pub fn resize_index(&mut self, health: &[Health]) {
+        let block = self.cfg.block_bytes as u64;
+        let known: Vec<Option<usize>> = health
+            .iter()
+            .map(|h| h.scrape.capacity_tokens.map(|t| (t * BYTES_PER_TOKEN / block.max(1)) as usize))
+            .collect();
+        self.index.set_capacities(&known);
+    }
+}
+
+/// Session ids hash with the same stable function as everything else.
+pub fn session_hash(s: &str) -> u64 {
+    s.bytes().fold(0x5e55_1011u64, |h, c| mix(h ^ c as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::MemoryHost;
+    use crate::openai::{prompt_key, Endpoint};
+
+    fn cfg(strategy: &str) -> Config {
+        Config::parse(
+            format!(
+                r#"{{"strategy":"{strategy}","backends":[{{"name":"a","address":"127.0.0.1:1"}},{{"name":"b","address":"127.0.0.1:2"}},{{"name":"c","address":"127.0.0.1:3"}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn chat(system: &str, user: &str) -> PromptKey {
+        let body = format!(r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#);
+        prompt_key(Endpoint::Chat, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
+    }
+
+    #[test]
+    fn a_prefix_learned_by_one_vm_is_matched_by_another() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let mut b = Router::new(cfg("cache_aware"), &host);
+        assert_ne!(a.vm_id, b.vm_id);
+        let sys = "x".repeat(4000);
+        let first = a.route(&host, &Request { key: Some(&chat(&sys, "q1")), session: None });
+        a.release(&host, first.decision.order[0]).unwrap();
+        let second = b.route(&host, &Request { key: Some(&chat(&sys, "another question")), session: None });
+        assert_eq!(second.decision.order[0], first.decision.order[0]);
+        assert!(second.decision.matched >= 15, "{:?}", second.decision);
+        assert_eq!(second.host_errors, 0);
+    }
+
+    #[test]
+    fn inflight_is_accounted_and_released() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("least_request"), &host);
+        let picks: Vec<usize> = (0..3).map(|_| a.route(&host, &Request::default()).decision.order[0]).collect();
+        let mut sorted = picks.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 2], "least_request spreads in-flight work");
+        for p in picks {
+            a.release(&host, p).unwrap();
+        }
+        assert_eq!(a.shared(&host).inflight().unwrap(), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn round_robin_rotates_across_vms() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("round_robin"), &host);
+        let mut b = Router::new(cfg("round_robin"), &host);
+        let picks: Vec<usize> = (0..6)
+            .map(|i| {
+                let r = if i % 2 == 0 { &mut a } else { &mut b };
+                r.route(&host, &Request::default()).decision.order[0]
+            })
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn index_sizes_to_backend_capacity() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let mut h = vec![Health::default(); 3];
+        h[0].scrape.capacity_tokens = Some(6400);
+        a.resize_index(&h);
+        assert_eq!(a.index.capacity(0), 100);
+    }
+}

@@ -1,0 +1,125 @@
+//! The companion tick's scrape state machine (pure; the glue does the callouts).
+//!
+//! Per backend: idle → pending(token, since) → idle. Every reply, failure or
+//! timeout clears `pending`; a reply that never comes (lost callout) is given
+//! up after `timeout + period` and counted as a failure, so the backend is
+//! scraped again on a later tick. One VM per Envoy holds a lease in shared
+//! data and is the only one that scrapes; the others only read the snapshot.
+//!
+//! Health: `unhealthy_after` consecutive failures take a backend out of
+//! rotation (for every strategy); one good scrape brings it back.
+
+use crate::load::{Health, Scrape};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    token: u32,
+    since_ms: u64,
+}
+
+/// Scrape bookkeeping of one VM.
+#[derive(Debug, Clone, Default)]
+pub struct Scraper {
+    pending: Vec<Option<Pending>>,
+}
+
+/// What the tick should do now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Backends to scrape.
+    pub scrape: Vec<usize>,
+    /// Backends whose previous scrape got no reply in time (a failure).
+    pub lost: Vec<usize>,
+}
+
+impl Scraper {
+    /// Bookkeeping for `n` backends.
+    pub fn new(n: usize) -> Scraper {
+        Scraper { pending: vec![None; n] }
+    }
+
+    /// Idle backends are due; pending ones older than `lost_after_ms` are lost (and due).
+    pub fn due(&mut self, now_ms: u64, lost_after_ms: u64) -> Due {
+        let mut due = Due::default();
+        for (b, p) in self.pending.iter_mut().enumerate() {
+            match p {
+                None => due.scrape.push(b),
+                Some(q) if now_ms.saturating_sub(q.since_ms) > lost_after_ms => {
+                    *p = None;
+                    due.lost.push(b);
+                    due.scrape.push(b);
+                }
+                Some(_) => {}
+            }
+        }
+        due
+    }
+
+    /// A callout for `backend` was dispatched with `token`.
+    pub fn dispatched(&mut self, backend: usize, token: u32, now_ms: u64) {
+        if let Some(p) = self.pending.get_mut(backend) {
+            *p = Some(Pending { token, since_ms: now_ms });
+        }
+    }
+
+    /// The callout `token` finished; returns its backend.
+    pub fn completed(&mut self, token: u32) -> Option<usize> {
+        let b = self.pending.iter().position(|p| p.is_some_and(|q| q.token == token))?;
+        self.pending[b] = None;
+        Some(b)
+    }
+
+    /// Forgets everything pending (lease lost).
+    pub fn reset(&mut self) {
+        self.pending.iter_mut().for_each(|p| *p = None);
+    }
+}
+
+/// Folds one scrape outcome into a backend's health.
+pub fn record(h: &mut Health, outcome: Option<Scrape>, now_ms: u64, unhealthy_after: u32) {
+    match outcome {
+        Some(s) => {
+            h.scrape = s;
+            h.scraped_ms = now_ms.max(1);
+            h.failures = 0;
+            h.down = false;
+        }
+        None => {
+            h.failures = h.failures.saturating_add(1);
+            if h.failures >= unhealthy_after {
+                h.down = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_blocks_rescrape_until_reply_or_loss() {
+        let mut s = Scraper::new(2);
+        assert_eq!(s.due(0, 900).scrape, vec![0, 1]);
+        s.dispatched(0, 7, 0);
+        s.dispatched(1, 8, 0);
+        assert_eq!(s.due(500, 900), Due::default());
+        assert_eq!(s.completed(7), Some(0));
+        assert_eq!(s.completed(7), None);
+        let d = s.due(1000, 900);
+        assert_eq!(d.scrape, vec![0, 1]);
+        assert_eq!(d.lost, vec![1]);
+    }
+
+    #[test]
+    fn failures_take_a_backend_down_and_a_good_scrape_brings_it_back() {
+        let mut h = Health::default();
+        record(&mut h, None, 10, 2);
+        assert!(!h.down);
+        record(&mut h, None, 20, 2);
+        assert!(h.down);
+        record(&mut h, Some(Scrape { running: 1.0, ..Scrape::default() }), 30, 2);
+        assert!(!h.down);
+        assert_eq!((h.failures, h.scraped_ms, h.scrape.running), (0, 30, 1.0));
+    }
+}
