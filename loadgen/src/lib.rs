@@ -6,13 +6,15 @@
 //!   records TTFT (first SSE `data:` chunk), e2e, served-by replica and usage.
 //! - [`prom`]: Prometheus text parsing and fleet prefix-cache hit rate.
 //! - [`report`]: statistics, human summary and the JSON report.
+//! - [`cli`]: the `warmroute-loadgen <workload> [flags]` command line.
 //!
 //! Non-test code never unwraps: inputs (trace files, server responses, metrics
 //! pages) come from outside and failures must become reported errors, not
 //! panics that would lose a whole benchmark run.
 
-pub mod rng;
-pub mod workload;
+pub mod cli;
 pub mod prom;
-pub mod runner;
 pub mod report;
+pub mod rng;
+pub mod runner;
+pub mod workload;

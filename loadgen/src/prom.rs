@@ -61,7 +61,11 @@ fn parse_line(line: &str) -> Option<Sample> {
     }
     let value_str = rest.split_whitespace().next()?;
     let value = parse_value(value_str)?;
-    Some(Sample { name: name.to_string(), labels, value })
+    Some(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
 }
 
 fn parse_value(s: &str) -> Option<f64> {
@@ -127,7 +131,10 @@ impl CacheCounters {
     /// Extract from a metrics page; `None` if either counter is missing.
     pub fn from_text(text: &str) -> Option<Self> {
         let samples = parse(text);
-        Some(Self { hits: sum_metric(&samples, HITS)?, queries: sum_metric(&samples, QUERIES)? })
+        Some(Self {
+            hits: sum_metric(&samples, HITS)?,
+            queries: sum_metric(&samples, QUERIES)?,
+        })
     }
 }
 
@@ -157,7 +164,11 @@ pub struct BackendDelta {
 
 impl BackendDelta {
     /// Compare two scrapes of one backend.
-    pub fn compute(url: &str, before: Result<CacheCounters, String>, after: Result<CacheCounters, String>) -> Self {
+    pub fn compute(
+        url: &str,
+        before: Result<CacheCounters, String>,
+        after: Result<CacheCounters, String>,
+    ) -> Self {
         match (before, after) {
             (Ok(b), Ok(a)) => {
                 let hits = increase(b.hits, a.hits);
@@ -170,9 +181,13 @@ impl BackendDelta {
                     error: None,
                 }
             }
-            (Err(e), _) | (_, Err(e)) => {
-                Self { url: url.to_string(), hits: None, queries: None, hit_rate: None, error: Some(e) }
-            }
+            (Err(e), _) | (_, Err(e)) => Self {
+                url: url.to_string(),
+                hits: None,
+                queries: None,
+                hit_rate: None,
+                error: Some(e),
+            },
         }
     }
 }
@@ -200,7 +215,12 @@ pub fn metrics_url(base: &str) -> String {
 pub fn by_label(samples: &[Sample], name: &str, key: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for s in samples.iter().filter(|s| s.name == name) {
-        let v = s.labels.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()).unwrap_or_default();
+        let v = s
+            .labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
         *out.entry(v).or_insert(0.0) += s.value;
     }
     out
@@ -234,17 +254,31 @@ garbage line without value
         let hit = s.iter().find(|x| x.name == HITS).unwrap();
         assert_eq!(
             hit.labels,
-            vec![("model_name".into(), "sim-llama-8b".into()), ("note".into(), "a \"quoted\", {odd} value".into())]
+            vec![
+                ("model_name".into(), "sim-llama-8b".into()),
+                ("note".into(), "a \"quoted\", {odd} value".into())
+            ]
         );
         let by_model = by_label(&s, QUERIES, "model_name");
         assert_eq!(by_model.get("other"), Some(&800.0));
-        assert_eq!(CacheCounters::from_text(PAGE), Some(CacheCounters { hits: 800.0, queries: 2000.0 }));
+        assert_eq!(
+            CacheCounters::from_text(PAGE),
+            Some(CacheCounters {
+                hits: 800.0,
+                queries: 2000.0
+            })
+        );
         assert_eq!(CacheCounters::from_text("process_open_fds 1"), None);
     }
 
     #[test]
     fn fleet_rate_sums_deltas_before_dividing() {
-        let c = |h, q| Ok(CacheCounters { hits: h, queries: q });
+        let c = |h, q| {
+            Ok(CacheCounters {
+                hits: h,
+                queries: q,
+            })
+        };
         let d = vec![
             BackendDelta::compute("a", c(100.0, 1000.0), c(1000.0, 2000.0)), // 900/1000
             BackendDelta::compute("b", c(0.0, 0.0), c(0.0, 3000.0)),         // 0/3000

@@ -142,10 +142,15 @@ impl Report {
         let recs = &run.records;
         let ok: Vec<_> = recs.iter().filter(|r| r.outcome == Outcome::Ok).collect();
         let errors = recs.iter().filter(|r| r.outcome == Outcome::Error).count();
-        let aborted = recs.iter().filter(|r| r.outcome == Outcome::Aborted).count();
+        let aborted = recs
+            .iter()
+            .filter(|r| r.outcome == Outcome::Aborted)
+            .count();
         let mut served: BTreeMap<String, usize> = BTreeMap::new();
         for r in recs.iter().filter(|r| r.status.is_some()) {
-            *served.entry(r.replica.clone().unwrap_or_else(|| "unknown".into())).or_default() += 1;
+            *served
+                .entry(r.replica.clone().unwrap_or_else(|| "unknown".into()))
+                .or_default() += 1;
         }
         let total_served: usize = served.values().sum();
         let share = served
@@ -155,7 +160,11 @@ impl Report {
         let prompt_tokens: u64 = ok.iter().filter_map(|r| r.prompt_tokens).sum();
         let cached_tokens: u64 = ok.iter().filter_map(|r| r.cached_tokens).sum();
         let mut error_samples: BTreeMap<String, usize> = BTreeMap::new();
-        for e in recs.iter().filter(|r| r.outcome == Outcome::Error).filter_map(|r| r.error.as_ref()) {
+        for e in recs
+            .iter()
+            .filter(|r| r.outcome == Outcome::Error)
+            .filter_map(|r| r.error.as_ref())
+        {
             let key: String = e.chars().take(160).collect();
             if error_samples.len() < 5 || error_samples.contains_key(&key) {
                 *error_samples.entry(key).or_default() += 1;
@@ -172,9 +181,14 @@ impl Report {
             aborted,
             skipped: run.skipped,
             runtime_s,
-            throughput_rps: if runtime_s > 0.0 { ok.len() as f64 / runtime_s } else { 0.0 },
+            throughput_rps: if runtime_s > 0.0 {
+                ok.len() as f64 / runtime_s
+            } else {
+                0.0
+            },
             hit_rate: fleet_hit_rate(&backends),
-            usage_hit_rate: (prompt_tokens > 0).then(|| cached_tokens as f64 / prompt_tokens as f64),
+            usage_hit_rate: (prompt_tokens > 0)
+                .then(|| cached_tokens as f64 / prompt_tokens as f64),
             prompt_tokens,
             cached_tokens,
             ttft_ms: Stats::of(ok.iter().filter_map(|r| r.ttft_ms)),
@@ -184,7 +198,11 @@ impl Report {
             served,
             backends,
             client_cpu_s,
-            client_cpu_util: if runtime_s > 0.0 { client_cpu_s / runtime_s } else { 0.0 },
+            client_cpu_util: if runtime_s > 0.0 {
+                client_cpu_s / runtime_s
+            } else {
+                0.0
+            },
             error_samples,
         }
     }
@@ -193,7 +211,11 @@ impl Report {
     pub fn human(&self) -> String {
         let mut s = String::new();
         let pct = |x: Option<f64>| x.map_or("n/a".to_string(), |v| format!("{:.1}%", v * 100.0));
-        let _ = writeln!(s, "warmroute-loadgen: workload={} target={}", self.workload, self.target);
+        let _ = writeln!(
+            s,
+            "warmroute-loadgen: workload={} target={}",
+            self.workload, self.target
+        );
         let _ = writeln!(
             s,
             "  requests {}  ok {}  errors {}  aborted {}  skipped {}  runtime {:.2}s  ({:.1} req/s)",
@@ -207,12 +229,14 @@ impl Report {
             self.cached_tokens,
             self.prompt_tokens
         );
-        let line = |name: &str, st: &Option<Stats>| match st {
+        let line = |name: &str, st: &Option<Stats>| {
+            match st {
             Some(t) => format!(
                 "  {name:<5} ms  mean {:>8.1}  p50 {:>8.1}  p95 {:>8.1}  p99 {:>8.1}  max {:>8.1}  (n={})\n",
                 t.mean, t.p50, t.p95, t.p99, t.max, t.n
             ),
             None => format!("  {name:<5} ms  n/a\n"),
+        }
         };
         s.push_str(&line("TTFT", &self.ttft_ms));
         s.push_str(&line("e2e", &self.e2e_ms));
@@ -232,7 +256,12 @@ impl Report {
                         let _ = writeln!(s, "    {:<28} scrape failed: {e}", b.url);
                     }
                     (None, Some(h), Some(q)) => {
-                        let _ = writeln!(s, "    {:<28} hits {h:>10.0} / queries {q:>10.0}  = {}", b.url, pct(b.hit_rate));
+                        let _ = writeln!(
+                            s,
+                            "    {:<28} hits {h:>10.0} / queries {q:>10.0}  = {}",
+                            b.url,
+                            pct(b.hit_rate)
+                        );
                     }
                     _ => {}
                 }
@@ -306,7 +335,10 @@ mod tests {
             runtime: Duration::from_secs(2),
         };
         let r = Report::build("agent", "http://t", true, &run, vec![], 0.5);
-        assert_eq!((r.requests, r.ok, r.errors, r.aborted, r.skipped), (5, 3, 1, 1, 2));
+        assert_eq!(
+            (r.requests, r.ok, r.errors, r.aborted, r.skipped),
+            (5, 3, 1, 1, 2)
+        );
         assert!((r.share["a"] - 2.0 / 3.0).abs() < 1e-9);
         assert_eq!(r.e2e_ms.unwrap().mean, 20.0);
         assert_eq!(r.step_ms, r.e2e_ms);
@@ -314,7 +346,17 @@ mod tests {
         assert_eq!(r.error_samples["boom"], 1);
         assert_eq!(r.client_cpu_util, 0.25);
         let j = serde_json::to_value(&r).unwrap();
-        for k in ["hit_rate", "ttft_ms", "e2e_ms", "step_ms", "runtime_s", "errors", "requests", "share", "client_cpu_s"] {
+        for k in [
+            "hit_rate",
+            "ttft_ms",
+            "e2e_ms",
+            "step_ms",
+            "runtime_s",
+            "errors",
+            "requests",
+            "share",
+            "client_cpu_s",
+        ] {
             assert!(j.get(k).is_some(), "{k}");
         }
         assert!(j["ttft_ms"]["p99"].is_number());

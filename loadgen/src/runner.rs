@@ -260,11 +260,16 @@ pub async fn run(workload: Workload, cfg: &RunConfig) -> Result<RunResult> {
 
 fn join_uri(base: &str, path: &str) -> Result<Uri> {
     let s = format!("{}{}", base.trim_end_matches('/'), path);
-    s.parse::<Uri>().with_context(|| format!("bad target URL {s:?}"))
+    s.parse::<Uri>()
+        .with_context(|| format!("bad target URL {s:?}"))
 }
 
 /// [`run`] with a caller-provided client (shared with metric scrapes).
-pub async fn run_with_client(workload: Workload, cfg: &RunConfig, client: HttpClient) -> Result<RunResult> {
+pub async fn run_with_client(
+    workload: Workload,
+    cfg: &RunConfig,
+    client: HttpClient,
+) -> Result<RunResult> {
     let start = Instant::now();
     let shared = Arc::new(Shared {
         client,
@@ -288,11 +293,16 @@ pub async fn run_with_client(workload: Workload, cfg: &RunConfig, client: HttpCl
         records.append(&mut r);
         skipped += s;
     }
-    Ok(RunResult { records, skipped, runtime: start.elapsed() })
+    Ok(RunResult {
+        records,
+        skipped,
+        runtime: start.elapsed(),
+    })
 }
 
 fn take_budget(b: &AtomicUsize) -> bool {
-    b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+    b.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 async fn run_session(sh: Arc<Shared>, session: Session) -> (Vec<RequestRecord>, usize) {
@@ -386,7 +396,10 @@ fn build_request(uri: Uri, req: &Request) -> Result<hyper::Request<Full<Bytes>>>
         .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
         .header(ACCEPT, HeaderValue::from_static("text/event-stream"));
     for (k, v) in &req.headers {
-        b = b.header(HeaderName::try_from(k.as_str())?, HeaderValue::try_from(v.as_str())?);
+        b = b.header(
+            HeaderName::try_from(k.as_str())?,
+            HeaderValue::try_from(v.as_str())?,
+        );
     }
     Ok(b.body(Full::new(req.body.clone()))?)
 }
@@ -400,7 +413,11 @@ async fn exchange(
     rec: &mut RequestRecord,
     sse: &mut SseScanner,
 ) -> Result<(), String> {
-    let resp = sh.client.request(req).await.map_err(|e| format!("request: {}", error_chain(&e)))?;
+    let resp = sh
+        .client
+        .request(req)
+        .await
+        .map_err(|e| format!("request: {}", error_chain(&e)))?;
     let status = resp.status();
     rec.status = Some(status.as_u16());
     rec.replica = resp
@@ -419,10 +436,16 @@ async fn exchange(
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| format!("HTTP {status}, body: {e}"))?;
             if let Some(d) = frame.data_ref() {
-                text.extend_from_slice(&d[..d.len().min(MAX_ERROR_BODY - text.len().min(MAX_ERROR_BODY))]);
+                text.extend_from_slice(
+                    &d[..d.len().min(MAX_ERROR_BODY - text.len().min(MAX_ERROR_BODY))],
+                );
             }
         }
-        return Err(format!("HTTP {}: {}", status.as_u16(), String::from_utf8_lossy(&text).trim()));
+        return Err(format!(
+            "HTTP {}: {}",
+            status.as_u16(),
+            String::from_utf8_lossy(&text).trim()
+        ));
     }
     let mut whole = Vec::new();
     while let Some(frame) = body.frame().await {
@@ -464,17 +487,26 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 /// GET a URL's body as text (for `/metrics`), bounded by `timeout`.
 pub async fn get_text(client: &HttpClient, url: &str, timeout: Duration) -> Result<String, String> {
     let uri: Uri = url.parse().map_err(|e| format!("bad URL {url:?}: {e}"))?;
-    let req = hyper::Request::get(uri).body(Full::new(Bytes::new())).map_err(|e| e.to_string())?;
+    let req = hyper::Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
     let fut = async {
         let resp = client.request(req).await.map_err(|e| error_chain(&e))?;
         let status = resp.status();
-        let body = resp.into_body().collect().await.map_err(|e| error_chain(&e))?.to_bytes();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| error_chain(&e))?
+            .to_bytes();
         if !status.is_success() {
             return Err(format!("HTTP {}", status.as_u16()));
         }
         Ok(String::from_utf8_lossy(&body).into_owned())
     };
-    tokio::time::timeout(timeout, fut).await.map_err(|_| "timeout".to_string())?
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| "timeout".to_string())?
 }
 
 #[cfg(test)]
@@ -494,7 +526,10 @@ mod tests {
         assert!(s.finish());
         assert!(s.done);
         assert_eq!(s.events, 2);
-        assert_eq!((s.prompt_tokens, s.cached_tokens, s.completion_tokens), (Some(40), Some(32), Some(2)));
+        assert_eq!(
+            (s.prompt_tokens, s.cached_tokens, s.completion_tokens),
+            (Some(40), Some(32), Some(2))
+        );
     }
 
     #[test]

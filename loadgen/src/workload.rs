@@ -115,7 +115,10 @@ pub struct RenderOpts {
 
 impl Default for RenderOpts {
     fn default() -> Self {
-        Self { model: "sim-llama-8b".into(), ignore_eos: false }
+        Self {
+            model: "sim-llama-8b".into(),
+            ignore_eos: false,
+        }
     }
 }
 
@@ -136,7 +139,12 @@ pub struct Message {
 
 impl Message {
     fn text(role: &str, content: String) -> Self {
-        Self { role: role.into(), content, tool_calls: None, tool_call_id: None }
+        Self {
+            role: role.into(),
+            content,
+            tool_calls: None,
+            tool_call_id: None,
+        }
     }
 }
 
@@ -195,7 +203,9 @@ pub fn render_chat(opts: &RenderOpts, messages: &[Message], max_tokens: u32) -> 
         messages,
         max_tokens,
         stream: true,
-        stream_options: StreamOptions { include_usage: true },
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
         ignore_eos: opts.ignore_eos,
     };
     Ok(Bytes::from(serde_json::to_vec(&body)?))
@@ -208,7 +218,9 @@ pub fn render_completion(opts: &RenderOpts, prompt: &str, max_tokens: u32) -> Re
         prompt,
         max_tokens,
         stream: true,
-        stream_options: StreamOptions { include_usage: true },
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
         ignore_eos: opts.ignore_eos,
     };
     Ok(Bytes::from(serde_json::to_vec(&body)?))
@@ -217,7 +229,11 @@ pub fn render_completion(opts: &RenderOpts, prompt: &str, max_tokens: u32) -> Re
 fn render(opts: &RenderOpts, api: Api, prompt: &str, max_tokens: u32) -> Result<Bytes> {
     match api {
         Api::Completions => render_completion(opts, prompt, max_tokens),
-        Api::Chat => render_chat(opts, &[Message::text("user", prompt.to_string())], max_tokens),
+        Api::Chat => render_chat(
+            opts,
+            &[Message::text("user", prompt.to_string())],
+            max_tokens,
+        ),
     }
 }
 
@@ -230,7 +246,8 @@ fn messages_words(m: &[Message]) -> usize {
 }
 
 const SYLLABLES: [&str; 16] = [
-    "ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ber", "dan", "fel", "gor", "hin", "jul", "pex", "quo",
+    "ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ber", "dan", "fel", "gor", "hin", "jul",
+    "pex", "quo",
 ];
 
 /// Append `n` pseudo-words drawn from `rng` (vocabulary of 4096 words).
@@ -286,7 +303,8 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceLine>> {
         if line.is_empty() {
             continue;
         }
-        let t: TraceLine = serde_json::from_str(line).with_context(|| format!("trace line {}", i + 1))?;
+        let t: TraceLine =
+            serde_json::from_str(line).with_context(|| format!("trace line {}", i + 1))?;
         out.push(t);
     }
     Ok(out)
@@ -331,7 +349,12 @@ impl Default for ConversationOpts {
 /// text and a shared leading run of ids gives an equally long shared prefix.
 /// The text is cut at `total_words`; if the ids do not cover `total_words`
 /// (rounding), it is padded with words unique to `line_no`.
-pub fn synth_prompt(hash_ids: &[u64], block_words: usize, total_words: usize, line_no: usize) -> String {
+pub fn synth_prompt(
+    hash_ids: &[u64],
+    block_words: usize,
+    total_words: usize,
+    line_no: usize,
+) -> String {
     use std::fmt::Write;
     let block_words = block_words.max(1);
     let mut s = String::with_capacity(total_words * 9);
@@ -360,7 +383,11 @@ pub fn synth_prompt(hash_ids: &[u64], block_words: usize, total_words: usize, li
 }
 
 /// Build the `conversation` workload from parsed trace lines.
-pub fn conversation_from_trace(lines: &[TraceLine], opts: &ConversationOpts, render_opts: &RenderOpts) -> Result<Workload> {
+pub fn conversation_from_trace(
+    lines: &[TraceLine],
+    opts: &ConversationOpts,
+    render_opts: &RenderOpts,
+) -> Result<Workload> {
     if opts.speedup <= 0.0 || !opts.speedup.is_finite() {
         bail!("--speedup must be > 0");
     }
@@ -371,7 +398,12 @@ pub fn conversation_from_trace(lines: &[TraceLine], opts: &ConversationOpts, ren
     let block_words = scaled(TRACE_BLOCK_TOKENS as u64, opts.length_scale);
     let offset_ms = opts.start_offset_s * 1000.0;
     let mut sessions = Vec::new();
-    for (i, line) in lines.iter().enumerate().filter(|(_, l)| l.timestamp >= offset_ms).take(opts.limit) {
+    for (i, line) in lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.timestamp >= offset_ms)
+        .take(opts.limit)
+    {
         let total = scaled(line.input_length, opts.length_scale);
         let prompt = synth_prompt(&line.hash_ids, block_words, total, i);
         let mut max_tokens = scaled(line.output_length, out_scale).min(u32::MAX as usize) as u32;
@@ -392,12 +424,21 @@ pub fn conversation_from_trace(lines: &[TraceLine], opts: &ConversationOpts, ren
         });
     }
     sessions.sort_by_key(|s| s.start);
-    Ok(Workload { name: "conversation", sessions, agent_steps: false })
+    Ok(Workload {
+        name: "conversation",
+        sessions,
+        agent_steps: false,
+    })
 }
 
 /// Load a trace file and build the `conversation` workload.
-pub fn conversation(path: &Path, opts: &ConversationOpts, render_opts: &RenderOpts) -> Result<Workload> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading trace {}", path.display()))?;
+pub fn conversation(
+    path: &Path,
+    opts: &ConversationOpts,
+    render_opts: &RenderOpts,
+) -> Result<Workload> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading trace {}", path.display()))?;
     let lines = parse_trace(&text)?;
     conversation_from_trace(&lines, opts, render_opts)
 }
@@ -453,11 +494,20 @@ impl Default for AgentOpts {
 pub fn agent_conversations(opts: &AgentOpts) -> Vec<Vec<Vec<Message>>> {
     let root = Rng::new(opts.seed);
     let mut sys_rng = root.fork(u64::MAX);
-    let system = Message::text("system", format!("You are a coding agent. {}", words(&mut sys_rng, opts.system_tokens)));
+    let system = Message::text(
+        "system",
+        format!(
+            "You are a coding agent. {}",
+            words(&mut sys_rng, opts.system_tokens)
+        ),
+    );
     (0..opts.agents)
         .map(|a| {
             let mut rng = root.fork(a as u64);
-            let task = Message::text("user", format!("Task {a}: {}", words(&mut rng, opts.task_tokens)));
+            let task = Message::text(
+                "user",
+                format!("Task {a}: {}", words(&mut rng, opts.task_tokens)),
+            );
             let mut history = vec![system.clone(), task];
             let mut steps = Vec::with_capacity(opts.steps);
             for s in 0..opts.steps {
@@ -470,11 +520,15 @@ pub fn agent_conversations(opts: &AgentOpts) -> Vec<Vec<Vec<Message>>> {
                     tool_calls: Some(vec![ToolCall {
                         id: call_id.clone(),
                         kind: "function".into(),
-                        function: FunctionCall { name: "run".into(), arguments: args },
+                        function: FunctionCall {
+                            name: "run".into(),
+                            arguments: args,
+                        },
                     }]),
                     tool_call_id: None,
                 });
-                let len = (rng.lognormal(opts.tool_median, opts.tool_sigma).round() as usize).clamp(1, opts.tool_max.max(1));
+                let len = (rng.lognormal(opts.tool_median, opts.tool_sigma).round() as usize)
+                    .clamp(1, opts.tool_max.max(1));
                 history.push(Message {
                     role: "tool".into(),
                     content: words(&mut rng, len),
@@ -497,7 +551,11 @@ pub fn agent(opts: &AgentOpts, render_opts: &RenderOpts) -> Result<Workload> {
         let id = format!("agent-{a}");
         let mut requests = Vec::with_capacity(steps.len());
         for (s, messages) in steps.iter().enumerate() {
-            let think = if s == 0 { Duration::ZERO } else { ms(think_rng.exponential(opts.tool_ms)) };
+            let think = if s == 0 {
+                Duration::ZERO
+            } else {
+                ms(think_rng.exponential(opts.tool_ms))
+            };
             requests.push(Request {
                 api: Api::Chat,
                 body: render_chat(render_opts, messages, max_tokens)?,
@@ -507,9 +565,17 @@ pub fn agent(opts: &AgentOpts, render_opts: &RenderOpts) -> Result<Workload> {
                 max_tokens,
             });
         }
-        sessions.push(Session { id, start: ms(a as f64 * opts.stagger_ms), requests });
+        sessions.push(Session {
+            id,
+            start: ms(a as f64 * opts.stagger_ms),
+            requests,
+        });
     }
-    Ok(Workload { name: "agent", sessions, agent_steps: true })
+    Ok(Workload {
+        name: "agent",
+        sessions,
+        agent_steps: true,
+    })
 }
 
 // ---------------------------------------------------------------- chat
@@ -557,7 +623,13 @@ pub fn chat(opts: &ChatOpts, render_opts: &RenderOpts) -> Result<Workload> {
     }
     let root = Rng::new(opts.seed);
     let mut arrivals = root.fork(u64::MAX - 1);
-    let system = Message::text("system", format!("You are a helpful assistant. {}", words(&mut root.fork(u64::MAX), opts.system_tokens)));
+    let system = Message::text(
+        "system",
+        format!(
+            "You are a helpful assistant. {}",
+            words(&mut root.fork(u64::MAX), opts.system_tokens)
+        ),
+    );
     let max_tokens = opts.reply_tokens.clamp(1, u32::MAX as usize) as u32;
     let mut t_ms = 0.0;
     let mut sessions = Vec::with_capacity(opts.sessions);
@@ -572,7 +644,11 @@ pub fn chat(opts: &ChatOpts, render_opts: &RenderOpts) -> Result<Workload> {
         for turn in 0..opts.turns {
             let len = (rng.lognormal(opts.user_median, 0.6).round() as usize).clamp(1, 8192);
             history.push(Message::text("user", words(&mut rng, len)));
-            let think = if turn == 0 { Duration::ZERO } else { ms(rng.exponential(opts.think_ms)) };
+            let think = if turn == 0 {
+                Duration::ZERO
+            } else {
+                ms(rng.exponential(opts.think_ms))
+            };
             requests.push(Request {
                 api: Api::Chat,
                 body: render_chat(render_opts, &history, max_tokens)?,
@@ -581,11 +657,22 @@ pub fn chat(opts: &ChatOpts, render_opts: &RenderOpts) -> Result<Workload> {
                 prompt_words: messages_words(&history),
                 max_tokens,
             });
-            history.push(Message::text("assistant", words(&mut rng, opts.reply_tokens)));
+            history.push(Message::text(
+                "assistant",
+                words(&mut rng, opts.reply_tokens),
+            ));
         }
-        sessions.push(Session { id, start: ms(t_ms), requests });
+        sessions.push(Session {
+            id,
+            start: ms(t_ms),
+            requests,
+        });
     }
-    Ok(Workload { name: "chat", sessions, agent_steps: false })
+    Ok(Workload {
+        name: "chat",
+        sessions,
+        agent_steps: false,
+    })
 }
 
 // ---------------------------------------------------------------- uniform
@@ -609,7 +696,14 @@ pub struct UniformOpts {
 
 impl Default for UniformOpts {
     fn default() -> Self {
-        Self { requests: 200, rate: 20.0, prompt_tokens: 512, output_tokens: 32, api: Api::Completions, seed: 42 }
+        Self {
+            requests: 200,
+            rate: 20.0,
+            prompt_tokens: 512,
+            output_tokens: 32,
+            api: Api::Completions,
+            seed: 42,
+        }
     }
 }
 
@@ -644,7 +738,11 @@ pub fn uniform(opts: &UniformOpts, render_opts: &RenderOpts) -> Result<Workload>
             }],
         });
     }
-    Ok(Workload { name: "uniform", sessions, agent_steps: false })
+    Ok(Workload {
+        name: "uniform",
+        sessions,
+        agent_steps: false,
+    })
 }
 
 #[cfg(test)]
@@ -652,11 +750,17 @@ mod tests {
     use super::*;
 
     fn bodies(w: &Workload) -> Vec<Bytes> {
-        w.sessions.iter().flat_map(|s| s.requests.iter().map(|r| r.body.clone())).collect()
+        w.sessions
+            .iter()
+            .flat_map(|s| s.requests.iter().map(|r| r.body.clone()))
+            .collect()
     }
 
     fn starts(w: &Workload) -> Vec<(Duration, Vec<Duration>)> {
-        w.sessions.iter().map(|s| (s.start, s.requests.iter().map(|r| r.think).collect())).collect()
+        w.sessions
+            .iter()
+            .map(|s| (s.start, s.requests.iter().map(|r| r.think).collect()))
+            .collect()
     }
 
     fn body_json(r: &Request) -> serde_json::Value {
@@ -670,20 +774,51 @@ mod tests {
         let a2 = agent(&AgentOpts::default(), &ro).unwrap();
         assert_eq!(bodies(&a1), bodies(&a2));
         assert_eq!(starts(&a1), starts(&a2));
-        let a3 = agent(&AgentOpts { seed: 43, ..Default::default() }, &ro).unwrap();
+        let a3 = agent(
+            &AgentOpts {
+                seed: 43,
+                ..Default::default()
+            },
+            &ro,
+        )
+        .unwrap();
         assert_ne!(bodies(&a1), bodies(&a3));
 
         let c1 = chat(&ChatOpts::default(), &ro).unwrap();
         let c2 = chat(&ChatOpts::default(), &ro).unwrap();
         assert_eq!(bodies(&c1), bodies(&c2));
         assert_eq!(starts(&c1), starts(&c2));
-        assert_ne!(bodies(&c1), bodies(&chat(&ChatOpts { seed: 1, ..Default::default() }, &ro).unwrap()));
+        assert_ne!(
+            bodies(&c1),
+            bodies(
+                &chat(
+                    &ChatOpts {
+                        seed: 1,
+                        ..Default::default()
+                    },
+                    &ro
+                )
+                .unwrap()
+            )
+        );
 
         let u1 = uniform(&UniformOpts::default(), &ro).unwrap();
         let u2 = uniform(&UniformOpts::default(), &ro).unwrap();
         assert_eq!(bodies(&u1), bodies(&u2));
         assert_eq!(starts(&u1), starts(&u2));
-        assert_ne!(bodies(&u1), bodies(&uniform(&UniformOpts { seed: 1, ..Default::default() }, &ro).unwrap()));
+        assert_ne!(
+            bodies(&u1),
+            bodies(
+                &uniform(
+                    &UniformOpts {
+                        seed: 1,
+                        ..Default::default()
+                    },
+                    &ro
+                )
+                .unwrap()
+            )
+        );
     }
 
     const TRACE: &str = r#"{"timestamp": 0, "input_length": 1800, "output_length": 100, "hash_ids": [0, 1, 2, 3]}
@@ -700,7 +835,11 @@ mod tests {
     fn conversation_synthesis_shares_exact_prefix_blocks() {
         let lines = parse_trace(TRACE).unwrap();
         assert_eq!(lines.len(), 3);
-        let opts = ConversationOpts { length_scale: 0.125, speedup: 2.0, ..Default::default() };
+        let opts = ConversationOpts {
+            length_scale: 0.125,
+            speedup: 2.0,
+            ..Default::default()
+        };
         let w = conversation_from_trace(&lines, &opts, &RenderOpts::default()).unwrap();
         // Sorted by start: line 0 (0 ms), line 2 (250 ms), line 1 (1000 ms).
         let ids: Vec<_> = w.sessions.iter().map(|s| s.id.as_str()).collect();
@@ -711,8 +850,11 @@ mod tests {
         let a = prompt_of(&w.sessions[0].requests[0]);
         let b = prompt_of(&w.sessions[2].requests[0]);
         let c = prompt_of(&w.sessions[1].requests[0]);
-        let (a, b, c): (Vec<&str>, Vec<&str>, Vec<&str>) =
-            (a.split(' ').collect(), b.split(' ').collect(), c.split(' ').collect());
+        let (a, b, c): (Vec<&str>, Vec<&str>, Vec<&str>) = (
+            a.split(' ').collect(),
+            b.split(' ').collect(),
+            c.split(' ').collect(),
+        );
         // Lengths: input_length * 0.125.
         assert_eq!(a.len(), 225);
         assert_eq!(b.len(), 138);
@@ -735,7 +877,12 @@ mod tests {
     #[test]
     fn conversation_limit_offset_and_chat_api() {
         let lines = parse_trace(TRACE).unwrap();
-        let opts = ConversationOpts { start_offset_s: 0.4, limit: 1, api: Api::Chat, ..Default::default() };
+        let opts = ConversationOpts {
+            start_offset_s: 0.4,
+            limit: 1,
+            api: Api::Chat,
+            ..Default::default()
+        };
         let w = conversation_from_trace(&lines, &opts, &RenderOpts::default()).unwrap();
         assert_eq!(w.sessions.len(), 1);
         // First line at/after 400 ms in file order is line 1 (2000 ms), shifted by 400.
@@ -743,7 +890,14 @@ mod tests {
         assert_eq!(w.sessions[0].start, Duration::from_millis(1600));
         let j = body_json(&w.sessions[0].requests[0]);
         assert_eq!(j["messages"][0]["role"], "user");
-        assert_eq!(j["messages"][0]["content"].as_str().unwrap().split(' ').count(), 1100);
+        assert_eq!(
+            j["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .split(' ')
+                .count(),
+            1100
+        );
     }
 
     #[test]
@@ -761,7 +915,11 @@ mod tests {
 
     #[test]
     fn agent_context_grows_and_extends_previous_step() {
-        let opts = AgentOpts { agents: 3, steps: 5, ..Default::default() };
+        let opts = AgentOpts {
+            agents: 3,
+            steps: 5,
+            ..Default::default()
+        };
         let convs = agent_conversations(&opts);
         assert_eq!(convs.len(), 3);
         for steps in &convs {
@@ -783,9 +941,16 @@ mod tests {
         for s in &w.sessions {
             let lens: Vec<usize> = s.requests.iter().map(|r| r.prompt_words).collect();
             assert!(lens.windows(2).all(|p| p[1] > p[0]), "{lens:?}");
-            assert!(s.requests.iter().all(|r| r.headers.iter().any(|(k, v)| k == "x-session-id" && v == &s.id)));
+            assert!(s.requests.iter().all(|r| r
+                .headers
+                .iter()
+                .any(|(k, v)| k == "x-session-id" && v == &s.id)));
             // The rendered bodies carry the same growing message arrays.
-            let msgs: Vec<serde_json::Value> = s.requests.iter().map(|r| body_json(r)["messages"].clone()).collect();
+            let msgs: Vec<serde_json::Value> = s
+                .requests
+                .iter()
+                .map(|r| body_json(r)["messages"].clone())
+                .collect();
             for pair in msgs.windows(2) {
                 let (a, b) = (pair[0].as_array().unwrap(), pair[1].as_array().unwrap());
                 assert_eq!(&b[..a.len()], &a[..]);
@@ -795,11 +960,19 @@ mod tests {
 
     #[test]
     fn tool_outputs_are_skewed() {
-        let opts = AgentOpts { agents: 20, steps: 10, ..Default::default() };
+        let opts = AgentOpts {
+            agents: 20,
+            steps: 10,
+            ..Default::default()
+        };
         let mut lens: Vec<usize> = agent_conversations(&opts)
             .iter()
             .filter_map(|steps| steps.last())
-            .flat_map(|m| m.iter().filter(|m| m.role == "tool").map(|m| count_words(&m.content)))
+            .flat_map(|m| {
+                m.iter()
+                    .filter(|m| m.role == "tool")
+                    .map(|m| count_words(&m.content))
+            })
             .collect();
         lens.sort_unstable();
         let median = lens[lens.len() / 2] as f64;
@@ -809,9 +982,21 @@ mod tests {
 
     #[test]
     fn chat_turns_extend_history_and_uniform_shares_nothing() {
-        let w = chat(&ChatOpts { sessions: 3, turns: 3, ..Default::default() }, &RenderOpts::default()).unwrap();
+        let w = chat(
+            &ChatOpts {
+                sessions: 3,
+                turns: 3,
+                ..Default::default()
+            },
+            &RenderOpts::default(),
+        )
+        .unwrap();
         for s in &w.sessions {
-            let msgs: Vec<serde_json::Value> = s.requests.iter().map(|r| body_json(r)["messages"].clone()).collect();
+            let msgs: Vec<serde_json::Value> = s
+                .requests
+                .iter()
+                .map(|r| body_json(r)["messages"].clone())
+                .collect();
             for pair in msgs.windows(2) {
                 let (a, b) = (pair[0].as_array().unwrap(), pair[1].as_array().unwrap());
                 assert_eq!(b.len(), a.len() + 2);
@@ -820,8 +1005,20 @@ mod tests {
         }
         assert!(w.sessions.windows(2).all(|p| p[0].start <= p[1].start));
 
-        let u = uniform(&UniformOpts { requests: 50, prompt_tokens: 20, ..Default::default() }, &RenderOpts::default()).unwrap();
-        let prompts: Vec<String> = u.sessions.iter().map(|s| prompt_of(&s.requests[0])).collect();
+        let u = uniform(
+            &UniformOpts {
+                requests: 50,
+                prompt_tokens: 20,
+                ..Default::default()
+            },
+            &RenderOpts::default(),
+        )
+        .unwrap();
+        let prompts: Vec<String> = u
+            .sessions
+            .iter()
+            .map(|s| prompt_of(&s.requests[0]))
+            .collect();
         for (i, p) in prompts.iter().enumerate() {
             assert_eq!(p.split(' ').count(), 20);
             for q in &prompts[i + 1..] {
