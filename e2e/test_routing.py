@@ -1,0 +1,217 @@
+"""End to end through the real Envoy with the real dist/warmroute.wasm and simulated vLLM backends."""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fleet import MODEL, ROOT, Fleet, chat, post, words
+
+FAST = ["--time-scale", "20"]
+
+
+def system(tag: str, n: int = 600) -> dict:
+    return {"role": "system", "content": words(tag, n)}
+
+
+def debug(reply) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in reply.headers.get("x-warmroute", "").split(";") if "=" in kv)
+
+
+@pytest.fixture(scope="module")
+def cache_fleet():
+    with Fleet(3, FAST) as f:
+        yield f
+
+
+# --- the proxy path (issue 2) -------------------------------------------------------------
+
+
+def test_non_streaming_bodies_arrive_intact(cache_fleet):
+    body = chat(MODEL, [system("intact"), {"role": "user", "content": "hello"}], max_tokens=5)
+    r = post(cache_fleet.envoy.port, "/v1/chat/completions", body)
+    assert r.status == 200, r.body
+    d = r.json()
+    assert d["object"] == "chat.completion"
+    assert d["usage"]["prompt_tokens"] > 600
+    assert d["usage"]["completion_tokens"] == 5
+    # The same request straight to the replica that served it gives the same text: nothing was altered.
+    sim = next(s for s in cache_fleet.sims if s.name == r.replica)
+    direct = post(sim.port, "/v1/chat/completions", body).json()
+    assert direct["choices"][0]["message"]["content"] == d["choices"][0]["message"]["content"]
+    c = post(cache_fleet.envoy.port, "/v1/completions", {"model": MODEL, "prompt": words("p", 50), "max_tokens": 3})
+    assert c.status == 200 and c.json()["object"] == "text_completion"
+
+
+def test_streaming_is_valid_sse_ending_in_done(cache_fleet):
+    conn = http.client.HTTPConnection("127.0.0.1", cache_fleet.envoy.port, timeout=30)
+    conn.connect()
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    body = chat(MODEL, [system("stream"), {"role": "user", "content": "go"}], max_tokens=6, stream=True,
+                stream_options={"include_usage": True})
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.getheader("content-type", "").startswith("text/event-stream")
+    events = [e for e in r.read().decode().split("\n\n") if e.strip()]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c.get("choices"))
+    assert len(text.split()) == 6
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+# --- routing (issue 3) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["cache_aware", "prefix_hash"])
+def test_same_prefix_lands_on_one_backend_and_different_prefixes_spread(strategy):
+    with Fleet(3, FAST, filter_overrides={"strategy": strategy}) as f:
+        same = {post(f.envoy.port, "/v1/chat/completions",
+                     chat(MODEL, [system("shared"), {"role": "user", "content": f"question {i}"}])).replica
+                for i in range(8)}
+        assert len(same) == 1, same
+        spread = collections.Counter(
+            post(f.envoy.port, "/v1/chat/completions",
+                 chat(MODEL, [system(f"tenant{i}_"), {"role": "user", "content": "q"}])).replica
+            for i in range(24))
+        assert len(spread) == 3, spread
+
+
+def test_multi_turn_conversation_stays_on_one_backend(cache_fleet):
+    messages = [system("conv"), {"role": "user", "content": "turn 0 " + words("u0_", 20)}]
+    served, cached = set(), []
+    for turn in range(6):
+        r = post(cache_fleet.envoy.port, "/v1/chat/completions", chat(MODEL, messages, max_tokens=8))
+        assert r.status == 200
+        served.add(r.replica)
+        d = r.json()
+        cached.append(d["usage"]["prompt_tokens_details"]["cached_tokens"])
+        messages += [d["choices"][0]["message"], {"role": "user", "content": f"turn {turn + 1} " + words(f"u{turn}_", 20)}]
+    assert len(served) == 1, served
+    assert all(c > 0 for c in cached[1:]), cached
+
+
+def test_round_robin_cycles_evenly_across_two_workers():
+    with Fleet(3, FAST, filter_overrides={"strategy": "round_robin"}, concurrency=2) as f:
+        def one(i):
+            return post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"x {i}", "max_tokens": 1}).replica
+        with ThreadPoolExecutor(6) as ex:
+            counts = collections.Counter(ex.map(one, range(60)))
+        assert sorted(counts.values()) == [20, 20, 20], counts
+
+
+def test_sticky_session_honours_the_header_and_falls_back():
+    with Fleet(3, FAST, filter_overrides={"strategy": "sticky_session"}) as f:
+        for sid in ["alice", "bob", "carol", "dave"]:
+            got = {post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"p{i}", "max_tokens": 1},
+                        {"x-session-id": sid}).replica for i in range(5)}
+            assert len(got) == 1, (sid, got)
+        rotation = [post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": "same", "max_tokens": 1}).replica
+                    for _ in range(6)]
+        assert len(set(rotation)) == 3, rotation
+
+
+def test_least_request_avoids_a_slow_busy_backend():
+    with Fleet(3, FAST, filter_overrides={"strategy": "least_request", "metrics": {"enabled": False}}) as f:
+        slow = f.sims[0]
+        slow.stop()
+        slow.args = ["--time-scale", "1", "--base-ms", "200"]
+        slow.start(f.logdir)
+
+        def one(i):
+            return post(f.envoy.port, "/v1/completions",
+                        {"model": MODEL, "prompt": f"req {i}", "max_tokens": 8}).replica
+        with ThreadPoolExecutor(6) as ex:
+            counts = collections.Counter(ex.map(one, range(60)))
+        assert counts[slow.name] < min(counts[s.name] for s in f.sims[1:]) / 2, counts
+
+
+def test_hot_prefix_spills_over_to_a_second_backend():
+    # Saturation at 3 in flight makes the bound bite with few requests.
+    with Fleet(3, ["--time-scale", "2"], filter_overrides={"saturation": {"max_inflight": 3}}) as f:
+        def one(i):
+            return post(f.envoy.port, "/v1/chat/completions",
+                        chat(MODEL, [system("hot"), {"role": "user", "content": f"ask {i}"}], max_tokens=40))
+        with ThreadPoolExecutor(9) as ex:
+            replies = list(ex.map(one, range(9)))
+        assert all(r.status == 200 for r in replies)
+        assert len({r.replica for r in replies}) >= 2, [r.replica for r in replies]
+        assert any(debug(r).get("reason") == "spillover" for r in replies)
+        assert f.envoy.counter("warmroute.decision.spillover") > 0
+
+
+def test_a_client_sent_routing_header_is_ignored():
+    with Fleet(3, FAST, filter_overrides={"strategy": "prefix_hash"}) as f:
+        for i in range(6):
+            body = chat(MODEL, [system(f"pin{i}_"), {"role": "user", "content": "q"}])
+            target = f.sims[i % 3]
+            r = post(f.envoy.port, "/v1/chat/completions", body,
+                     {"x-gateway-destination-endpoint": target.address, "x-warmroute-backend": target.name})
+            assert r.status == 200
+            assert r.replica == debug(r)["backend"], "the filter's choice, not the client's, was served"
+        # Mixed: the filter's choices differ from the client's request at least once.
+        picks = {debug(post(f.envoy.port, "/v1/chat/completions",
+                            chat(MODEL, [system(f"pin{i}_"), {"role": "user", "content": "q"}]),
+                            {"x-gateway-destination-endpoint": f.sims[0].address}))["backend"] for i in range(6)}
+        assert picks != {f.sims[0].name}
+
+
+@pytest.mark.parametrize(
+    "body, fallback",
+    [
+        (b"{this is not json", "not_json"),
+        (b"\xff\xfe binary \x00 garbage", "not_json"),
+        (b'{"model": "sim-llama-8b", "messages": "wrong type"}', "bad_shape"),
+    ],
+)
+def test_malformed_bodies_are_proxied_and_answered(cache_fleet, body, fallback):
+    r = post(cache_fleet.envoy.port, "/v1/chat/completions", body)
+    assert r.replica is not None, "the backend answered"
+    assert r.status == 400
+    assert debug(r)["fallback"] == fallback
+
+
+def test_oversized_and_compressed_bodies_are_proxied():
+    with Fleet(3, FAST, filter_overrides={"max_body_bytes": 4096}) as f:
+        big = chat(MODEL, [{"role": "user", "content": words("big", 3000)}], max_tokens=2)
+        r = post(f.envoy.port, "/v1/chat/completions", big)
+        assert r.status == 200 and r.json()["usage"]["prompt_tokens"] > 3000
+        assert debug(r)["fallback"] == "too_large"
+        g = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, [{"role": "user", "content": "hi"}]),
+                 {"content-encoding": "gzip"})
+        assert g.replica is not None
+        assert debug(g)["fallback"] == "compressed"
+        assert f.envoy.counter("warmroute.fallback.too_large") == 1
+
+
+def test_cache_aware_beats_round_robin_on_fleet_hit_rate():
+    rates = {}
+    for strategy in ["round_robin", "cache_aware"]:
+        with Fleet(3, FAST, filter_overrides={"strategy": strategy}) as f:
+            def one(i):
+                group = i % 4
+                return post(f.envoy.port, "/v1/chat/completions",
+                            chat(MODEL, [system(f"grp{group}_", 800), {"role": "user", "content": f"item {i}"}]))
+            with ThreadPoolExecutor(4) as ex:
+                assert all(r.status == 200 for r in ex.map(one, range(48)))
+            hits, queries = f.hit_counters()
+            rates[strategy] = hits / queries
+    assert rates["cache_aware"] > rates["round_robin"] + 0.1, rates
+
+
+@pytest.mark.parametrize("variant, mode", [("envoy/envoy-header.yaml", "header"), ("envoy/envoy-authority.yaml", "authority")])
+def test_every_route_mode_routes_end_to_end(variant, mode):
+    with Fleet(3, FAST, config_file=ROOT / variant, filter_overrides={"strategy": "prefix_hash"}) as f:
+        served = collections.Counter()
+        for i in range(12):
+            r = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, [system(f"{mode}{i}_"), {"role": "user", "content": "q"}]))
+            assert r.status == 200
+            assert r.replica == debug(r)["backend"], (mode, r.headers)
+            served[r.replica] += 1
+        assert len(served) >= 2, served
