@@ -231,10 +231,16 @@ fn d_log_bytes() -> usize {
     262_144
 }
 fn d_running() -> Vec<String> {
-    vec!["vllm:num_requests_running".into(), "sglang:num_running_reqs".into()]
+    vec![
+        "vllm:num_requests_running".into(),
+        "sglang:num_running_reqs".into(),
+    ]
 }
 fn d_waiting() -> Vec<String> {
-    vec!["vllm:num_requests_waiting".into(), "sglang:num_queue_reqs".into()]
+    vec![
+        "vllm:num_requests_waiting".into(),
+        "sglang:num_queue_reqs".into(),
+    ]
 }
 fn d_kv_usage() -> Vec<String> {
     vec![
@@ -500,7 +506,10 @@ impl TryFrom<WireConfig> for Config {
                 ));
             }
             if backends.iter().any(|o| o.name == b.name) {
-                return Err(bad(format!("backends[{i}].name"), format!("duplicate name {:?}", b.name)));
+                return Err(bad(
+                    format!("backends[{i}].name"),
+                    format!("duplicate name {:?}", b.name),
+                ));
             }
             if b.address.parse::<SocketAddr>().is_err() {
                 return Err(bad(
@@ -516,7 +525,10 @@ impl TryFrom<WireConfig> for Config {
             }
             let host = match b.host {
                 Some(h) if h.is_empty() || h.contains(char::is_whitespace) => {
-                    return Err(bad(format!("backends[{i}].host"), "must be a non-empty host[:port]"))
+                    return Err(bad(
+                        format!("backends[{i}].host"),
+                        "must be a non-empty host[:port]",
+                    ))
                 }
                 Some(h) => h,
                 None => b.address.clone(),
@@ -536,7 +548,10 @@ impl TryFrom<WireConfig> for Config {
             (_, Some(h)) => {
                 let h = h.to_ascii_lowercase();
                 if !valid_header_name(&h) {
-                    return Err(bad("route.header", format!("{h:?} is not a valid header name")));
+                    return Err(bad(
+                        "route.header",
+                        format!("{h:?} is not a valid header name"),
+                    ));
                 }
                 h
             }
@@ -554,10 +569,30 @@ impl TryFrom<WireConfig> for Config {
         }
         let policy = PolicyConfig {
             eps: finite_in_range("balance.eps", w.balance.eps, 0.0, 100.0)?,
-            tie_margin: finite_in_range("cache_aware.tie_margin", w.cache_aware.tie_margin, 0.0, 1.0)?,
-            min_match_blocks: in_range("cache_aware.min_match_blocks", w.cache_aware.min_match_blocks, 1, 1 << 20)?,
-            max_waiting: finite_in_range("saturation.max_waiting", w.saturation.max_waiting, 0.0, 1e9)?,
-            max_kv_usage: finite_in_range("saturation.max_kv_usage", w.saturation.max_kv_usage, 0.0, 1.0)?,
+            tie_margin: finite_in_range(
+                "cache_aware.tie_margin",
+                w.cache_aware.tie_margin,
+                0.0,
+                1.0,
+            )?,
+            min_match_blocks: in_range(
+                "cache_aware.min_match_blocks",
+                w.cache_aware.min_match_blocks,
+                1,
+                1 << 20,
+            )?,
+            max_waiting: finite_in_range(
+                "saturation.max_waiting",
+                w.saturation.max_waiting,
+                0.0,
+                1e9,
+            )?,
+            max_kv_usage: finite_in_range(
+                "saturation.max_kv_usage",
+                w.saturation.max_kv_usage,
+                0.0,
+                1.0,
+            )?,
             max_inflight: w.saturation.max_inflight,
         };
         let index = IndexConfig {
@@ -569,7 +604,10 @@ impl TryFrom<WireConfig> for Config {
         let period_ms = in_range("metrics.period_ms", m.period_ms, 50, 3_600_000)?;
         let timeout_ms = in_range("metrics.timeout_ms", m.timeout_ms, 10, 3_600_000)?;
         if timeout_ms >= period_ms {
-            return Err(bad("metrics.timeout_ms", "must be shorter than metrics.period_ms"));
+            return Err(bad(
+                "metrics.timeout_ms",
+                "must be shorter than metrics.period_ms",
+            ));
         }
         if m.cluster.is_empty() {
             return Err(bad("metrics.cluster", "must name an Envoy cluster"));
@@ -580,7 +618,12 @@ impl TryFrom<WireConfig> for Config {
             period_ms,
             timeout_ms,
             unhealthy_after: in_range("metrics.unhealthy_after", m.unhealthy_after, 1, 1000)?,
-            stale_after_ms: in_range("metrics.stale_after_ms", m.stale_after_ms, period_ms, 86_400_000)?,
+            stale_after_ms: in_range(
+                "metrics.stale_after_ms",
+                m.stale_after_ms,
+                period_ms,
+                86_400_000,
+            )?,
             model_name: m.model_name,
             names: MetricNames {
                 running: metric_names("metrics.names.running", m.names.running)?,
@@ -696,24 +739,38 @@ mod tests {
 
     #[test]
     fn duplicate_name_is_named() {
-        let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"a","address":"127.0.0.1:2"}]}"#);
+        let e = err(
+            r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"a","address":"127.0.0.1:2"}]}"#,
+        );
         assert_eq!(e.field, "backends[1].name");
     }
 
     #[test]
     fn out_of_range_values_are_named() {
         let base = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"#;
-        assert_eq!(err(&format!("{base}\"block_bytes\":4}}")).field, "block_bytes");
-        assert_eq!(err(&format!("{base}\"balance\":{{\"eps\":-1}}}}")).field, "balance.eps");
         assert_eq!(
-            err(&format!("{base}\"metrics\":{{\"period_ms\":100,\"timeout_ms\":200}}}}")).field,
+            err(&format!("{base}\"block_bytes\":4}}")).field,
+            "block_bytes"
+        );
+        assert_eq!(
+            err(&format!("{base}\"balance\":{{\"eps\":-1}}}}")).field,
+            "balance.eps"
+        );
+        assert_eq!(
+            err(&format!(
+                "{base}\"metrics\":{{\"period_ms\":100,\"timeout_ms\":200}}}}"
+            ))
+            .field,
             "metrics.timeout_ms"
         );
         assert_eq!(
             err(&format!("{base}\"saturation\":{{\"max_kv_usage\":1.5}}}}")).field,
             "saturation.max_kv_usage"
         );
-        assert_eq!(err(&format!("{base}\"route\":{{\"header\":\"bad header\"}}}}")).field, "route.header");
+        assert_eq!(
+            err(&format!("{base}\"route\":{{\"header\":\"bad header\"}}}}")).field,
+            "route.header"
+        );
     }
 
     #[test]

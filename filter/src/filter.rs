@@ -35,17 +35,31 @@ struct Root {
 }
 
 fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+        .ok()
+        .flatten()
 }
 
 impl Context for Root {
-    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
         let Some(s) = &self.shared else { return };
         let mut router = s.router.borrow_mut();
-        let Some(b) = router.scraper.completed(token) else { return };
+        let Some(b) = router.scraper.completed(token) else {
+            return;
+        };
         // Envoy reports a failed or timed-out callout as a response without headers.
         let status = (num_headers > 0)
-            .then(|| hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status").ok().flatten())
+            .then(|| {
+                hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+                    .ok()
+                    .flatten()
+            })
             .flatten();
         let scrape = match status.as_deref() {
             Some("200") => hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
@@ -53,20 +67,41 @@ impl Context for Root {
                 .flatten()
                 .map(|body| {
                     let cfg = &router.cfg.metrics;
-                    extract(&String::from_utf8_lossy(&body), &cfg.names, cfg.model_name.as_deref())
+                    extract(
+                        &String::from_utf8_lossy(&body),
+                        &cfg.names,
+                        cfg.model_name.as_deref(),
+                    )
                 }),
             _ => None,
         };
         s.stats.scraped(scrape.is_some());
         let now = Proxy.now_ms();
         let after = router.cfg.metrics.unhealthy_after;
-        let name = router.cfg.backends.get(b).map(|x| x.name.clone()).unwrap_or_default();
-        let was_down = router.shared(&Proxy).health().ok().and_then(|h| h.get(b).map(|x| x.down));
-        match router.shared(&Proxy).update_health(b, |h| telemetry::record(h, scrape, now, after)) {
+        let name = router
+            .cfg
+            .backends
+            .get(b)
+            .map(|x| x.name.clone())
+            .unwrap_or_default();
+        let was_down = router
+            .shared(&Proxy)
+            .health()
+            .ok()
+            .and_then(|h| h.get(b).map(|x| x.down));
+        match router
+            .shared(&Proxy)
+            .update_health(b, |h| telemetry::record(h, scrape, now, after))
+        {
             Ok(h) if h.down && was_down == Some(false) => {
-                log::warn!("warmroute: backend {name} out of rotation after {} failed scrapes", h.failures)
+                log::warn!(
+                    "warmroute: backend {name} out of rotation after {} failed scrapes",
+                    h.failures
+                )
             }
-            Ok(h) if !h.down && was_down == Some(true) => log::info!("warmroute: backend {name} back in rotation"),
+            Ok(h) if !h.down && was_down == Some(true) => {
+                log::info!("warmroute: backend {name} back in rotation")
+            }
             Ok(_) => {}
             Err(e) => log::debug!("warmroute: health update for {name} lost: {e:?}"),
         }
@@ -97,7 +132,10 @@ impl RootContext for Root {
         );
         let stats = Stats::define(&cfg);
         let router = Router::new(cfg, &Proxy);
-        self.shared = Some(Rc::new(Shared { router: RefCell::new(router), stats }));
+        self.shared = Some(Rc::new(Shared {
+            router: RefCell::new(router),
+            stats,
+        }));
         // The tick also ages the index out, so it runs even without scraping.
         if hostcalls::set_tick_period(period).is_err() {
             log::warn!("warmroute: could not set the tick period; metrics will not be scraped");
@@ -113,35 +151,57 @@ impl RootContext for Root {
         let shared = router.shared(&Proxy);
         let health = shared.health().unwrap_or_default();
         let inflight = shared.inflight().unwrap_or_default();
-        s.stats.gauges(&inflight, &health.iter().map(|h| !h.down).collect::<Vec<_>>());
+        s.stats.gauges(
+            &inflight,
+            &health.iter().map(|h| !h.down).collect::<Vec<_>>(),
+        );
         router.resize_index(&health);
         let m = router.cfg.metrics.clone();
         if !m.enabled {
             return;
         }
         let vm = router.vm_id;
-        if !router.shared(&Proxy).try_lease(vm, 3 * m.period_ms).unwrap_or(false) {
+        if !router
+            .shared(&Proxy)
+            .try_lease(vm, 3 * m.period_ms)
+            .unwrap_or(false)
+        {
             router.scraper.reset();
             return;
         }
         let due = router.scraper.due(now, m.timeout_ms + m.period_ms);
         for b in due.lost {
-            let _ = router.shared(&Proxy).update_health(b, |h| telemetry::record(h, None, now, m.unhealthy_after));
+            let _ = router
+                .shared(&Proxy)
+                .update_health(b, |h| telemetry::record(h, None, now, m.unhealthy_after));
             s.stats.scraped(false);
         }
         for b in due.scrape {
-            let Some(backend) = router.cfg.backends.get(b).cloned() else { continue };
+            let Some(backend) = router.cfg.backends.get(b).cloned() else {
+                continue;
+            };
             let headers = vec![
                 (":method", "GET"),
                 (":path", backend.metrics_path.as_str()),
                 (":authority", backend.host.as_str()),
                 (crate::config::ENDPOINT_HEADER, backend.address.as_str()),
             ];
-            match hostcalls::dispatch_http_call(&m.cluster, headers, None, vec![], Duration::from_millis(m.timeout_ms)) {
+            match hostcalls::dispatch_http_call(
+                &m.cluster,
+                headers,
+                None,
+                vec![],
+                Duration::from_millis(m.timeout_ms),
+            ) {
                 Ok(token) => router.scraper.dispatched(b, token, now),
                 Err(e) => {
-                    log::debug!("warmroute: scrape of {} not dispatched: {e:?}", backend.name);
-                    let _ = router.shared(&Proxy).update_health(b, |h| telemetry::record(h, None, now, m.unhealthy_after));
+                    log::debug!(
+                        "warmroute: scrape of {} not dispatched: {e:?}",
+                        backend.name
+                    );
+                    let _ = router
+                        .shared(&Proxy)
+                        .update_health(b, |h| telemetry::record(h, None, now, m.unhealthy_after));
                     s.stats.scraped(false);
                 }
             }
@@ -149,7 +209,10 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http { shared: self.shared.clone(), ..Http::default() }))
+        Some(Box::new(Http {
+            shared: self.shared.clone(),
+            ..Http::default()
+        }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -175,13 +238,19 @@ impl Http {
         let (block, max_body) = (router.cfg.block_bytes, router.cfg.max_body_bytes);
         let mut why = fallback;
         let key = match (self.endpoint, body) {
-            (Some(e), Some(b)) if b.len() <= max_body => match prompt_key(e, b, block, ANCHOR_BYTES) {
-                Ok(k) => Some(k),
-                Err(err) => {
-                    why = Some(if err == crate::openai::ParseError::NotJson { Fallback::NotJson } else { Fallback::BadShape });
-                    None
+            (Some(e), Some(b)) if b.len() <= max_body => {
+                match prompt_key(e, b, block, ANCHOR_BYTES) {
+                    Ok(k) => Some(k),
+                    Err(err) => {
+                        why = Some(if err == crate::openai::ParseError::NotJson {
+                            Fallback::NotJson
+                        } else {
+                            Fallback::BadShape
+                        });
+                        None
+                    }
                 }
-            },
+            }
             (Some(_), Some(_)) => {
                 why = Some(Fallback::TooLarge);
                 None
@@ -194,23 +263,40 @@ impl Http {
         } else if self.endpoint.is_none() {
             s.stats.passed_through();
         }
-        let routed = router.route(&Proxy, &Request { key: key.as_ref(), session: self.session.as_deref() });
+        let routed = router.route(
+            &Proxy,
+            &Request {
+                key: key.as_ref(),
+                session: self.session.as_deref(),
+            },
+        );
         let primary = routed.decision.order.first().copied().unwrap_or(0);
         self.chosen = Some(primary);
-        s.stats.decided(routed.decision.reason, primary, routed.decision.matched, routed.host_errors, routed.log_gap);
+        s.stats.decided(
+            routed.decision.reason,
+            primary,
+            routed.decision.matched,
+            routed.host_errors,
+            routed.log_gap,
+        );
         if let Some((name, value)) = route::route_header(&router.cfg, &routed.decision.order) {
             if hostcalls::set_map_value(MapType::HttpRequestHeaders, name, Some(&value)).is_err() {
                 log::warn!("warmroute: could not set {name}");
             }
         }
         if router.cfg.debug_header {
-            let backend = router.cfg.backends.get(primary).map_or("", |b| b.name.as_str());
+            let backend = router
+                .cfg
+                .backends
+                .get(primary)
+                .map_or("", |b| b.name.as_str());
             self.debug = Some(format!(
                 "backend={backend};match={}/{};reason={}{}",
                 routed.decision.matched,
                 routed.blocks,
                 routed.decision.reason.name(),
-                why.map(|w| format!(";fallback={}", w.name())).unwrap_or_default()
+                why.map(|w| format!(";fallback={}", w.name()))
+                    .unwrap_or_default()
             ));
         }
     }
@@ -220,7 +306,9 @@ impl Context for Http {}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(s) = self.shared.clone() else { return Action::Continue };
+        let Some(s) = self.shared.clone() else {
+            return Action::Continue;
+        };
         {
             let router = s.router.borrow();
             for h in route::forbidden_client_headers(&router.cfg) {
@@ -229,12 +317,15 @@ impl HttpContext for Http {
             self.session = request_header(&router.cfg.session_header);
         }
         let post = request_header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));
-        self.endpoint = request_header(":path").filter(|_| post).and_then(|p| Endpoint::from_path(&p));
+        self.endpoint = request_header(":path")
+            .filter(|_| post)
+            .and_then(|p| Endpoint::from_path(&p));
         if self.endpoint.is_none() {
             self.route(None, None);
             return Action::Continue;
         }
-        let encoded = request_header("content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
+        let encoded =
+            request_header("content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
         let too_large = request_header("content-length")
             .and_then(|l| l.trim().parse::<usize>().ok())
             .is_some_and(|l| l > s.router.borrow().cfg.max_body_bytes);
@@ -264,7 +355,10 @@ impl HttpContext for Http {
         if !self.awaiting_body {
             return Action::Continue;
         }
-        let max = self.shared.as_ref().map_or(0, |s| s.router.borrow().cfg.max_body_bytes);
+        let max = self
+            .shared
+            .as_ref()
+            .map_or(0, |s| s.router.borrow().cfg.max_body_bytes);
         if body_size > max {
             self.awaiting_body = false;
             self.route(None, Some(Fallback::TooLarge));
@@ -290,7 +384,9 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
-        let (Some(s), Some(b)) = (&self.shared, self.chosen.take()) else { return };
+        let (Some(s), Some(b)) = (&self.shared, self.chosen.take()) else {
+            return;
+        };
         let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
             .ok()
             .flatten()

@@ -87,7 +87,8 @@ impl Host for MemoryHost {
         let current = data.get(key).map(|(_, c)| *c);
         if let (Some(want), Some(have)) = (cas.filter(|c| *c != 0), current) {
             if want != have || self.inject_conflicts.get() > 0 {
-                self.inject_conflicts.set(self.inject_conflicts.get().saturating_sub(1));
+                self.inject_conflicts
+                    .set(self.inject_conflicts.get().saturating_sub(1));
                 return Err(HostError::CasMismatch);
             }
         }

@@ -256,7 +256,9 @@ impl Log {
         let mut at = HEADER;
         while at < bytes.len() {
             let n = u32_at(&bytes, at + 26)? as usize;
-            let end = at.checked_add(EVENT_HEADER)?.checked_add(n.checked_mul(8)?)?;
+            let end = at
+                .checked_add(EVENT_HEADER)?
+                .checked_add(n.checked_mul(8)?)?;
             if end > bytes.len() {
                 return None;
             }
@@ -295,7 +297,14 @@ impl Log {
 
     /// Appends an event (its `seq` is assigned) and trims the oldest events so
     /// the encoding stays within `max_bytes`; returns the encoding to store.
-    pub fn append(mut self, origin: u64, backend: u16, time_ms: u64, blocks: &[u64], max_bytes: usize) -> Vec<u8> {
+    pub fn append(
+        mut self,
+        origin: u64,
+        backend: u16,
+        time_ms: u64,
+        blocks: &[u64],
+        max_bytes: usize,
+    ) -> Vec<u8> {
         // An event larger than half the log would evict everything else: keep its head.
         let room = (max_bytes.saturating_sub(HEADER) / 2).saturating_sub(EVENT_HEADER) / 8;
         let blocks = &blocks[..blocks.len().min(room)];
@@ -383,7 +392,10 @@ mod tests {
             ix.record(&[i * 3, i * 3 + 1, i * 3 + 2], (i % 2) as usize, i * 2000);
         }
         assert!(ix.len() <= 2048);
-        assert!(ix.lru.iter().all(|l| l.queue.len() <= 2 * l.live + 1024 + 3));
+        assert!(ix
+            .lru
+            .iter()
+            .all(|l| l.queue.len() <= 2 * l.live + 1024 + 3));
         assert!(ix.map.len() <= 2048);
     }
 

@@ -61,20 +61,32 @@ fn pick(samples: &[Sample<'_>], names: &[String], model: Option<&str>, max: bool
 pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
     let mut samples = Vec::new();
     let stats = prometheus::parse(text, |s| {
-        if s.name.starts_with("vllm:") || s.name.starts_with("sglang:") || names_contain(names, s.name) {
+        if s.name.starts_with("vllm:")
+            || s.name.starts_with("sglang:")
+            || names_contain(names, s.name)
+        {
             samples.push(s)
         }
     });
-    let capacity_tokens = samples.iter().find(|s| s.name == "vllm:cache_config_info").and_then(|s| {
-        let blocks: u64 = s.label("num_gpu_blocks")?.parse().ok()?;
-        let size: u64 = s.label("block_size")?.parse().ok()?;
-        blocks.checked_mul(size)
-    });
+    let capacity_tokens = samples
+        .iter()
+        .find(|s| s.name == "vllm:cache_config_info")
+        .and_then(|s| {
+            let blocks: u64 = s.label("num_gpu_blocks")?.parse().ok()?;
+            let size: u64 = s.label("block_size")?.parse().ok()?;
+            blocks.checked_mul(size)
+        });
     let counter = |n: &str| pick(&samples, &[n.to_string()], model, false).unwrap_or(0.0);
     Scrape {
-        running: pick(&samples, &names.running, model, false).unwrap_or(0.0).max(0.0),
-        waiting: pick(&samples, &names.waiting, model, false).unwrap_or(0.0).max(0.0),
-        kv_usage: pick(&samples, &names.kv_usage, model, true).unwrap_or(0.0).clamp(0.0, 1.0),
+        running: pick(&samples, &names.running, model, false)
+            .unwrap_or(0.0)
+            .max(0.0),
+        waiting: pick(&samples, &names.waiting, model, false)
+            .unwrap_or(0.0)
+            .max(0.0),
+        kv_usage: pick(&samples, &names.kv_usage, model, true)
+            .unwrap_or(0.0)
+            .clamp(0.0, 1.0),
         capacity_tokens,
         prefix_hits: counter("vllm:prefix_cache_hits_total"),
         prefix_queries: counter("vllm:prefix_cache_queries_total"),
@@ -134,9 +146,20 @@ pub fn decode_health(bytes: &[u8], n: usize) -> Vec<Health> {
     bytes
         .chunks_exact(HEALTH_LEN)
         .map(|c| {
-            let f = |at: usize| c.get(at..at + 8).and_then(|b| b.try_into().ok()).map_or(0.0, f64::from_le_bytes);
-            let u64_ = c.get(0..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes);
-            let u32_ = |at: usize| c.get(at..at + 4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes);
+            let f = |at: usize| {
+                c.get(at..at + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0.0, f64::from_le_bytes)
+            };
+            let u64_ = c
+                .get(0..8)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_le_bytes);
+            let u32_ = |at: usize| {
+                c.get(at..at + 4)
+                    .and_then(|b| b.try_into().ok())
+                    .map_or(0, u32::from_le_bytes)
+            };
             let cap = f(13 + 24);
             Health {
                 scraped_ms: u64_,
@@ -186,7 +209,8 @@ pub fn backend_loads(
                 let s = h.scrape;
                 (
                     inf.max(s.running + s.waiting),
-                    s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE) || s.kv_usage >= policy.max_kv_usage,
+                    s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE)
+                        || s.kv_usage >= policy.max_kv_usage,
                 )
             } else {
                 (inf, false)
@@ -234,24 +258,52 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
             None,
         );
         assert_eq!((s.running, s.waiting, s.kv_usage), (2.0, 5.0, 0.9));
-        let both = extract("vllm:kv_cache_usage_perc 0.2\nvllm:gpu_cache_usage_perc 0.7\n", &c.metrics.names, None);
+        let both = extract(
+            "vllm:kv_cache_usage_perc 0.2\nvllm:gpu_cache_usage_perc 0.7\n",
+            &c.metrics.names,
+            None,
+        );
         assert_eq!(both.kv_usage, 0.2);
     }
 
     #[test]
     fn health_round_trips_and_rejects_foreign_blobs() {
         let h = vec![
-            Health { scraped_ms: 5, failures: 2, down: true, scrape: Scrape { running: 1.0, waiting: 2.0, kv_usage: 0.3, capacity_tokens: Some(99), prefix_hits: 4.0, prefix_queries: 8.0, garbage: 1 } },
+            Health {
+                scraped_ms: 5,
+                failures: 2,
+                down: true,
+                scrape: Scrape {
+                    running: 1.0,
+                    waiting: 2.0,
+                    kv_usage: 0.3,
+                    capacity_tokens: Some(99),
+                    prefix_hits: 4.0,
+                    prefix_queries: 8.0,
+                    garbage: 1,
+                },
+            },
             Health::default(),
         ];
         assert_eq!(decode_health(&encode_health(&h), 2), h);
-        assert_eq!(decode_health(&encode_health(&h), 3), vec![Health::default(); 3]);
+        assert_eq!(
+            decode_health(&encode_health(&h), 3),
+            vec![Health::default(); 3]
+        );
     }
 
     #[test]
     fn stale_scrapes_are_ignored_and_queues_saturate() {
         let c = cfg();
-        let busy = Health { scraped_ms: 1000, scrape: Scrape { running: 10.0, waiting: 6.0, ..Scrape::default() }, ..Health::default() };
+        let busy = Health {
+            scraped_ms: 1000,
+            scrape: Scrape {
+                running: 10.0,
+                waiting: 6.0,
+                ..Scrape::default()
+            },
+            ..Health::default()
+        };
         let l = backend_loads(&[1, 1], &[busy, Health::default()], 1500, 2000, &c.policy);
         assert_eq!(l[0].load, 16.0);
         assert!(l[0].saturated);

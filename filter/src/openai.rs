@@ -141,7 +141,12 @@ fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &[u8]) {
     h.feed(content);
 }
 
-fn hasher(model: &Option<Cow<'_, str>>, salt: &Option<Cow<'_, str>>, block: usize, anchor: usize) -> PrefixHasher {
+fn hasher(
+    model: &Option<Cow<'_, str>>,
+    salt: &Option<Cow<'_, str>>,
+    block: usize,
+    anchor: usize,
+) -> PrefixHasher {
     PrefixHasher::new(
         block,
         anchor,
@@ -229,16 +234,29 @@ mod tests {
 
     #[test]
     fn paths() {
-        assert_eq!(Endpoint::from_path("/v1/chat/completions?x=1"), Some(Endpoint::Chat));
-        assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
-        assert_eq!(Endpoint::from_path("/v1/responses/"), Some(Endpoint::Responses));
+        assert_eq!(
+            Endpoint::from_path("/v1/chat/completions?x=1"),
+            Some(Endpoint::Chat)
+        );
+        assert_eq!(
+            Endpoint::from_path("/v1/completions"),
+            Some(Endpoint::Completions)
+        );
+        assert_eq!(
+            Endpoint::from_path("/v1/responses/"),
+            Some(Endpoint::Responses)
+        );
         assert_eq!(Endpoint::from_path("/v1/models"), None);
     }
 
     #[test]
     fn next_turn_extends_previous_turn() {
-        let t1 = chat(r#"[{"role":"system","content":"You are a helpful assistant, be brief."},{"role":"user","content":"What is the capital of France?"}]"#);
-        let t2 = chat(r#"[{"role":"system","content":"You are a helpful assistant, be brief."},{"role":"user","content":"What is the capital of France?"},{"role":"assistant","content":"Paris."},{"role":"user","content":"And of Spain?"}]"#);
+        let t1 = chat(
+            r#"[{"role":"system","content":"You are a helpful assistant, be brief."},{"role":"user","content":"What is the capital of France?"}]"#,
+        );
+        let t2 = chat(
+            r#"[{"role":"system","content":"You are a helpful assistant, be brief."},{"role":"user","content":"What is the capital of France?"},{"role":"assistant","content":"Paris."},{"role":"user","content":"And of Spain?"}]"#,
+        );
         assert!(t1.blocks.len() >= 4);
         assert_eq!(t1.blocks[..], t2.blocks[..t1.blocks.len()]);
         assert_eq!(t1.anchor, t2.anchor, "a conversation keeps its anchor");
@@ -246,8 +264,10 @@ mod tests {
 
     #[test]
     fn different_tasks_get_different_anchors() {
-        let a = chat(r#"[{"role":"system","content":"shared"},{"role":"user","content":"task one"}]"#);
-        let b = chat(r#"[{"role":"system","content":"shared"},{"role":"user","content":"task two"}]"#);
+        let a =
+            chat(r#"[{"role":"system","content":"shared"},{"role":"user","content":"task one"}]"#);
+        let b =
+            chat(r#"[{"role":"system","content":"shared"},{"role":"user","content":"task two"}]"#);
         assert_ne!(a.anchor, b.anchor);
     }
 
@@ -260,8 +280,12 @@ mod tests {
 
     #[test]
     fn parts_content_and_tools_count() {
-        let a = chat(r#"[{"role":"user","content":[{"type":"text","text":"describe this image please"}]}]"#);
-        let b = chat(r#"[{"role":"user","content":[{"type":"text","text":"describe that image please"}]}]"#);
+        let a = chat(
+            r#"[{"role":"user","content":[{"type":"text","text":"describe this image please"}]}]"#,
+        );
+        let b = chat(
+            r#"[{"role":"user","content":[{"type":"text","text":"describe that image please"}]}]"#,
+        );
         assert_ne!(a.blocks, b.blocks);
         let with_tools = prompt_key(
             Endpoint::Chat,
@@ -270,23 +294,48 @@ mod tests {
             4096,
         )
         .unwrap();
-        assert_ne!(with_tools.blocks[0], chat(r#"[{"role":"user","content":"describe this image please"}]"#).blocks[0]);
+        assert_ne!(
+            with_tools.blocks[0],
+            chat(r#"[{"role":"user","content":"describe this image please"}]"#).blocks[0]
+        );
     }
 
     #[test]
     fn role_boundaries_are_unambiguous() {
-        let a = chat(r#"[{"role":"user","content":"ab"},{"role":"user","content":"cdefghijklmnopqrstuvwxyz"}]"#);
-        let b = chat(r#"[{"role":"user","content":"abcd"},{"role":"user","content":"efghijklmnopqrstuvwxyz"}]"#);
+        let a = chat(
+            r#"[{"role":"user","content":"ab"},{"role":"user","content":"cdefghijklmnopqrstuvwxyz"}]"#,
+        );
+        let b = chat(
+            r#"[{"role":"user","content":"abcd"},{"role":"user","content":"efghijklmnopqrstuvwxyz"}]"#,
+        );
         assert_ne!(a.blocks, b.blocks);
     }
 
     #[test]
     fn completions_string_list_and_tokens() {
-        let s = prompt_key(Endpoint::Completions, br#"{"model":"m","prompt":"once upon a time there was"}"#, 8, 64).unwrap();
+        let s = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"once upon a time there was"}"#,
+            8,
+            64,
+        )
+        .unwrap();
         assert_eq!(s.blocks.len(), 3);
-        let list = prompt_key(Endpoint::Completions, br#"{"model":"m","prompt":["a b c d e f g h i"]}"#, 8, 64).unwrap();
+        let list = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":["a b c d e f g h i"]}"#,
+            8,
+            64,
+        )
+        .unwrap();
         assert!(!list.blocks.is_empty());
-        let ids = prompt_key(Endpoint::Completions, br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9]}"#, 8, 64).unwrap();
+        let ids = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9]}"#,
+            8,
+            64,
+        )
+        .unwrap();
         assert!(!ids.blocks.is_empty());
     }
 
@@ -304,9 +353,27 @@ mod tests {
 
     #[test]
     fn models_and_salts_do_not_share() {
-        let a = prompt_key(Endpoint::Completions, br#"{"model":"a","prompt":"0123456789abcdef"}"#, 8, 64).unwrap();
-        let b = prompt_key(Endpoint::Completions, br#"{"model":"b","prompt":"0123456789abcdef"}"#, 8, 64).unwrap();
-        let c = prompt_key(Endpoint::Completions, br#"{"model":"a","cache_salt":"s","prompt":"0123456789abcdef"}"#, 8, 64).unwrap();
+        let a = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"a","prompt":"0123456789abcdef"}"#,
+            8,
+            64,
+        )
+        .unwrap();
+        let b = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"b","prompt":"0123456789abcdef"}"#,
+            8,
+            64,
+        )
+        .unwrap();
+        let c = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"a","cache_salt":"s","prompt":"0123456789abcdef"}"#,
+            8,
+            64,
+        )
+        .unwrap();
         assert_ne!(a.blocks, b.blocks);
         assert_ne!(a.blocks, c.blocks);
     }
@@ -316,19 +383,39 @@ mod tests {
         let deep = "[".repeat(100_000);
         let cases: Vec<(&[u8], ParseError)> = vec![
             (b"", ParseError::NotJson),
-            (b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"trunc", ParseError::NotJson),
+            (
+                b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"trunc",
+                ParseError::NotJson,
+            ),
             (b"\xff\xfe\x00garbage", ParseError::NotJson),
-            (br#"{"model":"m","messages":"not a list"}"#, ParseError::Shape),
+            (
+                br#"{"model":"m","messages":"not a list"}"#,
+                ParseError::Shape,
+            ),
             (br#"{"model":"m","messages":[]}"#, ParseError::Shape),
-            (br#"{"model":7,"messages":[{"role":"user","content":"x"}]}"#, ParseError::Shape),
+            (
+                br#"{"model":7,"messages":[{"role":"user","content":"x"}]}"#,
+                ParseError::Shape,
+            ),
             (br#"[1,2,3]"#, ParseError::Shape),
             (deep.as_bytes(), ParseError::Shape),
         ];
         for (body, want) in cases {
-            assert_eq!(prompt_key(Endpoint::Chat, body, 16, 64), Err(want), "{:?}", String::from_utf8_lossy(&body[..body.len().min(40)]));
+            assert_eq!(
+                prompt_key(Endpoint::Chat, body, 16, 64),
+                Err(want),
+                "{:?}",
+                String::from_utf8_lossy(&body[..body.len().min(40)])
+            );
         }
-        let nested = format!(r#"{{"model":"m","messages":[{{"role":"user","content":{}}}]}}"#, "[".repeat(5000));
+        let nested = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":{}}}]}}"#,
+            "[".repeat(5000)
+        );
         assert!(prompt_key(Endpoint::Chat, nested.as_bytes(), 16, 64).is_err());
-        assert_eq!(prompt_key(Endpoint::Completions, br#"{"prompt":""}"#, 16, 64), Err(ParseError::Shape));
+        assert_eq!(
+            prompt_key(Endpoint::Completions, br#"{"prompt":""}"#, 16, 64),
+            Err(ParseError::Shape)
+        );
     }
 }

@@ -144,7 +144,9 @@ pub struct Chooser<'a> {
 
 impl Chooser<'_> {
     fn healthy(&self) -> Vec<usize> {
-        let h: Vec<usize> = (0..self.loads.len()).filter(|&b| self.loads[b].healthy).collect();
+        let h: Vec<usize> = (0..self.loads.len())
+            .filter(|&b| self.loads[b].healthy)
+            .collect();
         if h.is_empty() {
             (0..self.loads.len()).collect()
         } else {
@@ -163,9 +165,17 @@ impl Chooser<'_> {
     }
 
     fn least_loaded(&self, among: &[usize], tiebreak: u64) -> Option<usize> {
-        let min = among.iter().map(|&b| self.loads[b].load).fold(f64::INFINITY, f64::min);
-        let ties: Vec<usize> = among.iter().copied().filter(|&b| self.loads[b].load <= min).collect();
-        ties.get((tiebreak % ties.len().max(1) as u64) as usize).copied()
+        let min = among
+            .iter()
+            .map(|&b| self.loads[b].load)
+            .fold(f64::INFINITY, f64::min);
+        let ties: Vec<usize> = among
+            .iter()
+            .copied()
+            .filter(|&b| self.loads[b].load <= min)
+            .collect();
+        ties.get((tiebreak % ties.len().max(1) as u64) as usize)
+            .copied()
     }
 
     /// Primary first, then fallbacks in rendezvous order of `key`.
@@ -177,7 +187,11 @@ impl Chooser<'_> {
                 .filter(|&b| b != primary)
                 .take(self.fallbacks),
         );
-        Decision { order, matched, reason }
+        Decision {
+            order,
+            matched,
+            reason,
+        }
     }
 
     /// Runs `strategy` for one request.
@@ -198,7 +212,11 @@ impl Chooser<'_> {
                 Some(self.finish(b, req.anchor, matched(b), reason))
             }
             Strategy::LeastRequest => {
-                let open: Vec<usize> = healthy.iter().copied().filter(|&b| !self.loads[b].saturated).collect();
+                let open: Vec<usize> = healthy
+                    .iter()
+                    .copied()
+                    .filter(|&b| !self.loads[b].saturated)
+                    .collect();
                 let among = if open.is_empty() { &healthy } else { &open };
                 let b = self.least_loaded(among, req.random)?;
                 Some(self.finish(b, req.random, matched(b), Reason::LeastLoaded))
@@ -227,7 +245,11 @@ impl Chooser<'_> {
     /// The load-only choice for requests whose prompt could not be read.
     pub fn fallback(&self, random: u64) -> Option<Decision> {
         let healthy = self.healthy();
-        let open: Vec<usize> = healthy.iter().copied().filter(|&b| !self.loads[b].saturated).collect();
+        let open: Vec<usize> = healthy
+            .iter()
+            .copied()
+            .filter(|&b| !self.loads[b].saturated)
+            .collect();
         let among = if open.is_empty() { &healthy } else { &open };
         let b = self.least_loaded(among, random)?;
         Some(self.finish(b, random, 0, Reason::Fallback))
@@ -244,7 +266,11 @@ impl Chooser<'_> {
             }
         };
         let order = rendezvous(req.anchor, self.ids, healthy.iter().copied());
-        let eligible: Vec<usize> = order.iter().copied().filter(|&b| self.eligible(b, cap)).collect();
+        let eligible: Vec<usize> = order
+            .iter()
+            .copied()
+            .filter(|&b| self.eligible(b, cap))
+            .collect();
         // The backend believed to hold the longest prefix, whatever its load.
         let owner = order
             .iter()
@@ -255,16 +281,31 @@ impl Chooser<'_> {
         let Some(&first) = eligible.first() else {
             // Everyone saturated or over the bound: least loaded, deterministic ties.
             let b = self.least_loaded(healthy, 0).unwrap_or(0);
-            let reason = if owner.is_some_and(|o| o != b) { Reason::Spillover } else { Reason::Placed };
+            let reason = if owner.is_some_and(|o| o != b) {
+                Reason::Spillover
+            } else {
+                Reason::Placed
+            };
             return self.finish(b, req.anchor, matched(b), reason);
         };
         if eligible.iter().all(|&b| ratio(b) == 0.0) {
-            let reason = if owner.is_some() { Reason::Spillover } else { Reason::Placed };
+            let reason = if owner.is_some() {
+                Reason::Spillover
+            } else {
+                Reason::Placed
+            };
             return self.finish(first, req.anchor, matched(first), reason);
         }
-        let min_load = eligible.iter().map(|&b| self.loads[b].load).fold(f64::INFINITY, f64::min);
-        let score = |b: usize| ratio(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0);
-        let best = eligible.iter().map(|&b| score(b)).fold(f64::NEG_INFINITY, f64::max);
+        let min_load = eligible
+            .iter()
+            .map(|&b| self.loads[b].load)
+            .fold(f64::INFINITY, f64::min);
+        let score =
+            |b: usize| ratio(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0);
+        let best = eligible
+            .iter()
+            .map(|&b| score(b))
+            .fold(f64::NEG_INFINITY, f64::max);
         // `eligible` is in rendezvous order, so the first near-best is the tie-break.
         let b = eligible
             .iter()
@@ -285,25 +326,47 @@ mod tests {
     use crate::config::Config;
 
     fn policy() -> PolicyConfig {
-        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#).unwrap().policy
+        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#)
+            .unwrap()
+            .policy
     }
 
     fn loads(v: &[f64]) -> Vec<BackendLoad> {
-        v.iter().map(|&l| BackendLoad { healthy: true, load: l, saturated: false }).collect()
+        v.iter()
+            .map(|&l| BackendLoad {
+                healthy: true,
+                load: l,
+                saturated: false,
+            })
+            .collect()
     }
 
     const IDS: [u64; 4] = [11, 22, 33, 44];
 
     fn pick(strategy: Strategy, loads: &[BackendLoad], req: RequestKey<'_>) -> Decision {
         let cfg = policy();
-        let c = Chooser { cfg: &cfg, loads, ids: &IDS[..loads.len()], fallbacks: 2 };
+        let c = Chooser {
+            cfg: &cfg,
+            loads,
+            ids: &IDS[..loads.len()],
+            fallbacks: 2,
+        };
         c.choose(strategy, &req).unwrap()
     }
 
     #[test]
     fn cache_aware_follows_the_longest_match() {
         let l = loads(&[0.0, 0.0, 0.0]);
-        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[2, 9, 0], blocks: 10, anchor: 5, ..Default::default() });
+        let d = pick(
+            Strategy::CacheAware,
+            &l,
+            RequestKey {
+                matched: &[2, 9, 0],
+                blocks: 10,
+                anchor: 5,
+                ..Default::default()
+            },
+        );
         assert_eq!(d.order[0], 1);
         assert_eq!(d.reason, Reason::CacheHit);
         assert_eq!(d.matched, 9);
@@ -314,7 +377,16 @@ mod tests {
     fn cache_aware_spills_when_the_owner_is_over_the_bound() {
         // total 12 over 3 → cap = ceil(1.5·13/3) = 7; owner at 10 is not eligible.
         let l = loads(&[10.0, 1.0, 1.0]);
-        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[9, 0, 0], blocks: 10, anchor: 5, ..Default::default() });
+        let d = pick(
+            Strategy::CacheAware,
+            &l,
+            RequestKey {
+                matched: &[9, 0, 0],
+                blocks: 10,
+                anchor: 5,
+                ..Default::default()
+            },
+        );
         assert_ne!(d.order[0], 0);
         assert_eq!(d.reason, Reason::Spillover);
     }
@@ -323,7 +395,16 @@ mod tests {
     fn cache_aware_spills_away_from_a_saturated_owner() {
         let mut l = loads(&[0.0, 0.0, 0.0]);
         l[1].saturated = true;
-        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[0, 9, 0], blocks: 10, anchor: 5, ..Default::default() });
+        let d = pick(
+            Strategy::CacheAware,
+            &l,
+            RequestKey {
+                matched: &[0, 9, 0],
+                blocks: 10,
+                anchor: 5,
+                ..Default::default()
+            },
+        );
         assert_ne!(d.order[0], 1);
         assert_eq!(d.reason, Reason::Spillover);
     }
@@ -331,7 +412,16 @@ mod tests {
     #[test]
     fn cache_beats_modest_load_difference() {
         let l = loads(&[4.0, 2.0, 2.0]);
-        let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[9, 3, 3], blocks: 10, anchor: 5, ..Default::default() });
+        let d = pick(
+            Strategy::CacheAware,
+            &l,
+            RequestKey {
+                matched: &[9, 3, 3],
+                blocks: 10,
+                anchor: 5,
+                ..Default::default()
+            },
+        );
         assert_eq!(d.order[0], 0);
     }
 
@@ -340,8 +430,26 @@ mod tests {
         let l = loads(&[0.0, 0.0, 0.0]);
         let mut seen = [0usize; 3];
         for anchor in 0..300u64 {
-            let a = pick(Strategy::CacheAware, &l, RequestKey { matched: &[0, 0, 0], blocks: 4, anchor, ..Default::default() });
-            let b = pick(Strategy::CacheAware, &l, RequestKey { matched: &[0, 0, 0], blocks: 4, anchor, ..Default::default() });
+            let a = pick(
+                Strategy::CacheAware,
+                &l,
+                RequestKey {
+                    matched: &[0, 0, 0],
+                    blocks: 4,
+                    anchor,
+                    ..Default::default()
+                },
+            );
+            let b = pick(
+                Strategy::CacheAware,
+                &l,
+                RequestKey {
+                    matched: &[0, 0, 0],
+                    blocks: 4,
+                    anchor,
+                    ..Default::default()
+                },
+            );
             assert_eq!(a, b);
             assert_eq!(a.reason, Reason::Placed);
             seen[a.order[0]] += 1;
@@ -355,7 +463,16 @@ mod tests {
         let mut l = loads(&[0.0, 0.0, 0.0]);
         let mut count = [0usize; 3];
         for i in 0..60u64 {
-            let d = pick(Strategy::CacheAware, &l, RequestKey { matched: &[4, 0, 0], blocks: 10, anchor: i, ..Default::default() });
+            let d = pick(
+                Strategy::CacheAware,
+                &l,
+                RequestKey {
+                    matched: &[4, 0, 0],
+                    blocks: 10,
+                    anchor: i,
+                    ..Default::default()
+                },
+            );
             l[d.order[0]].load += 1.0;
             count[d.order[0]] += 1;
         }
@@ -367,11 +484,25 @@ mod tests {
     #[test]
     fn prefix_hash_is_consistent_with_bounded_spillover() {
         let l = loads(&[0.0, 0.0, 0.0]);
-        let d = pick(Strategy::PrefixHash, &l, RequestKey { anchor: 42, ..Default::default() });
+        let d = pick(
+            Strategy::PrefixHash,
+            &l,
+            RequestKey {
+                anchor: 42,
+                ..Default::default()
+            },
+        );
         let owner = d.order[0];
         let mut hot = loads(&[0.0, 0.0, 0.0]);
         hot[owner].load = 20.0;
-        let s = pick(Strategy::PrefixHash, &hot, RequestKey { anchor: 42, ..Default::default() });
+        let s = pick(
+            Strategy::PrefixHash,
+            &hot,
+            RequestKey {
+                anchor: 42,
+                ..Default::default()
+            },
+        );
         assert_ne!(s.order[0], owner);
         assert_eq!(s.order[0], d.order[1], "spills to the key's next backend");
         assert_eq!(s.reason, Reason::Spillover);
@@ -380,27 +511,80 @@ mod tests {
     #[test]
     fn least_request_and_round_robin_and_random() {
         let l = loads(&[3.0, 1.0, 2.0]);
-        assert_eq!(pick(Strategy::LeastRequest, &l, RequestKey::default()).order[0], 1);
-        let rr: Vec<usize> = (0..6).map(|r| pick(Strategy::RoundRobin, &l, RequestKey { rotation: r, ..Default::default() }).order[0]).collect();
+        assert_eq!(
+            pick(Strategy::LeastRequest, &l, RequestKey::default()).order[0],
+            1
+        );
+        let rr: Vec<usize> = (0..6)
+            .map(|r| {
+                pick(
+                    Strategy::RoundRobin,
+                    &l,
+                    RequestKey {
+                        rotation: r,
+                        ..Default::default()
+                    },
+                )
+                .order[0]
+            })
+            .collect();
         assert_eq!(rr, vec![0, 1, 2, 0, 1, 2]);
-        assert_eq!(pick(Strategy::Random, &l, RequestKey { random: 7, ..Default::default() }).order[0], 1);
+        assert_eq!(
+            pick(
+                Strategy::Random,
+                &l,
+                RequestKey {
+                    random: 7,
+                    ..Default::default()
+                }
+            )
+            .order[0],
+            1
+        );
     }
 
     #[test]
     fn sticky_moves_only_the_dead_backends_sessions() {
         let l = loads(&[0.0, 0.0, 0.0, 0.0]);
-        let before: Vec<usize> = (0..200).map(|s| pick(Strategy::StickySession, &l, RequestKey { session: Some(s), ..Default::default() }).order[0]).collect();
+        let before: Vec<usize> = (0..200)
+            .map(|s| {
+                pick(
+                    Strategy::StickySession,
+                    &l,
+                    RequestKey {
+                        session: Some(s),
+                        ..Default::default()
+                    },
+                )
+                .order[0]
+            })
+            .collect();
         let mut dead = l.clone();
         dead[2].healthy = false;
         for (s, &b) in before.iter().enumerate() {
-            let now = pick(Strategy::StickySession, &dead, RequestKey { session: Some(s as u64), ..Default::default() }).order[0];
+            let now = pick(
+                Strategy::StickySession,
+                &dead,
+                RequestKey {
+                    session: Some(s as u64),
+                    ..Default::default()
+                },
+            )
+            .order[0];
             if b != 2 {
                 assert_eq!(now, b, "session {s} moved off a live backend");
             } else {
                 assert_ne!(now, 2);
             }
         }
-        let no_session = pick(Strategy::StickySession, &l, RequestKey { rotation: 1, ..Default::default() });
+        let no_session = pick(
+            Strategy::StickySession,
+            &l,
+            RequestKey {
+                rotation: 1,
+                ..Default::default()
+            },
+        );
         assert_eq!(no_session.reason, Reason::RoundRobin);
     }
 
@@ -408,9 +592,27 @@ mod tests {
     fn unhealthy_backends_are_skipped_unless_all_are() {
         let mut l = loads(&[0.0, 0.0]);
         l[0].healthy = false;
-        for s in [Strategy::CacheAware, Strategy::PrefixHash, Strategy::LeastRequest, Strategy::RoundRobin, Strategy::Random, Strategy::StickySession] {
+        for s in [
+            Strategy::CacheAware,
+            Strategy::PrefixHash,
+            Strategy::LeastRequest,
+            Strategy::RoundRobin,
+            Strategy::Random,
+            Strategy::StickySession,
+        ] {
             for r in 0..10 {
-                let d = pick(s, &l, RequestKey { anchor: r, rotation: r, random: r, session: Some(r), matched: &[5, 0], blocks: 5 });
+                let d = pick(
+                    s,
+                    &l,
+                    RequestKey {
+                        anchor: r,
+                        rotation: r,
+                        random: r,
+                        session: Some(r),
+                        matched: &[5, 0],
+                        blocks: 5,
+                    },
+                );
                 assert_eq!(d.order, vec![1], "{s:?}");
             }
         }

@@ -159,7 +159,10 @@ mod tests {
 
     #[test]
     fn piecewise_feeding_equals_one_piece() {
-        assert_eq!(key(4, &[b"ab", b"cdefg", b"hijkl"]), key(4, &[b"abcdefghijkl"]));
+        assert_eq!(
+            key(4, &[b"ab", b"cdefg", b"hijkl"]),
+            key(4, &[b"abcdefghijkl"])
+        );
     }
 
     #[test]

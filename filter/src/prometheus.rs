@@ -223,7 +223,10 @@ sglang:token_usage{model_name=\"Qwen/Qwen2.5-7B\",tp_rank=\"0\"} 0.28\r\n";
         assert_eq!(st.garbage, 0);
         assert_eq!(v[0].name, "vllm:num_requests_running");
         assert_eq!(v[0].value, 7.0);
-        assert_eq!(v[0].label("model_name").as_deref(), Some("meta-llama/Llama-3.1-8B-Instruct"));
+        assert_eq!(
+            v[0].label("model_name").as_deref(),
+            Some("meta-llama/Llama-3.1-8B-Instruct")
+        );
         assert_eq!(v[3].value, 1.2e6);
         assert_eq!(v[4].label("num_gpu_blocks").as_deref(), Some("27064"));
         assert_eq!(v[5].label("le").as_deref(), Some("+Inf"));
@@ -232,7 +235,13 @@ sglang:token_usage{model_name=\"Qwen/Qwen2.5-7B\",tp_rank=\"0\"} 0.28\r\n";
     #[test]
     fn sglang_sample_with_crlf() {
         let (v, st) = all(SGLANG);
-        assert_eq!(st, ParseStats { samples: 3, garbage: 0 });
+        assert_eq!(
+            st,
+            ParseStats {
+                samples: 3,
+                garbage: 0
+            }
+        );
         assert_eq!(v[2].name, "sglang:token_usage");
         assert_eq!(v[2].value, 0.28);
     }

@@ -57,8 +57,14 @@ mod tests {
 
     #[test]
     fn header_and_authority_modes() {
-        assert_eq!(route_header(&cfg(r#"{"mode":"header"}"#), &[1]), Some((BACKEND_HEADER, "b".to_string())));
-        assert_eq!(route_header(&cfg(r#"{"mode":"authority"}"#), &[0]), Some((AUTHORITY, "a.svc:8000".to_string())));
+        assert_eq!(
+            route_header(&cfg(r#"{"mode":"header"}"#), &[1]),
+            Some((BACKEND_HEADER, "b".to_string()))
+        );
+        assert_eq!(
+            route_header(&cfg(r#"{"mode":"authority"}"#), &[0]),
+            Some((AUTHORITY, "a.svc:8000".to_string()))
+        );
         assert_eq!(route_header(&cfg(r#"{"mode":"header"}"#), &[]), None);
     }
 
@@ -66,6 +72,8 @@ mod tests {
     fn clients_cannot_set_any_routing_header() {
         let c = cfg(r#"{"mode":"header","header":"x-pod"}"#);
         let f = forbidden_client_headers(&c);
-        assert!(f.contains(&"x-pod") && f.contains(&ENDPOINT_HEADER) && f.contains(&BACKEND_HEADER));
+        assert!(
+            f.contains(&"x-pod") && f.contains(&ENDPOINT_HEADER) && f.contains(&BACKEND_HEADER)
+        );
     }
 }

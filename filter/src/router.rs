@@ -67,7 +67,11 @@ fn fleet_id(cfg: &Config) -> (u64, Vec<u64>) {
     let ids: Vec<u64> = cfg
         .backends
         .iter()
-        .map(|b| b.address.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| mix(h ^ c as u64)))
+        .map(|b| {
+            b.address
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325u64, |h, c| mix(h ^ c as u64))
+        })
         .collect();
     let fleet = ids.iter().fold(cfg.block_bytes as u64, |h, &i| mix(h ^ i));
     (fleet, ids)
@@ -79,7 +83,11 @@ impl Router {
         let (fleet, ids) = fleet_id(&cfg);
         let keys = Keys::new(fleet);
         let n = cfg.backends.len();
-        let shared = Shared { host, keys: &keys, n };
+        let shared = Shared {
+            host,
+            keys: &keys,
+            n,
+        };
         // Without shared data an id from the clock still keeps VMs apart.
         let vm_id = shared.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
         // Start reading the log where it is now: older events describe a past we cannot date.
@@ -101,12 +109,20 @@ impl Router {
 
     /// Typed access to shared fleet state.
     pub fn shared<'h, H: Host>(&'h self, host: &'h H) -> Shared<'h, H> {
-        Shared { host, keys: &self.keys, n: self.cfg.backends.len() }
+        Shared {
+            host,
+            keys: &self.keys,
+            n: self.cfg.backends.len(),
+        }
     }
 
     /// Applies index events other VMs appended since the last sync.
     fn sync_index<H: Host>(&mut self, host: &H) -> Result<bool, HostError> {
-        let shared = Shared { host, keys: &self.keys, n: self.cfg.backends.len() };
+        let shared = Shared {
+            host,
+            keys: &self.keys,
+            n: self.cfg.backends.len(),
+        };
         let hint = shared.log_hint()?;
         if hint == self.seen_hint {
             return Ok(false);
@@ -115,7 +131,8 @@ impl Router {
         let gap = log.first_seq > self.applied_seq;
         for ev in log.since(self.applied_seq) {
             if ev.origin != self.vm_id {
-                self.index.record(&ev.blocks, ev.backend as usize, ev.time_ms);
+                self.index
+                    .record(&ev.blocks, ev.backend as usize, ev.time_ms);
             }
         }
         self.applied_seq = self.applied_seq.max(log.next_seq);
@@ -140,7 +157,11 @@ impl Router {
                 Err(e) => note(Err(e)),
             }
         }
-        let shared = Shared { host, keys: &self.keys, n };
+        let shared = Shared {
+            host,
+            keys: &self.keys,
+            n,
+        };
         let inflight = shared.inflight().unwrap_or_else(|e| {
             note(Err(e));
             vec![0; n]
@@ -149,7 +170,13 @@ impl Router {
             note(Err(e));
             vec![Health::default(); n]
         });
-        let loads = backend_loads(&inflight, &health, now, self.cfg.metrics.stale_after_ms, &self.cfg.policy);
+        let loads = backend_loads(
+            &inflight,
+            &health,
+            now,
+            self.cfg.metrics.stale_after_ms,
+            &self.cfg.policy,
+        );
         self.requests = self.requests.wrapping_add(1);
         let random = mix(now ^ self.vm_id.rotate_left(32) ^ self.requests);
         let needs_rotation = match self.cfg.strategy {
@@ -165,10 +192,16 @@ impl Router {
         } else {
             0
         };
-        let chooser = Chooser { cfg: &self.cfg.policy, loads: &loads, ids: &self.ids, fallbacks: self.cfg.route.fallbacks };
+        let chooser = Chooser {
+            cfg: &self.cfg.policy,
+            loads: &loads,
+            ids: &self.ids,
+            fallbacks: self.cfg.route.fallbacks,
+        };
         let (decision, blocks) = match req.key {
             Some(key) => {
-                self.index.match_lengths(&key.blocks, now, &mut self.matched);
+                self.index
+                    .match_lengths(&key.blocks, now, &mut self.matched);
                 let rk = RequestKey {
                     anchor: key.anchor,
                     matched: &self.matched,
@@ -180,14 +213,25 @@ impl Router {
                 let strategy = self.cfg.strategy;
                 (chooser.choose(strategy, &rk), key.blocks.len() as u32)
             }
-            None if self.cfg.strategy == Strategy::StickySession || self.cfg.strategy == Strategy::RoundRobin => {
+            None if self.cfg.strategy == Strategy::StickySession
+                || self.cfg.strategy == Strategy::RoundRobin =>
+            {
                 // These strategies do not need the body: apply them as configured.
-                let rk = RequestKey { session: req.session.map(session_hash), rotation, random, ..Default::default() };
+                let rk = RequestKey {
+                    session: req.session.map(session_hash),
+                    rotation,
+                    random,
+                    ..Default::default()
+                };
                 (chooser.choose(self.cfg.strategy, &rk), 0)
             }
             None => (chooser.fallback(random), 0),
         };
-        let decision = decision.unwrap_or(Decision { order: vec![0], matched: 0, reason: crate::policy::Reason::Fallback });
+        let decision = decision.unwrap_or(Decision {
+            order: vec![0],
+            matched: 0,
+            reason: crate::policy::Reason::Fallback,
+        });
         let primary = decision.order.first().copied().unwrap_or(0);
         note(shared.add_inflight(primary, 1).map(|_| ()));
         if let Some(key) = req.key.filter(|k| !k.blocks.is_empty()) {
@@ -196,11 +240,21 @@ impl Router {
             self.index.record(&key.blocks, primary, now);
             note(
                 shared
-                    .append_log(self.vm_id, primary as u16, &key.blocks, self.cfg.index.log_bytes)
+                    .append_log(
+                        self.vm_id,
+                        primary as u16,
+                        &key.blocks,
+                        self.cfg.index.log_bytes,
+                    )
                     .map(|_| ()),
             );
         }
-        Routed { decision, blocks, host_errors, log_gap }
+        Routed {
+            decision,
+            blocks,
+            host_errors,
+            log_gap,
+        }
     }
 
     /// Releases the in-flight slot a routed request held.
@@ -213,7 +267,11 @@ impl Router {
         let block = self.cfg.block_bytes as u64;
         let known: Vec<Option<usize>> = health
             .iter()
-            .map(|h| h.scrape.capacity_tokens.map(|t| (t * BYTES_PER_TOKEN / block.max(1)) as usize))
+            .map(|h| {
+                h.scrape
+                    .capacity_tokens
+                    .map(|t| (t * BYTES_PER_TOKEN / block.max(1)) as usize)
+            })
             .collect();
         self.index.set_capacities(&known);
     }
@@ -241,7 +299,9 @@ mod tests {
     }
 
     fn chat(system: &str, user: &str) -> PromptKey {
-        let body = format!(r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#);
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
+        );
         prompt_key(Endpoint::Chat, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
     }
 
@@ -252,9 +312,21 @@ mod tests {
         let mut b = Router::new(cfg("cache_aware"), &host);
         assert_ne!(a.vm_id, b.vm_id);
         let sys = "x".repeat(4000);
-        let first = a.route(&host, &Request { key: Some(&chat(&sys, "q1")), session: None });
+        let first = a.route(
+            &host,
+            &Request {
+                key: Some(&chat(&sys, "q1")),
+                session: None,
+            },
+        );
         a.release(&host, first.decision.order[0]).unwrap();
-        let second = b.route(&host, &Request { key: Some(&chat(&sys, "another question")), session: None });
+        let second = b.route(
+            &host,
+            &Request {
+                key: Some(&chat(&sys, "another question")),
+                session: None,
+            },
+        );
         assert_eq!(second.decision.order[0], first.decision.order[0]);
         assert!(second.decision.matched >= 15, "{:?}", second.decision);
         assert_eq!(second.host_errors, 0);
@@ -264,10 +336,16 @@ mod tests {
     fn inflight_is_accounted_and_released() {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("least_request"), &host);
-        let picks: Vec<usize> = (0..3).map(|_| a.route(&host, &Request::default()).decision.order[0]).collect();
+        let picks: Vec<usize> = (0..3)
+            .map(|_| a.route(&host, &Request::default()).decision.order[0])
+            .collect();
         let mut sorted = picks.clone();
         sorted.sort();
-        assert_eq!(sorted, vec![0, 1, 2], "least_request spreads in-flight work");
+        assert_eq!(
+            sorted,
+            vec![0, 1, 2],
+            "least_request spreads in-flight work"
+        );
         for p in picks {
             a.release(&host, p).unwrap();
         }

@@ -108,7 +108,10 @@ impl<H: Host> Shared<'_, H> {
 
     /// In-flight requests per backend, as accounted by every worker.
     pub fn inflight(&self) -> Result<Vec<u32>, HostError> {
-        Ok(counters(self.host.get_shared(&self.keys.inflight)?.0, self.n))
+        Ok(counters(
+            self.host.get_shared(&self.keys.inflight)?.0,
+            self.n,
+        ))
     }
 
     /// Adds `delta` to one backend's in-flight count (saturating at 0).
@@ -130,7 +133,11 @@ impl<H: Host> Shared<'_, H> {
     }
 
     /// Applies `f` to one backend's health.
-    pub fn update_health(&self, backend: usize, f: impl Fn(&mut Health)) -> Result<Health, HostError> {
+    pub fn update_health(
+        &self,
+        backend: usize,
+        f: impl Fn(&mut Health),
+    ) -> Result<Health, HostError> {
         let n = self.n;
         update(self.host, &self.keys.health, |v| {
             let mut all = decode_health(v.as_deref().unwrap_or_default(), n);
@@ -147,8 +154,14 @@ impl<H: Host> Shared<'_, H> {
         let now = self.host.now_ms();
         update(self.host, &self.keys.lease, |v| {
             let b = v.unwrap_or_default();
-            let holder = b.get(0..8).and_then(|s| s.try_into().ok()).map_or(0, u64::from_le_bytes);
-            let expiry = b.get(8..16).and_then(|s| s.try_into().ok()).map_or(0, u64::from_le_bytes);
+            let holder = b
+                .get(0..8)
+                .and_then(|s| s.try_into().ok())
+                .map_or(0, u64::from_le_bytes);
+            let expiry = b
+                .get(8..16)
+                .and_then(|s| s.try_into().ok())
+                .map_or(0, u64::from_le_bytes);
             if holder == me || holder == 0 || expiry < now {
                 let mut new = me.to_le_bytes().to_vec();
                 new.extend_from_slice(&(now + ttl_ms).to_le_bytes());
@@ -166,7 +179,9 @@ impl<H: Host> Shared<'_, H> {
 
     /// The index change log.
     pub fn log(&self) -> Result<Log, HostError> {
-        Ok(Log::decode(self.host.get_shared(&self.keys.log)?.0.unwrap_or_default()))
+        Ok(Log::decode(
+            self.host.get_shared(&self.keys.log)?.0.unwrap_or_default(),
+        ))
     }
 
     /// Appends an index event and bumps the hint; returns the event's seq.
@@ -181,10 +196,14 @@ impl<H: Host> Shared<'_, H> {
         let seq = update(self.host, &self.keys.log, |v| {
             let log = Log::decode(v.unwrap_or_default());
             let seq = log.next_seq;
-            (Some(log.append(origin, backend, now, blocks, max_bytes)), seq)
+            (
+                Some(log.append(origin, backend, now, blocks, max_bytes)),
+                seq,
+            )
         })?;
         // The hint may briefly lag under races; readers then catch up next request.
-        self.host.set_shared(&self.keys.log_hint, &(seq + 1).to_le_bytes(), None)?;
+        self.host
+            .set_shared(&self.keys.log_hint, &(seq + 1).to_le_bytes(), None)?;
         Ok(seq)
     }
 }
@@ -198,7 +217,11 @@ mod tests {
     fn inflight_counts_survive_conflicts() {
         let host = MemoryHost::default();
         let keys = Keys::new(1);
-        let s = Shared { host: &host, keys: &keys, n: 3 };
+        let s = Shared {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
         s.add_inflight(1, 1).unwrap();
         host.inject_conflicts.set(5);
         s.add_inflight(1, 1).unwrap();
@@ -213,7 +236,11 @@ mod tests {
     fn endless_conflicts_give_up() {
         let host = MemoryHost::default();
         let keys = Keys::new(1);
-        let s = Shared { host: &host, keys: &keys, n: 3 };
+        let s = Shared {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
         s.add_inflight(0, 1).unwrap();
         host.inject_conflicts.set(1000);
         assert_eq!(s.add_inflight(0, 1), Err(HostError::CasMismatch));
@@ -223,8 +250,15 @@ mod tests {
     fn rotation_and_vm_ids_are_unique() {
         let host = MemoryHost::default();
         let keys = Keys::new(1);
-        let s = Shared { host: &host, keys: &keys, n: 3 };
-        assert_eq!((s.next_rotation().unwrap(), s.next_rotation().unwrap()), (0, 1));
+        let s = Shared {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
+        assert_eq!(
+            (s.next_rotation().unwrap(), s.next_rotation().unwrap()),
+            (0, 1)
+        );
         assert_ne!(s.new_vm_id().unwrap(), s.new_vm_id().unwrap());
     }
 
@@ -232,7 +266,11 @@ mod tests {
     fn lease_has_one_holder_until_it_expires() {
         let host = MemoryHost::default();
         let keys = Keys::new(1);
-        let s = Shared { host: &host, keys: &keys, n: 3 };
+        let s = Shared {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
         host.now.set(1000);
         assert!(s.try_lease(1, 1500).unwrap());
         assert!(!s.try_lease(2, 1500).unwrap());
@@ -248,21 +286,32 @@ mod tests {
     fn log_append_and_hint() {
         let host = MemoryHost::default();
         let keys = Keys::new(1);
-        let s = Shared { host: &host, keys: &keys, n: 3 };
+        let s = Shared {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
         assert_eq!(s.log_hint().unwrap(), 0);
         s.append_log(7, 2, &[1, 2, 3], 4096).unwrap();
         s.append_log(8, 1, &[4], 4096).unwrap();
         assert_eq!(s.log_hint().unwrap(), 2);
         let evs: Vec<_> = s.log().unwrap().since(1).collect();
         assert_eq!(evs.len(), 1);
-        assert_eq!((evs[0].origin, evs[0].backend, evs[0].blocks.clone()), (8, 1, vec![4]));
+        assert_eq!(
+            (evs[0].origin, evs[0].backend, evs[0].blocks.clone()),
+            (8, 1, vec![4])
+        );
     }
 
     #[test]
     fn health_updates_one_backend() {
         let host = MemoryHost::default();
         let keys = Keys::new(1);
-        let s = Shared { host: &host, keys: &keys, n: 3 };
+        let s = Shared {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
         s.update_health(1, |h| h.failures += 1).unwrap();
         s.update_health(1, |h| h.failures += 1).unwrap();
         let h = s.health().unwrap();

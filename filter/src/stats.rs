@@ -23,7 +23,13 @@ pub enum Fallback {
 }
 
 impl Fallback {
-    const ALL: [Fallback; 5] = [Fallback::NotJson, Fallback::BadShape, Fallback::TooLarge, Fallback::Compressed, Fallback::NoBody];
+    const ALL: [Fallback; 5] = [
+        Fallback::NotJson,
+        Fallback::BadShape,
+        Fallback::TooLarge,
+        Fallback::Compressed,
+        Fallback::NoBody,
+    ];
 
     /// Stable name used in stats and the debug header.
     pub fn name(self) -> &'static str {
@@ -99,9 +105,18 @@ impl Stats {
                 .collect()
         };
         Stats {
-            decisions: REASONS.iter().map(|r| counter(format!("warmroute.decision.{}", r.name()))).collect(),
-            fallbacks: Fallback::ALL.iter().map(|f| counter(format!("warmroute.fallback.{}", f.name()))).collect(),
-            outcomes: OUTCOMES.iter().map(|o| counter(format!("warmroute.requests.{strategy}.{o}"))).collect(),
+            decisions: REASONS
+                .iter()
+                .map(|r| counter(format!("warmroute.decision.{}", r.name())))
+                .collect(),
+            fallbacks: Fallback::ALL
+                .iter()
+                .map(|f| counter(format!("warmroute.fallback.{}", f.name())))
+                .collect(),
+            outcomes: OUTCOMES
+                .iter()
+                .map(|o| counter(format!("warmroute.requests.{strategy}.{o}")))
+                .collect(),
             passthrough: counter("warmroute.passthrough".into()),
             match_blocks: define(MetricType::Histogram, "warmroute.prefix_match_blocks"),
             chosen: per_backend(MetricType::Counter, "chosen"),
@@ -115,7 +130,14 @@ impl Stats {
     }
 
     /// One routing decision.
-    pub fn decided(&self, reason: Reason, backend: usize, matched: u32, host_errors: u32, log_gap: bool) {
+    pub fn decided(
+        &self,
+        reason: Reason,
+        backend: usize,
+        matched: u32,
+        host_errors: u32,
+        log_gap: bool,
+    ) {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             bump(self.decisions.get(i).copied().flatten(), 1);
         }
@@ -154,7 +176,14 @@ impl Stats {
 
     /// A scrape result.
     pub fn scraped(&self, ok: bool) {
-        bump(if ok { self.scrape_ok } else { self.scrape_failed }, 1);
+        bump(
+            if ok {
+                self.scrape_ok
+            } else {
+                self.scrape_failed
+            },
+            1,
+        );
     }
 
     /// Refreshes per-backend gauges.

@@ -35,7 +35,9 @@ pub struct Due {
 impl Scraper {
     /// Bookkeeping for `n` backends.
     pub fn new(n: usize) -> Scraper {
-        Scraper { pending: vec![None; n] }
+        Scraper {
+            pending: vec![None; n],
+        }
     }
 
     /// Idle backends are due; pending ones older than `lost_after_ms` are lost (and due).
@@ -58,13 +60,19 @@ impl Scraper {
     /// A callout for `backend` was dispatched with `token`.
     pub fn dispatched(&mut self, backend: usize, token: u32, now_ms: u64) {
         if let Some(p) = self.pending.get_mut(backend) {
-            *p = Some(Pending { token, since_ms: now_ms });
+            *p = Some(Pending {
+                token,
+                since_ms: now_ms,
+            });
         }
     }
 
     /// The callout `token` finished; returns its backend.
     pub fn completed(&mut self, token: u32) -> Option<usize> {
-        let b = self.pending.iter().position(|p| p.is_some_and(|q| q.token == token))?;
+        let b = self
+            .pending
+            .iter()
+            .position(|p| p.is_some_and(|q| q.token == token))?;
         self.pending[b] = None;
         Some(b)
     }
@@ -118,7 +126,15 @@ mod tests {
         assert!(!h.down);
         record(&mut h, None, 20, 2);
         assert!(h.down);
-        record(&mut h, Some(Scrape { running: 1.0, ..Scrape::default() }), 30, 2);
+        record(
+            &mut h,
+            Some(Scrape {
+                running: 1.0,
+                ..Scrape::default()
+            }),
+            30,
+            2,
+        );
         assert!(!h.down);
         assert_eq!((h.failures, h.scraped_ms, h.scrape.running), (0, 30, 1.0));
     }
