@@ -313,6 +313,7 @@ impl Host {
                 configured: false,
                 stderr,
                 stdout,
+                ticks_suspended: false,
             })),
             index,
         };

@@ -20,6 +20,7 @@ pub(crate) struct VmInner {
     pub configured: bool,
     pub stderr: MemoryOutputPipe,
     pub stdout: MemoryOutputPipe,
+    pub ticks_suspended: bool,
 }
 
 /// Handle to one VM instance (cheap to clone; single-threaded).
@@ -133,7 +134,28 @@ impl Vm {
     }
 
     pub(crate) fn next_tick_ns(&self) -> Option<u64> {
-        self.inner.borrow().store.data().next_tick_ns
+        let inner = self.inner.borrow();
+        if inner.ticks_suspended {
+            return None;
+        }
+        inner.store.data().next_tick_ns
+    }
+
+    /// Stop (or resume) this VM's tick timer in `Host::advance`, e.g. to emulate a worker
+    /// that is gone or stuck. Resuming fires at the next period boundary.
+    pub fn suspend_ticks(&self, suspended: bool) {
+        let mut inner = self.inner.borrow_mut();
+        inner.ticks_suspended = suspended;
+        if !suspended {
+            let s = inner.store.data_mut();
+            let now = s.shared.clock.now_ns();
+            let period = s.tick_period_ms as u64 * 1_000_000;
+            if let (Some(t), true) = (s.next_tick_ns.as_mut(), period > 0) {
+                while *t <= now {
+                    *t += period;
+                }
+            }
+        }
     }
 
     /// Fire a scheduled tick (reschedules first, like Envoy's timer, then calls on_tick).
