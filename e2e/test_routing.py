@@ -72,8 +72,9 @@ def test_streaming_is_valid_sse_ending_in_done(cache_fleet):
 @pytest.mark.parametrize("strategy", ["cache_aware", "prefix_hash"])
 def test_same_prefix_lands_on_one_backend_and_different_prefixes_spread(strategy):
     with Fleet(3, FAST, filter_overrides={"strategy": strategy}) as f:
+        document = words("doc", 800)  # a long shared prefix, e.g. a document asked about many ways
         same = {post(f.envoy.port, "/v1/chat/completions",
-                     chat(MODEL, [system("shared"), {"role": "user", "content": f"question {i}"}])).replica
+                     chat(MODEL, [system("sys", 50), {"role": "user", "content": f"{document} question {i}"}])).replica
                 for i in range(8)}
         assert len(same) == 1, same
         spread = collections.Counter(
@@ -81,6 +82,16 @@ def test_same_prefix_lands_on_one_backend_and_different_prefixes_spread(strategy
                  chat(MODEL, [system(f"tenant{i}_"), {"role": "user", "content": "q"}])).replica
             for i in range(24))
         assert len(spread) == 3, spread
+
+
+def test_new_conversations_sharing_only_a_system_prompt_spread(cache_fleet):
+    # The anti-hotspot property: whichever pod first saw a popular system prompt must not
+    # attract every new conversation (the failure of fleet-wide-threshold routers).
+    counts = collections.Counter(
+        post(cache_fleet.envoy.port, "/v1/chat/completions",
+             chat(MODEL, [system("popular", 1500), {"role": "user", "content": f"task {i}: " + words(f"t{i}_", 30)}])).replica
+        for i in range(30))
+    assert len(counts) == 3 and min(counts.values()) >= 5, counts
 
 
 def test_multi_turn_conversation_stays_on_one_backend(cache_fleet):
@@ -137,7 +148,8 @@ def test_hot_prefix_spills_over_to_a_second_backend():
     with Fleet(3, ["--time-scale", "2"], filter_overrides={"saturation": {"max_inflight": 3}}) as f:
         def one(i):
             return post(f.envoy.port, "/v1/chat/completions",
-                        chat(MODEL, [system("hot"), {"role": "user", "content": f"ask {i}"}], max_tokens=40))
+                        chat(MODEL, [system("sys", 50), {"role": "user", "content": words("hotdoc", 800) + f" ask {i}"}],
+                             max_tokens=40))
         with ThreadPoolExecutor(9) as ex:
             replies = list(ex.map(one, range(9)))
         assert all(r.status == 200 for r in replies)
@@ -194,15 +206,18 @@ def test_cache_aware_beats_round_robin_on_fleet_hit_rate():
     rates = {}
     for strategy in ["round_robin", "cache_aware"]:
         with Fleet(3, FAST, filter_overrides={"strategy": strategy}) as f:
-            def one(i):
-                group = i % 4
-                return post(f.envoy.port, "/v1/chat/completions",
-                            chat(MODEL, [system(f"grp{group}_", 800), {"role": "user", "content": f"item {i}"}]))
+            def conversation(c):
+                messages = [system("assist", 300), {"role": "user", "content": f"user {c} " + words(f"c{c}_", 100)}]
+                for turn in range(4):
+                    r = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, messages, max_tokens=20))
+                    assert r.status == 200
+                    messages += [r.json()["choices"][0]["message"],
+                                 {"role": "user", "content": f"turn {turn} " + words(f"c{c}t{turn}_", 100)}]
             with ThreadPoolExecutor(4) as ex:
-                assert all(r.status == 200 for r in ex.map(one, range(48)))
+                list(ex.map(conversation, range(12)))
             hits, queries = f.hit_counters()
             rates[strategy] = hits / queries
-    assert rates["cache_aware"] > rates["round_robin"] + 0.1, rates
+    assert rates["cache_aware"] > rates["round_robin"] + 0.15, rates
 
 
 @pytest.mark.parametrize("variant, mode", [("envoy/envoy-header.yaml", "header"), ("envoy/envoy-authority.yaml", "authority")])

@@ -139,6 +139,8 @@ struct WireIndex {
     ttl_ms: u64,
     #[serde(default = "d_log_bytes")]
     log_bytes: usize,
+    #[serde(default = "d_bytes_per_token")]
+    bytes_per_token: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -228,7 +230,10 @@ fn d_ttl_ms() -> u64 {
     600_000
 }
 fn d_log_bytes() -> usize {
-    262_144
+    65_536
+}
+fn d_bytes_per_token() -> f64 {
+    4.0
 }
 fn d_running() -> Vec<String> {
     vec![
@@ -307,6 +312,7 @@ fn default_index() -> WireIndex {
         max_blocks: d_max_blocks(),
         ttl_ms: d_ttl_ms(),
         log_bytes: d_log_bytes(),
+        bytes_per_token: d_bytes_per_token(),
     }
 }
 fn default_metrics() -> WireMetrics {
@@ -373,6 +379,9 @@ pub struct IndexConfig {
     pub ttl_ms: u64,
     /// Size bound of the shared change log replicating the index across workers.
     pub log_bytes: usize,
+    /// Prompt bytes per KV-cache token, to size the index from a backend's capacity in
+    /// tokens (≈4 for English BPE tokenizers; the simulator's word tokens are ≈7).
+    pub bytes_per_token: f64,
 }
 
 /// Names of the scraped gauges; the first name present wins.
@@ -599,6 +608,12 @@ impl TryFrom<WireConfig> for Config {
             max_blocks: in_range("index.max_blocks", w.index.max_blocks, 1024, 1 << 26)?,
             ttl_ms: in_range("index.ttl_ms", w.index.ttl_ms, 1000, 7 * 24 * 3_600_000)?,
             log_bytes: in_range("index.log_bytes", w.index.log_bytes, 4096, 64 << 20)?,
+            bytes_per_token: finite_in_range(
+                "index.bytes_per_token",
+                w.index.bytes_per_token,
+                0.5,
+                64.0,
+            )?,
         };
         let m = w.metrics;
         let period_ms = in_range("metrics.period_ms", m.period_ms, 50, 3_600_000)?;
@@ -675,6 +690,8 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const MIN: &str = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#;
 

@@ -345,6 +345,8 @@ impl Log {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn lens(ix: &Index, blocks: &[u64], now: u64) -> Vec<u32> {
         let mut out = Vec::new();

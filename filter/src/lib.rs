@@ -16,7 +16,7 @@ pub mod router;
 pub mod shared;
 pub mod telemetry;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", not(test)))]
 mod filter;
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", not(test)))]
 mod stats;

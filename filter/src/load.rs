@@ -228,6 +228,8 @@ pub fn backend_loads(
 mod tests {
     use super::*;
     use crate::config::Config;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn cfg() -> Config {
         Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#)

@@ -181,6 +181,9 @@ pub fn prompt_key(
                 feed_piece(&mut h, b"tools", tools.get().as_bytes());
             }
             for m in &req.messages {
+                if !matches!(m.role.as_ref(), "system" | "developer") {
+                    h.begin_conversation();
+                }
                 let content = match m.content {
                     Some(c) => Text::of(c)?,
                     None => Text::Raw(""),
@@ -204,6 +207,7 @@ pub fn prompt_key(
                 return Err(ParseError::Shape);
             }
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
+            h.begin_conversation();
             h.feed(prompt.bytes());
             Ok(h.finish())
         }
@@ -216,6 +220,7 @@ pub fn prompt_key(
             if let Some(instr) = &req.instructions {
                 feed_piece(&mut h, b"system", instr.as_bytes());
             }
+            h.begin_conversation();
             let input = Text::of(req.input)?;
             feed_piece(&mut h, b"input", input.bytes());
             Ok(h.finish())
@@ -226,6 +231,8 @@ pub fn prompt_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn chat(messages: &str) -> PromptKey {
         let body = format!(r#"{{"model":"m","messages":{messages}}}"#);

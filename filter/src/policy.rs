@@ -11,9 +11,14 @@
 //!
 //! ## cache_aware (default)
 //! ```text
-//! ratio_b = matched_blocks_b / prompt_blocks        (0 below min_match_blocks)
+//! ratio_b = matched_blocks_b / prompt_blocks    (0 unless the match goes past the
+//!                                                 head and reaches min_match_blocks)
 //! score_b = ratio_b − load_weight · (load_b − min_load) / cap      for b ∈ eligible
 //! ```
+//! - a match inside the head (shared instructions, see `prefix`) does not
+//!   count: otherwise whichever pod first saw a popular system prompt would
+//!   attract every new conversation up to the load bound — a hotspot. The
+//!   head is prefilled once per pod instead, and conversations spread.
 //! - no eligible backend matches → *placement*: the first eligible backend in
 //!   rendezvous order of the prompt's anchor (deterministic, so independent
 //!   gateway replicas place a new conversation on the same pod);
@@ -94,6 +99,8 @@ pub struct RequestKey<'a> {
     pub matched: &'a [u32],
     /// Full blocks in the prompt.
     pub blocks: u32,
+    /// Leading blocks shared with other conversations (before the anchor).
+    pub head_blocks: u32,
     /// Hash of the session header, if any.
     pub session: Option<u64>,
     /// Shared round-robin counter value for this request.
@@ -259,7 +266,7 @@ impl Chooser<'_> {
         let blocks = req.blocks.max(1) as f64;
         let ratio = |b: usize| {
             let m = req.matched.get(b).copied().unwrap_or(0);
-            if m >= self.cfg.min_match_blocks {
+            if m > req.head_blocks && m >= self.cfg.min_match_blocks {
                 m as f64 / blocks
             } else {
                 0.0
@@ -324,6 +331,8 @@ impl Chooser<'_> {
 mod tests {
     use super::*;
     use crate::config::Config;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn policy() -> PolicyConfig {
         Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#)
@@ -455,6 +464,41 @@ mod tests {
             seen[a.order[0]] += 1;
         }
         assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
+    }
+
+    #[test]
+    fn a_match_inside_the_head_does_not_attract() {
+        // Backend 0 holds the shared system prompt (4 blocks) only: new conversations are placed.
+        let l = loads(&[0.0, 0.0, 0.0]);
+        let mut seen = [0usize; 3];
+        for anchor in 0..90u64 {
+            let d = pick(
+                Strategy::CacheAware,
+                &l,
+                RequestKey {
+                    matched: &[4, 0, 0],
+                    blocks: 6,
+                    head_blocks: 4,
+                    anchor,
+                    ..Default::default()
+                },
+            );
+            assert_eq!(d.reason, Reason::Placed);
+            seen[d.order[0]] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 15), "{seen:?}");
+        let cont = pick(
+            Strategy::CacheAware,
+            &l,
+            RequestKey {
+                matched: &[5, 0, 0],
+                blocks: 6,
+                head_blocks: 4,
+                anchor: 1,
+                ..Default::default()
+            },
+        );
+        assert_eq!((cont.order[0], cont.reason), (0, Reason::CacheHit));
     }
 
     #[test]
@@ -611,6 +655,7 @@ mod tests {
                         session: Some(r),
                         matched: &[5, 0],
                         blocks: 5,
+                        head_blocks: 0,
                     },
                 );
                 assert_eq!(d.order, vec![1], "{s:?}");

@@ -14,9 +14,14 @@
 //! index: a partial tail block could not be compared with later requests.
 //!
 //! The *anchor* is a placement key that stays stable across a conversation's
-//! turns: the chained hash at the end of the first non-system message (chat)
-//! or after `anchor_bytes` (unstructured prompts). Rendezvous hashing on it
-//! places a new conversation the same way on every gateway replica.
+//! turns: the chained hash at the end of the first non-system message, but at
+//! most `anchor_bytes` past the start of that message (a long first message,
+//! e.g. a shared document, then anchors on the document, not the question).
+//! Unstructured prompts start their conversation at byte 0. Everything up to
+//! the anchor is the *head*: a cache match that ends inside the head only
+//! says "this shares instructions with other conversations", not "this
+//! conversation lives there". Rendezvous hashing on the anchor places a new
+//! conversation the same way on every gateway replica.
 //!
 //! | parameter     | default | why |
 //! |---------------|---------|-----|
@@ -37,6 +42,8 @@ pub struct PromptKey {
     pub blocks: Vec<u64>,
     /// Placement key, stable across a conversation's turns.
     pub anchor: u64,
+    /// Canonical bytes up to the anchor (the head shared with other conversations).
+    pub anchor_offset: usize,
     /// Canonical prompt length in bytes.
     pub total_bytes: usize,
 }
@@ -56,8 +63,9 @@ pub struct PrefixHasher {
     buf: Vec<u8>,
     blocks: Vec<u64>,
     total: usize,
-    anchor: Option<u64>,
+    anchor: Option<(u64, usize)>,
     anchor_limit: usize,
+    conversation_start: Option<usize>,
 }
 
 impl PrefixHasher {
@@ -73,16 +81,21 @@ impl PrefixHasher {
             total: 0,
             anchor: None,
             anchor_limit: anchor_limit.max(1),
+            conversation_start: None,
         }
     }
 
     /// Appends bytes to the canonical stream.
     pub fn feed(&mut self, mut bytes: &[u8]) {
-        if self.anchor.is_none() && self.total + bytes.len() >= self.anchor_limit {
-            let (head, tail) = bytes.split_at(self.anchor_limit - self.total);
-            self.feed_raw(head);
-            self.mark_anchor();
-            bytes = tail;
+        if let (None, Some(start)) = (self.anchor, self.conversation_start) {
+            let limit = start + self.anchor_limit;
+            if self.total + bytes.len() >= limit {
+                let (head, tail) =
+                    bytes.split_at(limit.saturating_sub(self.total).min(bytes.len()));
+                self.feed_raw(head);
+                self.mark_anchor();
+                bytes = tail;
+            }
         }
         self.feed_raw(bytes);
     }
@@ -102,10 +115,18 @@ impl PrefixHasher {
         }
     }
 
+    /// Marks where the conversation-specific part starts (after shared instructions):
+    /// the anchor falls at most `anchor_limit` bytes after it.
+    pub fn begin_conversation(&mut self) {
+        if self.anchor.is_none() && self.conversation_start.is_none() {
+            self.conversation_start = Some(self.total);
+        }
+    }
+
     /// Fixes the anchor at the current position, unless it is already set.
     pub fn mark_anchor(&mut self) {
         if self.anchor.is_none() {
-            self.anchor = Some(self.position_hash());
+            self.anchor = Some((self.position_hash(), self.total));
         }
     }
 
@@ -130,10 +151,13 @@ impl PrefixHasher {
 
     /// Ends the stream; a prompt shorter than the anchor limit anchors on all of it.
     pub fn finish(self) -> PromptKey {
-        let anchor = self.anchor.unwrap_or_else(|| self.position_hash());
+        let (anchor, anchor_offset) = self
+            .anchor
+            .unwrap_or_else(|| (self.position_hash(), self.total));
         PromptKey {
             blocks: self.blocks,
             anchor,
+            anchor_offset,
             total_bytes: self.total,
         }
     }
@@ -142,9 +166,12 @@ impl PrefixHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn key(block: usize, pieces: &[&[u8]]) -> PromptKey {
         let mut h = PrefixHasher::new(block, 1 << 20, b"m", None);
+        h.begin_conversation();
         for p in pieces {
             h.feed(p);
         }
@@ -204,10 +231,39 @@ mod tests {
     #[test]
     fn anchor_is_stable_under_extension() {
         let mut a = PrefixHasher::new(4, 6, b"m", None);
+        a.begin_conversation();
         a.feed(b"abcdefgh");
         let mut b = PrefixHasher::new(4, 6, b"m", None);
+        b.begin_conversation();
         b.feed(b"abcdefghijklmnopqrstuvwxyz");
         assert_eq!(a.finish().anchor, b.finish().anchor);
+    }
+
+    #[test]
+    fn anchor_limit_counts_from_the_conversation_start() {
+        let key = |sys: &[u8], user: &[u8]| {
+            let mut h = PrefixHasher::new(4, 8, b"m", None);
+            h.feed(sys);
+            h.begin_conversation();
+            h.feed(user);
+            h.mark_anchor();
+            h.finish()
+        };
+        let long_sys = [b'x'; 64];
+        let a = key(&long_sys, b"task one");
+        let b = key(&long_sys, b"task two");
+        assert_ne!(
+            a.anchor, b.anchor,
+            "a long shared system prompt does not swallow the anchor"
+        );
+        assert_eq!(a.anchor_offset, 72);
+        let doc1 = key(b"s", b"same long document, question 1");
+        let doc2 = key(b"s", b"same long document, question 2");
+        assert_eq!(
+            doc1.anchor, doc2.anchor,
+            "a long first message anchors on its beginning"
+        );
+        assert_eq!(doc1.anchor_offset, 9);
     }
 
     #[test]

@@ -188,6 +188,8 @@ pub fn parse<'a>(text: &'a str, mut visit: impl FnMut(Sample<'a>)) -> ParseStats
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn all(text: &str) -> (Vec<Sample<'_>>, ParseStats) {
         let mut v = Vec::new();

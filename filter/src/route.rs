@@ -35,6 +35,8 @@ pub fn route_header<'c>(cfg: &'c Config, order: &[usize]) -> Option<(&'c str, St
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn cfg(route: &str) -> Config {
         Config::parse(

@@ -19,10 +19,6 @@ use crate::telemetry::Scraper;
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
 
-/// Bytes of prompt text per KV token, to size the index from a backend's
-/// token capacity (≈4 for English BPE tokenizers).
-pub const BYTES_PER_TOKEN: u64 = 4;
-
 /// What the filter learned about one request.
 #[derive(Debug, Clone, Default)]
 pub struct Request<'a> {
@@ -206,6 +202,7 @@ impl Router {
                     anchor: key.anchor,
                     matched: &self.matched,
                     blocks: key.blocks.len() as u32,
+                    head_blocks: (key.anchor_offset / self.cfg.block_bytes.max(1)) as u32,
                     session: req.session.map(session_hash),
                     rotation,
                     random,
@@ -264,13 +261,13 @@ impl Router {
 
     /// Sizes the index to each backend's real KV capacity, when known.
     pub fn resize_index(&mut self, health: &[Health]) {
-        let block = self.cfg.block_bytes as u64;
+        let blocks_per_token = self.cfg.index.bytes_per_token / self.cfg.block_bytes.max(1) as f64;
         let known: Vec<Option<usize>> = health
             .iter()
             .map(|h| {
                 h.scrape
                     .capacity_tokens
-                    .map(|t| (t * BYTES_PER_TOKEN / block.max(1)) as usize)
+                    .map(|t| (t as f64 * blocks_per_token) as usize)
             })
             .collect();
         self.index.set_capacities(&known);
@@ -287,6 +284,8 @@ mod tests {
     use super::*;
     use crate::host::MemoryHost;
     use crate::openai::{prompt_key, Endpoint};
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn cfg(strategy: &str) -> Config {
         Config::parse(
@@ -298,10 +297,12 @@ mod tests {
         .unwrap()
     }
 
-    fn chat(system: &str, user: &str) -> PromptKey {
-        let body = format!(
-            r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{user}"}}]}}"#
-        );
+    fn chat(turns: &[(&str, &str)]) -> PromptKey {
+        let messages: Vec<String> = turns
+            .iter()
+            .map(|(role, content)| format!(r#"{{"role":"{role}","content":"{content}"}}"#))
+            .collect();
+        let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
         prompt_key(Endpoint::Chat, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
     }
 
@@ -312,18 +313,27 @@ mod tests {
         let mut b = Router::new(cfg("cache_aware"), &host);
         assert_ne!(a.vm_id, b.vm_id);
         let sys = "x".repeat(4000);
+        let answer = "y".repeat(3000);
+        let turn1 = chat(&[("system", &sys), ("user", "q1")]);
+        let turn2 = chat(&[
+            ("system", &sys),
+            ("user", "q1"),
+            ("assistant", &answer),
+            ("user", "q2"),
+        ]);
         let first = a.route(
             &host,
             &Request {
-                key: Some(&chat(&sys, "q1")),
+                key: Some(&turn1),
                 session: None,
             },
         );
         a.release(&host, first.decision.order[0]).unwrap();
+        // Turn 2 goes through the other VM: only the shared log can tell it where turn 1 went.
         let second = b.route(
             &host,
             &Request {
-                key: Some(&chat(&sys, "another question")),
+                key: Some(&turn2),
                 session: None,
             },
         );

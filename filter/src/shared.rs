@@ -212,6 +212,8 @@ impl<H: Host> Shared<'_, H> {
 mod tests {
     use super::*;
     use crate::host::MemoryHost;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn inflight_counts_survive_conflicts() {

@@ -104,6 +104,8 @@ pub fn record(h: &mut Health, outcome: Option<Scrape>, now_ms: u64, unhealthy_af
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn pending_blocks_rescrape_until_reply_or_loss() {

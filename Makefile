@@ -1,0 +1,69 @@
+# warmroute: `make run` is the main job, `make test` runs every test. Both install what they need.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV   := .venv
+PY     := $(VENV)/bin/python
+WASM   := dist/warmroute.wasm
+ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
+ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
+
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench clean
+
+help: ## List targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+setup: $(VENV)/.installed ## Install rustup targets and the Python venv (Envoy 1.40 wheel, pytest)
+	@rustup target list --installed | grep -q wasm32-wasip1 || rustup target add wasm32-wasip1
+	@rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	touch $@
+
+wasm: setup ## Build the filter for wasm32-wasip1 into dist/warmroute.wasm
+	cargo build -p warmroute-filter --target wasm32-wasip1 --release
+	@mkdir -p dist && cp target/wasm32-wasip1/release/warmroute.wasm $(WASM)
+	@ls -l $(WASM)
+
+build: wasm ## Build the filter, the simulated vLLM server and the load client
+	cargo build --release -p warmroute-sim -p warmroute-loadgen
+
+run: build ## Main job: Envoy + 3 simulated backends, same workload via round robin and warmroute
+	cd e2e && ../$(PY) demo.py
+
+test: build lint unit wasm-unit host-tests validate e2e ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e
+	@echo "make test: all suites passed"
+
+lint: ## rustfmt check; clippy (filter for wasm32, -D warnings; workspace)
+	cargo fmt --all --check
+	cargo clippy -p warmroute-filter --target wasm32-wasip1 --release -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
+
+unit: ## Native unit tests of every crate
+	cargo test -p warmroute-filter -p warmroute-sim -p warmroute-loadgen
+
+wasm-unit: setup ## The filter's unit tests compiled to wasm32, run by wasm-bindgen-test under Node
+	scripts/wasm-unit-tests.sh
+
+host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator
+	cargo test --release -p host-tests
+
+validate: validate-envoy validate-deploy ## Every Envoy config, Istio manifest and compose file
+
+validate-envoy: wasm
+	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
+
+validate-deploy: ## Istio/Kubernetes manifests against published schemas, compose file, generated files
+	deploy/validate.sh
+
+e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
+	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
+
+bench: build ## Routing quality and filter cost (minutes; not part of `make test`)
+	cd bench && ../$(PY) run.py
+
+clean:
+	cargo clean
+	rm -rf dist/*.wasm
