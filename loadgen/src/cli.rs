@@ -65,9 +65,15 @@ pub enum WorkloadCmd {
 /// Flags shared by all workloads.
 #[derive(Debug, Args)]
 pub struct Common {
-    /// Base URL requests go to (the Envoy listener).
-    #[arg(long, default_value = "http://127.0.0.1:10000")]
-    pub target: String,
+    /// Base URL requests go to (the Envoy listener). Repeat to spread requests over
+    /// several gateways in front of the same fleet: round robin on the send order,
+    /// per request (a session's steps move between gateways).
+    #[arg(
+        long = "target",
+        default_value = "http://127.0.0.1:10000",
+        num_args = 1
+    )]
+    pub targets: Vec<String>,
     /// Backend base URL whose /metrics is scraped before and after (repeatable).
     #[arg(long = "backend")]
     pub backends: Vec<String>,
@@ -305,7 +311,9 @@ fn resolve_trace(path: &std::path::Path) -> PathBuf {
     if path.exists() || path.is_absolute() {
         return path.to_path_buf();
     }
-    let from_root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
+    let from_root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path);
     if from_root.exists() {
         from_root
     } else {
@@ -335,7 +343,8 @@ async fn scrape_all(
 pub async fn execute(cmd: &WorkloadCmd, workload: Workload) -> Result<Report> {
     let c = cmd.common();
     let cfg = RunConfig {
-        target: c.target.clone(),
+        target: c.targets.first().cloned().unwrap_or_default(),
+        extra_targets: c.targets.iter().skip(1).cloned().collect(),
         max_seconds: c.max_seconds,
         max_requests: c.max_requests,
         concurrency: c.concurrency,
@@ -367,7 +376,7 @@ pub async fn execute(cmd: &WorkloadCmd, workload: Workload) -> Result<Report> {
     }
     Ok(Report::build(
         name,
-        &c.target,
+        &c.targets.join(","),
         agent_steps,
         &run,
         deltas,

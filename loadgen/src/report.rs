@@ -119,6 +119,8 @@ pub struct Report {
     pub share: BTreeMap<String, f64>,
     /// Responses per replica.
     pub served: BTreeMap<String, usize>,
+    /// Requests sent to each target (gateway), in `--target` order.
+    pub per_target: Vec<usize>,
     /// Per-backend metric deltas.
     pub backends: Vec<BackendDelta>,
     /// Client CPU seconds used during the run.
@@ -153,6 +155,13 @@ impl Report {
                 .or_default() += 1;
         }
         let total_served: usize = served.values().sum();
+        let mut per_target: Vec<usize> = Vec::new();
+        for r in recs {
+            if per_target.len() <= r.gateway {
+                per_target.resize(r.gateway + 1, 0);
+            }
+            per_target[r.gateway] += 1;
+        }
         let share = served
             .iter()
             .map(|(k, &v)| (k.clone(), v as f64 / total_served.max(1) as f64))
@@ -196,6 +205,7 @@ impl Report {
             step_ms: if agent_steps { e2e } else { None },
             share,
             served,
+            per_target,
             backends,
             client_cpu_s,
             client_cpu_util: if runtime_s > 0.0 {
@@ -307,6 +317,7 @@ mod tests {
             session: "s".into(),
             step: 0,
             start_ms: 0.0,
+            gateway: 0,
             outcome,
             status: replica.map(|_| 200),
             ttft_ms: Some(e2e / 2.0),

@@ -71,6 +71,10 @@ pub fn build_client(connect_timeout: Duration) -> HttpClient {
 pub struct RunConfig {
     /// Base URL, e.g. `http://127.0.0.1:10000`.
     pub target: String,
+    /// More gateways serving the same fleet: requests are spread over `target`
+    /// and these by a global round robin on the send order (per request, never
+    /// per session, so a session's steps land on different gateways).
+    pub extra_targets: Vec<String>,
     /// Hard bound on the run.
     pub max_seconds: f64,
     /// Bound on requests sent.
@@ -85,6 +89,7 @@ impl Default for RunConfig {
     fn default() -> Self {
         Self {
             target: "http://127.0.0.1:10000".into(),
+            extra_targets: Vec::new(),
             max_seconds: 120.0,
             max_requests: None,
             concurrency: 0,
@@ -114,6 +119,8 @@ pub struct RequestRecord {
     pub step: usize,
     /// Send time, ms since run start.
     pub start_ms: f64,
+    /// Index of the target (gateway) the request was sent to.
+    pub gateway: usize,
     /// Outcome.
     pub outcome: Outcome,
     /// HTTP status, if a response arrived.
@@ -243,8 +250,10 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 struct Shared {
     client: HttpClient,
-    chat_uri: Uri,
-    completions_uri: Uri,
+    /// (chat, completions) URI per gateway.
+    uris: Vec<(Uri, Uri)>,
+    /// Requests sent so far: picks the gateway (round robin on send order).
+    sent: AtomicUsize,
     start: Instant,
     deadline: Instant,
     budget: AtomicUsize,
@@ -273,8 +282,16 @@ pub async fn run_with_client(
     let start = Instant::now();
     let shared = Arc::new(Shared {
         client,
-        chat_uri: join_uri(&cfg.target, Api::Chat.path())?,
-        completions_uri: join_uri(&cfg.target, Api::Completions.path())?,
+        uris: std::iter::once(&cfg.target)
+            .chain(&cfg.extra_targets)
+            .map(|t| {
+                Ok((
+                    join_uri(t, Api::Chat.path())?,
+                    join_uri(t, Api::Completions.path())?,
+                ))
+            })
+            .collect::<Result<_>>()?,
+        sent: AtomicUsize::new(0),
         start,
         deadline: start + Duration::from_secs_f64(cfg.max_seconds.max(0.0)),
         budget: AtomicUsize::new(cfg.max_requests.unwrap_or(usize::MAX)),
@@ -341,14 +358,17 @@ fn ms_since(t: Instant) -> f64 {
 }
 
 async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> RequestRecord {
+    let gateway = sh.sent.fetch_add(1, Ordering::Relaxed) % sh.uris.len();
+    let (chat, completions) = &sh.uris[gateway];
     let uri = match req.api {
-        Api::Chat => sh.chat_uri.clone(),
-        Api::Completions => sh.completions_uri.clone(),
+        Api::Chat => chat.clone(),
+        Api::Completions => completions.clone(),
     };
     let mut rec = RequestRecord {
         session: session.to_string(),
         step,
         start_ms: ms_since(sh.start),
+        gateway,
         outcome: Outcome::Error,
         status: None,
         ttft_ms: None,

@@ -178,6 +178,36 @@ async fn records_ttft_e2e_replica_and_usage() {
 }
 
 #[tokio::test]
+async fn several_targets_are_used_per_request_not_per_session() {
+    let (a, _sa) = start_server().await;
+    let (b, _sb) = start_server().await;
+    let cli = Cli::try_parse_from([
+        "warmroute-loadgen",
+        "agent",
+        "--target",
+        &format!("http://{a}"),
+        "--target",
+        &format!("http://{b}"),
+        "--agents",
+        "1",
+        "--steps",
+        "4",
+        "--tool-ms",
+        "1",
+        "--system-tokens",
+        "32",
+        "--quiet",
+    ])
+    .unwrap();
+    let wl = cli.workload.generate().unwrap();
+    let report = execute(&cli.workload, wl).await.unwrap();
+    assert_eq!(report.ok, 4);
+    // One session alternates gateways step by step.
+    assert_eq!(report.per_target, vec![2, 2]);
+    assert!(report.target.contains(&a.to_string()) && report.target.contains(&b.to_string()));
+}
+
+#[tokio::test]
 async fn errors_deadline_and_budget() {
     let (addr, _st) = start_server().await;
     // Non-2xx → error with the status.
