@@ -6,6 +6,7 @@ import collections
 import http.client
 import json
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -230,3 +231,36 @@ def test_every_route_mode_routes_end_to_end(variant, mode):
             assert r.replica == debug(r)["backend"], (mode, r.headers)
             served[r.replica] += 1
         assert len(served) >= 2, served
+
+
+def test_inflight_is_released_on_every_outcome():
+    with Fleet(3, ["--time-scale", "1"], filter_overrides={"metrics": {"period_ms": 200, "timeout_ms": 150}}) as f:
+        # A client that resets mid-stream.
+        for i in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", f.envoy.port, timeout=10)
+            body = chat(MODEL, [{"role": "user", "content": f"reset {i} " + words("r", 50)}], max_tokens=200, stream=True)
+            conn.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+            r = conn.getresponse()
+            r.read1(64)
+            conn.sock.close()
+        # Upstream 4xx, success, and an upstream that dies mid-request.
+        assert post(f.envoy.port, "/v1/chat/completions", b"{bad").status == 400
+        assert post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": "ok", "max_tokens": 1}).status == 200
+        with ThreadPoolExecutor(3) as ex:
+            slow = [ex.submit(post, f.envoy.port, "/v1/completions",
+                              {"model": MODEL, "prompt": f"dying {i}", "max_tokens": 400}, None, 30) for i in range(3)]
+            time.sleep(0.5)
+            f.sims[0].stop()
+            outcomes = [s.result().status for s in slow]
+        assert outcomes, outcomes
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            stats = f.envoy.stats()
+            inflight = {s.name: stats.get(f"wasmcustom.warmroute.backend.{s.name}.inflight") for s in f.sims}
+            if all(v == "0" for v in inflight.values()):
+                break
+            time.sleep(0.1)
+        assert all(v == "0" for v in inflight.values()), inflight
+        seen = {k.rsplit(".", 1)[1]: int(v) for k, v in f.envoy.stats().items() if ".requests.cache_aware." in k}
+        assert sum(seen.values()) == 8, ("every request is counted once", seen)
+        assert seen["reset"] >= 1 and seen["4xx"] == 1, seen

@@ -387,10 +387,17 @@ impl HttpContext for Http {
         let (Some(s), Some(b)) = (&self.shared, self.chosen.take()) else {
             return;
         };
+        // A stream reset after the headers still has a :status; Envoy's details tell the truth.
+        let details = hostcalls::get_property(vec!["response", "code_details"]).ok().flatten();
+        let reset = details.is_some_and(|d| {
+            let d = String::from_utf8_lossy(&d);
+            d.contains("reset") || d.contains("disconnect")
+        });
         let status = hostcalls::get_map_value(MapType::HttpResponseHeaders, ":status")
             .ok()
             .flatten()
-            .and_then(|v| v.parse().ok());
+            .and_then(|v| v.parse().ok())
+            .filter(|_| !reset);
         s.stats.finished(status);
         if let Err(e) = s.router.borrow().release(&Proxy, b) {
             log::debug!("warmroute: in-flight release lost: {e:?}");
