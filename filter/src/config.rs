@@ -661,23 +661,29 @@ impl TryFrom<WireConfig> for Config {
     }
 }
 
-/// serde's messages name the field for unknown fields and bad variants, but not
-/// for nested type errors: prefix the path we can recover from the message.
-fn serde_error(e: serde_json::Error) -> ConfigError {
-    let msg = e.to_string();
-    let field = msg
+/// Names the field from the JSON path serde was at; an unknown or missing
+/// key is named in the message rather than the path, so it is appended.
+fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
+    let path = e.path().to_string();
+    let msg = e.inner().to_string();
+    let key = msg
         .split('`')
         .nth(1)
-        .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("line {} column {}", e.line(), e.column()));
+        .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
+    let field = match (path.as_str(), key) {
+        ("." | "", Some(k)) => k.to_string(),
+        (p, Some(k)) if !p.ends_with(k) => format!("{p}.{k}"),
+        ("." | "", None) => format!("line {} column {}", e.inner().line(), e.inner().column()),
+        (p, _) => p.to_string(),
+    };
     bad(field, msg)
 }
 
 impl Config {
     /// Parse and validate the plugin configuration bytes.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
-        let wire: WireConfig = serde_json::from_slice(bytes).map_err(serde_error)?;
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let wire: WireConfig = serde_path_to_error::deserialize(de).map_err(serde_error)?;
         Config::try_from(wire)
     }
 
@@ -733,13 +739,18 @@ mod tests {
     #[test]
     fn unknown_nested_field_is_named() {
         let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1","weight":3}]}"#);
-        assert_eq!(e.field, "weight");
+        assert_eq!(e.field, "backends[0].weight");
+        let t = err(
+            r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"metrics":{"period_ms":"fast"}}"#,
+        );
+        assert_eq!(t.field, "metrics.period_ms");
     }
 
     #[test]
     fn bad_strategy_is_rejected() {
         let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"strategy":"fastest"}"#);
         assert!(e.problem.contains("unknown variant"), "{e}");
+        assert_eq!(e.field, "strategy");
     }
 
     #[test]

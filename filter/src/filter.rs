@@ -388,7 +388,9 @@ impl HttpContext for Http {
             return;
         };
         // A stream reset after the headers still has a :status; Envoy's details tell the truth.
-        let details = hostcalls::get_property(vec!["response", "code_details"]).ok().flatten();
+        let details = hostcalls::get_property(vec!["response", "code_details"])
+            .ok()
+            .flatten();
         let reset = details.is_some_and(|d| {
             let d = String::from_utf8_lossy(&d);
             d.contains("reset") || d.contains("disconnect")
