@@ -100,7 +100,10 @@ fn read_str(caller: &mut C<'_>, ptr: i32, len: i32, what: &str) -> Result<String
 fn write(caller: &mut C<'_>, ptr: u32, bytes: &[u8], what: &str) -> Result<()> {
     let mem = memory(caller)?;
     if let Err(e) = mem.write(&mut *caller, ptr as usize, bytes) {
-        bail!("emulator: invalid memory access writing {what} at {ptr:#x} ({} bytes): {e}", bytes.len());
+        bail!(
+            "emulator: invalid memory access writing {what} at {ptr:#x} ({} bytes): {e}",
+            bytes.len()
+        );
     }
     Ok(())
 }
@@ -114,17 +117,28 @@ fn write_u64(caller: &mut C<'_>, ptr: i32, v: u64, what: &str) -> Result<()> {
 }
 
 /// Copy `data` into a fresh guest allocation and write (ptr, size) to the return slots.
-fn copy_out(caller: &mut C<'_>, data: &[u8], ptr_ptr: i32, size_ptr: i32, what: &str) -> Result<()> {
+fn copy_out(
+    caller: &mut C<'_>,
+    data: &[u8],
+    ptr_ptr: i32,
+    size_ptr: i32,
+    what: &str,
+) -> Result<()> {
     let ptr = if data.is_empty() {
         0
     } else {
         let alloc = match caller.data().alloc.clone() {
             Some(a) => a,
-            None => bail!("emulator: guest does not export proxy_on_memory_allocate; cannot return {what}"),
+            None => bail!(
+                "emulator: guest does not export proxy_on_memory_allocate; cannot return {what}"
+            ),
         };
         let p = alloc.call(&mut *caller, data.len() as u32)?;
         if p == 0 {
-            bail!("emulator: proxy_on_memory_allocate({}) returned null", data.len());
+            bail!(
+                "emulator: proxy_on_memory_allocate({}) returned null",
+                data.len()
+            );
         }
         write(caller, p, data, what)?;
         p
@@ -151,10 +165,12 @@ fn map_ref(caller: &C<'_>, t: i32) -> Option<MapRef> {
     let ty = MapType::from_raw(t as u32)?;
     let s = caller.data();
     match ty {
-        MapType::HttpCallResponseHeaders | MapType::HttpCallResponseTrailers => match &s.call_response {
-            Some(Some(_)) => Some(MapRef::CallResponse(ty)),
-            _ => None,
-        },
+        MapType::HttpCallResponseHeaders | MapType::HttpCallResponseTrailers => {
+            match &s.call_response {
+                Some(Some(_)) => Some(MapRef::CallResponse(ty)),
+                _ => None,
+            }
+        }
         MapType::HttpRequestHeaders
         | MapType::HttpRequestTrailers
         | MapType::HttpResponseHeaders
@@ -188,7 +204,11 @@ fn with_map<R>(caller: &mut C<'_>, r: &MapRef, f: impl FnOnce(&mut HeaderMap) ->
                 .as_mut()
                 .and_then(|r| r.as_mut())
                 .expect("checked by map_ref");
-            f(if *ty == MapType::HttpCallResponseHeaders { h } else { t })
+            f(if *ty == MapType::HttpCallResponseHeaders {
+                h
+            } else {
+                t
+            })
         }
     }
 }
@@ -211,47 +231,76 @@ fn buffer_get(s: &VmState, ty: BufferType) -> Option<Vec<u8>> {
 
 pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
     // ---- logging, time, ticks ----
-    linker.func_wrap("env", "proxy_log", |mut c: C<'_>, level: i32, ptr: i32, len: i32| -> Result<i32> {
-        let Some(level) = LogLevel::from_raw(level as u32) else {
-            return Ok(st(Status::BadArgument));
-        };
-        let message = read_str(&mut c, ptr, len, "log message")?;
-        let at_ms = c.data().now_ms();
-        let s = c.data_mut();
-        if s.echo_logs {
-            eprintln!("[vm{} {:?} t={}ms ctx={}] {}", s.index, level, at_ms, s.effective_ctx, message);
-        }
-        if s.logs.len() >= s.max_logs {
-            // Keep memory bounded in long runs: drop the oldest half of non-error logs.
-            let keep_from = s.logs.len() / 2;
-            let (old, _) = s.logs.split_at(keep_from);
-            let important: Vec<_> = old.iter().filter(|l| l.level >= LogLevel::Warn).cloned().collect();
-            s.dropped_logs += (keep_from - important.len()) as u64;
-            let mut rest = s.logs.split_off(keep_from);
-            s.logs = important;
-            s.logs.append(&mut rest);
-        }
-        let context_id = s.effective_ctx;
-        s.logs.push(crate::state::LogEntry { level, message, context_id, at_ms });
-        Ok(st(Status::Ok))
-    })?;
-    linker.func_wrap("env", "proxy_get_log_level", |mut c: C<'_>, ret: i32| -> Result<i32> {
-        let lvl = c.data().log_level as u32;
-        write_u32(&mut c, ret, lvl, "log level")?;
-        Ok(st(Status::Ok))
-    })?;
-    linker.func_wrap("env", "proxy_get_current_time_nanoseconds", |mut c: C<'_>, ret: i32| -> Result<i32> {
-        let now = c.data().shared.clock.now_ns();
-        write_u64(&mut c, ret, now, "current time")?;
-        Ok(st(Status::Ok))
-    })?;
-    linker.func_wrap("env", "proxy_set_tick_period_milliseconds", |mut c: C<'_>, period: i32| -> Result<i32> {
-        let s = c.data_mut();
-        let period = period as u32;
-        s.tick_period_ms = period;
-        s.next_tick_ns = (period > 0).then(|| s.shared.clock.now_ns() + period as u64 * 1_000_000);
-        Ok(st(Status::Ok))
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_log",
+        |mut c: C<'_>, level: i32, ptr: i32, len: i32| -> Result<i32> {
+            let Some(level) = LogLevel::from_raw(level as u32) else {
+                return Ok(st(Status::BadArgument));
+            };
+            let message = read_str(&mut c, ptr, len, "log message")?;
+            let at_ms = c.data().now_ms();
+            let s = c.data_mut();
+            if s.echo_logs {
+                eprintln!(
+                    "[vm{} {:?} t={}ms ctx={}] {}",
+                    s.index, level, at_ms, s.effective_ctx, message
+                );
+            }
+            if s.logs.len() >= s.max_logs {
+                // Keep memory bounded in long runs: drop the oldest half of non-error logs.
+                let keep_from = s.logs.len() / 2;
+                let (old, _) = s.logs.split_at(keep_from);
+                let important: Vec<_> = old
+                    .iter()
+                    .filter(|l| l.level >= LogLevel::Warn)
+                    .cloned()
+                    .collect();
+                s.dropped_logs += (keep_from - important.len()) as u64;
+                let mut rest = s.logs.split_off(keep_from);
+                s.logs = important;
+                s.logs.append(&mut rest);
+            }
+            let context_id = s.effective_ctx;
+            s.logs.push(crate::state::LogEntry {
+                level,
+                message,
+                context_id,
+                at_ms,
+            });
+            Ok(st(Status::Ok))
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_log_level",
+        |mut c: C<'_>, ret: i32| -> Result<i32> {
+            let lvl = c.data().log_level as u32;
+            write_u32(&mut c, ret, lvl, "log level")?;
+            Ok(st(Status::Ok))
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_current_time_nanoseconds",
+        |mut c: C<'_>, ret: i32| -> Result<i32> {
+            let now = c.data().shared.clock.now_ns();
+            write_u64(&mut c, ret, now, "current time")?;
+            Ok(st(Status::Ok))
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_set_tick_period_milliseconds",
+        |mut c: C<'_>, period: i32| -> Result<i32> {
+            let s = c.data_mut();
+            let period = period as u32;
+            s.tick_period_ms = period;
+            s.next_tick_ns =
+                (period > 0).then(|| s.shared.clock.now_ns() + period as u64 * 1_000_000);
+            Ok(st(Status::Ok))
+        },
+    )?;
 
     // ---- buffers ----
     linker.func_wrap(
@@ -308,7 +357,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
             let Some(r) = map_ref(&c, ty) else {
                 return Ok(st(Status::BadArgument));
             };
-            let bytes = with_map(&mut c, &r, |m| if m.is_empty() { Vec::new() } else { m.serialize() });
+            let bytes = with_map(&mut c, &r, |m| {
+                if m.is_empty() {
+                    Vec::new()
+                } else {
+                    m.serialize()
+                }
+            });
             copy_out(&mut c, &bytes, ptr_ptr, size_ptr, "header map pairs")?;
             Ok(st(Status::Ok))
         },
@@ -389,14 +444,18 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
             Ok(st(Status::Ok))
         },
     )?;
-    linker.func_wrap("env", "proxy_get_header_map_size", |mut c: C<'_>, ty: i32, ret: i32| -> Result<i32> {
-        let Some(r) = map_ref(&c, ty) else {
-            return Ok(st(Status::BadArgument));
-        };
-        let n = with_map(&mut c, &r, |m| m.serialize().len());
-        write_u32(&mut c, ret, n as u32, "header map size")?;
-        Ok(st(Status::Ok))
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_header_map_size",
+        |mut c: C<'_>, ty: i32, ret: i32| -> Result<i32> {
+            let Some(r) = map_ref(&c, ty) else {
+                return Ok(st(Status::BadArgument));
+            };
+            let n = with_map(&mut c, &r, |m| m.serialize().len());
+            write_u32(&mut c, ret, n as u32, "header map size")?;
+            Ok(st(Status::Ok))
+        },
+    )?;
 
     // ---- properties ----
     linker.func_wrap(
@@ -429,7 +488,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
     linker.func_wrap(
         "env",
         "proxy_get_shared_data",
-        |mut c: C<'_>, kp: i32, kl: i32, ptr_ptr: i32, size_ptr: i32, cas_ptr: i32| -> Result<i32> {
+        |mut c: C<'_>,
+         kp: i32,
+         kl: i32,
+         ptr_ptr: i32,
+         size_ptr: i32,
+         cas_ptr: i32|
+         -> Result<i32> {
             let key = read(&mut c, kp, kl, "shared data key")?;
             let r = {
                 let s = c.data();
@@ -483,7 +548,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
         |mut c: C<'_>, vp: i32, vl: i32, np: i32, nl: i32, ret: i32| -> Result<i32> {
             let vm_id = read_str(&mut c, vp, vl, "vm id")?;
             let name = read_str(&mut c, np, nl, "queue name")?;
-            let r = c.data().shared.queues.lock().expect("queue lock").resolve(&vm_id, &name);
+            let r = c
+                .data()
+                .shared
+                .queues
+                .lock()
+                .expect("queue lock")
+                .resolve(&vm_id, &name);
             match r {
                 Ok(id) => {
                     write_u32(&mut c, ret, id, "queue id")?;
@@ -498,7 +569,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
         "proxy_enqueue_shared_queue",
         |mut c: C<'_>, id: i32, vp: i32, vl: i32| -> Result<i32> {
             let v = read(&mut c, vp, vl, "queue value")?;
-            let r = c.data().shared.queues.lock().expect("queue lock").enqueue(id as u32, &v);
+            let r = c
+                .data()
+                .shared
+                .queues
+                .lock()
+                .expect("queue lock")
+                .enqueue(id as u32, &v);
             Ok(st(r.err().unwrap_or(Status::Ok)))
         },
     )?;
@@ -506,7 +583,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
         "env",
         "proxy_dequeue_shared_queue",
         |mut c: C<'_>, id: i32, ptr_ptr: i32, size_ptr: i32| -> Result<i32> {
-            let r = c.data().shared.queues.lock().expect("queue lock").dequeue(id as u32);
+            let r = c
+                .data()
+                .shared
+                .queues
+                .lock()
+                .expect("queue lock")
+                .dequeue(id as u32);
             match r {
                 Ok(v) => {
                     copy_out(&mut c, &v, ptr_ptr, size_ptr, "queue value")?;
@@ -518,38 +601,55 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
     )?;
 
     // ---- stream control ----
-    linker.func_wrap("env", "proxy_continue_stream", |mut c: C<'_>, ty: i32| -> Result<i32> {
-        let Some(ty) = StreamType::from_raw(ty as u32) else {
-            return Ok(st(Status::BadArgument));
-        };
-        let s = c.data_mut();
-        let ctx = s.effective_ctx;
-        match s.streams.get_mut(&ctx) {
-            Some(stream) => {
-                stream.continue_calls.push(ty);
-                Ok(st(Status::Ok))
+    linker.func_wrap(
+        "env",
+        "proxy_continue_stream",
+        |mut c: C<'_>, ty: i32| -> Result<i32> {
+            let Some(ty) = StreamType::from_raw(ty as u32) else {
+                return Ok(st(Status::BadArgument));
+            };
+            let s = c.data_mut();
+            let ctx = s.effective_ctx;
+            match s.streams.get_mut(&ctx) {
+                Some(stream) => {
+                    stream.continue_calls.push(ty);
+                    Ok(st(Status::Ok))
+                }
+                None => Ok(st(Status::BadArgument)),
             }
-            None => Ok(st(Status::BadArgument)),
-        }
-    })?;
-    linker.func_wrap("env", "proxy_close_stream", |mut c: C<'_>, ty: i32| -> Result<i32> {
-        let Some(ty) = StreamType::from_raw(ty as u32) else {
-            return Ok(st(Status::BadArgument));
-        };
-        let s = c.data_mut();
-        let ctx = s.effective_ctx;
-        match s.streams.get_mut(&ctx) {
-            Some(stream) => {
-                stream.close_calls.push(ty);
-                Ok(st(Status::Ok))
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_close_stream",
+        |mut c: C<'_>, ty: i32| -> Result<i32> {
+            let Some(ty) = StreamType::from_raw(ty as u32) else {
+                return Ok(st(Status::BadArgument));
+            };
+            let s = c.data_mut();
+            let ctx = s.effective_ctx;
+            match s.streams.get_mut(&ctx) {
+                Some(stream) => {
+                    stream.close_calls.push(ty);
+                    Ok(st(Status::Ok))
+                }
+                None => Ok(st(Status::BadArgument)),
             }
-            None => Ok(st(Status::BadArgument)),
-        }
-    })?;
+        },
+    )?;
     linker.func_wrap(
         "env",
         "proxy_send_local_response",
-        |mut c: C<'_>, status: i32, dp: i32, dl: i32, bp: i32, bl: i32, hp: i32, hl: i32, grpc: i32| -> Result<i32> {
+        |mut c: C<'_>,
+         status: i32,
+         dp: i32,
+         dl: i32,
+         bp: i32,
+         bl: i32,
+         hp: i32,
+         hl: i32,
+         grpc: i32|
+         -> Result<i32> {
             let details = read_str(&mut c, dp, dl, "local response details")?;
             let body = read(&mut c, bp, bl, "local response body")?;
             let hbytes = read(&mut c, hp, hl, "local response headers")?;
@@ -558,7 +658,12 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
             };
             let headers = pairs
                 .iter()
-                .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned()))
+                .map(|(k, v)| {
+                    (
+                        String::from_utf8_lossy(k).into_owned(),
+                        String::from_utf8_lossy(v).into_owned(),
+                    )
+                })
                 .collect();
             let s = c.data_mut();
             let ctx = s.effective_ctx;
@@ -598,23 +703,31 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
             let hbytes = read(&mut c, hp, hl, "http call headers")?;
             let body = read(&mut c, bp, bl, "http call body")?;
             let tbytes = read(&mut c, tp, tl, "http call trailers")?;
-            let (Some(h), Some(t)) = (deserialize_pairs(&hbytes), deserialize_pairs(&tbytes)) else {
+            let (Some(h), Some(t)) = (deserialize_pairs(&hbytes), deserialize_pairs(&tbytes))
+            else {
                 return Ok(st(Status::BadArgument));
             };
             let headers = HeaderMap::from_pairs(
-                &h.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone())).collect::<Vec<_>>(),
+                &h.iter()
+                    .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+                    .collect::<Vec<_>>(),
             );
             let trailers = HeaderMap::from_pairs(
-                &t.iter().map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone())).collect::<Vec<_>>(),
+                &t.iter()
+                    .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+                    .collect::<Vec<_>>(),
             );
             // Envoy rejects calls without :path, :method or :authority (BadArgument) and
             // unknown clusters (BadArgument).
-            if headers.get(":path").is_none() || headers.get(":method").is_none() || headers.get(":authority").is_none() {
+            if headers.get(":path").is_none()
+                || headers.get(":method").is_none()
+                || headers.get(":authority").is_none()
+            {
                 return Ok(st(Status::BadArgument));
             }
             let s = c.data();
             if let Some(known) = &s.shared.known_clusters {
-                if !known.iter().any(|k| *k == upstream) {
+                if !known.contains(&upstream) {
                     return Ok(st(Status::BadArgument));
                 }
             }
@@ -643,16 +756,20 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
     )?;
 
     // ---- contexts ----
-    linker.func_wrap("env", "proxy_set_effective_context", |mut c: C<'_>, ctx: i32| -> Result<i32> {
-        let s = c.data_mut();
-        let ctx = ctx as u32;
-        if ctx == s.root_id || s.streams.contains_key(&ctx) {
-            s.effective_ctx = ctx;
-            Ok(st(Status::Ok))
-        } else {
-            Ok(st(Status::BadArgument))
-        }
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_set_effective_context",
+        |mut c: C<'_>, ctx: i32| -> Result<i32> {
+            let s = c.data_mut();
+            let ctx = ctx as u32;
+            if ctx == s.root_id || s.streams.contains_key(&ctx) {
+                s.effective_ctx = ctx;
+                Ok(st(Status::Ok))
+            } else {
+                Ok(st(Status::BadArgument))
+            }
+        },
+    )?;
     linker.func_wrap("env", "proxy_done", |mut c: C<'_>| -> Result<i32> {
         c.data_mut().done_calls += 1;
         Ok(st(Status::Ok))
@@ -667,7 +784,13 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
                 return Ok(st(Status::BadArgument));
             };
             let name = read_str(&mut c, np, nl, "metric name")?;
-            let r = c.data().shared.metrics.lock().expect("metrics lock").define(ty, &name);
+            let r = c
+                .data()
+                .shared
+                .metrics
+                .lock()
+                .expect("metrics lock")
+                .define(ty, &name);
             match r {
                 Ok(id) => {
                     write_u32(&mut c, ret, id, "metric id")?;
@@ -677,24 +800,54 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
             }
         },
     )?;
-    linker.func_wrap("env", "proxy_increment_metric", |c: C<'_>, id: i32, off: i64| -> Result<i32> {
-        let r = c.data().shared.metrics.lock().expect("metrics lock").increment(id as u32, off);
-        Ok(st(r.err().unwrap_or(Status::Ok)))
-    })?;
-    linker.func_wrap("env", "proxy_record_metric", |c: C<'_>, id: i32, v: i64| -> Result<i32> {
-        let r = c.data().shared.metrics.lock().expect("metrics lock").record(id as u32, v as u64);
-        Ok(st(r.err().unwrap_or(Status::Ok)))
-    })?;
-    linker.func_wrap("env", "proxy_get_metric", |mut c: C<'_>, id: i32, ret: i32| -> Result<i32> {
-        let r = c.data().shared.metrics.lock().expect("metrics lock").get(id as u32);
-        match r {
-            Ok(v) => {
-                write_u64(&mut c, ret, v, "metric value")?;
-                Ok(st(Status::Ok))
+    linker.func_wrap(
+        "env",
+        "proxy_increment_metric",
+        |c: C<'_>, id: i32, off: i64| -> Result<i32> {
+            let r = c
+                .data()
+                .shared
+                .metrics
+                .lock()
+                .expect("metrics lock")
+                .increment(id as u32, off);
+            Ok(st(r.err().unwrap_or(Status::Ok)))
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_record_metric",
+        |c: C<'_>, id: i32, v: i64| -> Result<i32> {
+            let r = c
+                .data()
+                .shared
+                .metrics
+                .lock()
+                .expect("metrics lock")
+                .record(id as u32, v as u64);
+            Ok(st(r.err().unwrap_or(Status::Ok)))
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_metric",
+        |mut c: C<'_>, id: i32, ret: i32| -> Result<i32> {
+            let r = c
+                .data()
+                .shared
+                .metrics
+                .lock()
+                .expect("metrics lock")
+                .get(id as u32);
+            match r {
+                Ok(v) => {
+                    write_u64(&mut c, ret, v, "metric value")?;
+                    Ok(st(Status::Ok))
+                }
+                Err(e) => Ok(st(e)),
             }
-            Err(e) => Ok(st(e)),
-        }
-    })?;
+        },
+    )?;
 
     // ---- deliberately unimplemented: trap loudly ----
     linker.func_wrap(
@@ -702,35 +855,68 @@ pub(crate) fn add_to_linker(linker: &mut Linker<VmState>) -> Result<()> {
         "proxy_call_foreign_function",
         |mut c: C<'_>, np: i32, nl: i32, _ap: i32, _al: i32, _rp: i32, _rs: i32| -> Result<i32> {
             let name = read_str(&mut c, np, nl, "foreign function name")?;
-            Err(unimplemented(&format!("proxy_call_foreign_function({name:?})")))
+            Err(unimplemented(&format!(
+                "proxy_call_foreign_function({name:?})"
+            )))
         },
     )?;
     linker.func_wrap(
         "env",
         "proxy_grpc_call",
-        |_c: C<'_>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| -> Result<i32> {
-            Err(unimplemented("proxy_grpc_call"))
-        },
+        |_c: C<'_>,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32|
+         -> Result<i32> { Err(unimplemented("proxy_grpc_call")) },
     )?;
     linker.func_wrap(
         "env",
         "proxy_grpc_stream",
-        |_c: C<'_>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| -> Result<i32> {
-            Err(unimplemented("proxy_grpc_stream"))
+        |_c: C<'_>,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32,
+         _: i32|
+         -> Result<i32> { Err(unimplemented("proxy_grpc_stream")) },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_grpc_send",
+        |_c: C<'_>, _: i32, _: i32, _: i32, _: i32| -> Result<i32> {
+            Err(unimplemented("proxy_grpc_send"))
         },
     )?;
-    linker.func_wrap("env", "proxy_grpc_send", |_c: C<'_>, _: i32, _: i32, _: i32, _: i32| -> Result<i32> {
-        Err(unimplemented("proxy_grpc_send"))
-    })?;
-    linker.func_wrap("env", "proxy_grpc_cancel", |_c: C<'_>, _: i32| -> Result<i32> {
-        Err(unimplemented("proxy_grpc_cancel"))
-    })?;
-    linker.func_wrap("env", "proxy_grpc_close", |_c: C<'_>, _: i32| -> Result<i32> {
-        Err(unimplemented("proxy_grpc_close"))
-    })?;
-    linker.func_wrap("env", "proxy_get_status", |_c: C<'_>, _: i32, _: i32, _: i32| -> Result<i32> {
-        Err(unimplemented("proxy_get_status"))
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_grpc_cancel",
+        |_c: C<'_>, _: i32| -> Result<i32> { Err(unimplemented("proxy_grpc_cancel")) },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_grpc_close",
+        |_c: C<'_>, _: i32| -> Result<i32> { Err(unimplemented("proxy_grpc_close")) },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_status",
+        |_c: C<'_>, _: i32, _: i32, _: i32| -> Result<i32> {
+            Err(unimplemented("proxy_get_status"))
+        },
+    )?;
     Ok(())
 }
 
@@ -748,7 +934,9 @@ fn run_shared_set_hooks(c: &mut C<'_>, key: &[u8]) {
             let h = &mut hs[i];
             let vm_ok = h.vm.is_none_or(|v| v == vm);
             let key_ok = h.key_contains.is_empty()
-                || key.windows(h.key_contains.len()).any(|w| w == h.key_contains.as_slice());
+                || key
+                    .windows(h.key_contains.len())
+                    .any(|w| w == h.key_contains.as_slice());
             if vm_ok && key_ok && h.remaining > 0 {
                 h.remaining -= 1;
                 if h.remaining == 0 {

@@ -33,7 +33,10 @@ impl VirtualClock {
 
     pub fn set_ns(&self, ns: u64) {
         let cur = self.now_ns();
-        assert!(ns >= cur, "virtual clock cannot go backwards ({ns} < {cur})");
+        assert!(
+            ns >= cur,
+            "virtual clock cannot go backwards ({ns} < {cur})"
+        );
         self.ns.store(ns, Ordering::SeqCst);
     }
 

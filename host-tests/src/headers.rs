@@ -176,7 +176,10 @@ mod tests {
     fn replace_and_remove() {
         let mut m = HeaderMap::from_pairs(&[("a", "1"), ("b", "2"), ("a", "3")]);
         m.replace("A", b"9");
-        assert_eq!(m.to_vec(), vec![("a".into(), "9".into()), ("b".into(), "2".into())]);
+        assert_eq!(
+            m.to_vec(),
+            vec![("a".into(), "9".into()), ("b".into(), "2".into())]
+        );
         m.replace("c", b"4");
         assert_eq!(m.len(), 3);
         m.remove("a");
@@ -186,7 +189,9 @@ mod tests {
     #[test]
     fn malformed_is_rejected() {
         assert!(deserialize_pairs(&[1, 0, 0, 0]).is_none());
-        assert!(deserialize_pairs(&[1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, b'a', 1, b'b', 0]).is_none());
+        assert!(
+            deserialize_pairs(&[1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, b'a', 1, b'b', 0]).is_none()
+        );
         assert_eq!(deserialize_pairs(&[]), Some(vec![]));
     }
 }

@@ -21,7 +21,8 @@ use wasmtime_wasi::WasiCtxBuilder;
 /// Compiled modules are cached per process (keyed by a hash of the bytes) so that each test
 /// can build its own `Host` cheaply. No host *state* is global.
 fn compile(bytes: &[u8]) -> Result<(Engine, Module)> {
-    static CACHE: OnceLock<Mutex<HashMap<(u64, usize), (Engine, Module)>>> = OnceLock::new();
+    type Cache = Mutex<HashMap<(u64, usize), (Engine, Module)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
@@ -127,7 +128,8 @@ impl Host {
 
     pub fn load_with(path: impl AsRef<Path>, opts: HostOptions) -> Result<Host> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|e| format_err!("cannot read {}: {e}", path.display()))?;
+        let bytes =
+            std::fs::read(path).map_err(|e| format_err!("cannot read {}: {e}", path.display()))?;
         Self::from_bytes_with(&bytes, opts)
     }
 
@@ -297,7 +299,10 @@ impl Host {
             "malloc"
         };
         let alloc = match exports.get(alloc_name) {
-            Some(f) => Some(f.typed::<u32, u32>(&store).map_err(|e| format_err!("{alloc_name} has a bad signature: {e}"))?),
+            Some(f) => Some(
+                f.typed::<u32, u32>(&store)
+                    .map_err(|e| format_err!("{alloc_name} has a bad signature: {e}"))?,
+            ),
             None => bail!("module exports neither proxy_on_memory_allocate nor malloc"),
         };
         store.data_mut().memory = Some(memory);
@@ -413,10 +418,16 @@ impl Host {
                 clock.set_ns(t);
             }
             if kind == 0 {
-                events.push(Event::Tick { vm: id as usize, at_ms: self.now_ms() });
+                events.push(Event::Tick {
+                    vm: id as usize,
+                    at_ms: self.now_ms(),
+                });
                 self.vm(id as usize).fire_scheduled_tick(t)?;
             } else {
-                events.push(Event::HttpCallTimeout { token: id as u32, at_ms: self.now_ms() });
+                events.push(Event::HttpCallTimeout {
+                    token: id as u32,
+                    at_ms: self.now_ms(),
+                });
                 self.respond(id as u32, HttpCallReply::Timeout)?;
             }
             self.deliver_queue_ready()?;
@@ -439,12 +450,26 @@ impl Host {
 
     /// HTTP calls dispatched and not yet answered, in token order.
     pub fn pending_http_calls(&self) -> Vec<HttpCall> {
-        self.inner.shared.calls.lock().expect("calls lock").pending.values().cloned().collect()
+        self.inner
+            .shared
+            .calls
+            .lock()
+            .expect("calls lock")
+            .pending
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Every HTTP call ever dispatched, in order.
     pub fn http_call_history(&self) -> Vec<HttpCall> {
-        self.inner.shared.calls.lock().expect("calls lock").history.clone()
+        self.inner
+            .shared
+            .calls
+            .lock()
+            .expect("calls lock")
+            .history
+            .clone()
     }
 
     /// Answer a pending call: calls `proxy_on_http_call_response` on the dispatching context.
@@ -458,7 +483,8 @@ impl Host {
             .pending
             .remove(&token)
             .ok_or_else(|| format_err!("no pending http call with token {token}"))?;
-        self.vm(call.vm).deliver_http_call(call.context_id, token, &reply)
+        self.vm(call.vm)
+            .deliver_http_call(call.context_id, token, &reply)
     }
 
     /// Answer every pending call with `f(call)`; returns how many were answered.
@@ -476,8 +502,17 @@ impl Host {
     /// Deliver pending `proxy_on_queue_ready` notifications.
     pub fn deliver_queue_ready(&self) -> Result<()> {
         loop {
-            let next = self.inner.shared.queues.lock().expect("queue lock").pending_ready.pop_front();
-            let Some((vm, ctx, q)) = next else { return Ok(()) };
+            let next = self
+                .inner
+                .shared
+                .queues
+                .lock()
+                .expect("queue lock")
+                .pending_ready
+                .pop_front();
+            let Some((vm, ctx, q)) = next else {
+                return Ok(());
+            };
             self.vm(vm).deliver_queue_ready(ctx, q)?;
         }
     }
@@ -495,16 +530,22 @@ impl Host {
     }
 
     pub fn shared_get_in(&self, vm_id: &str, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.inner.shared.shared_data.lock().expect("lock").get(vm_id, key.as_bytes()).ok()
-    }
-
-    pub fn shared_set(&self, key: &str, value: &[u8], cas: u32) -> std::result::Result<(), Status> {
         self.inner
             .shared
             .shared_data
             .lock()
             .expect("lock")
-            .set("warmroute", key.as_bytes(), value, cas)
+            .get(vm_id, key.as_bytes())
+            .ok()
+    }
+
+    pub fn shared_set(&self, key: &str, value: &[u8], cas: u32) -> std::result::Result<(), Status> {
+        self.inner.shared.shared_data.lock().expect("lock").set(
+            "warmroute",
+            key.as_bytes(),
+            value,
+            cas,
+        )
     }
 
     /// Run `action` right before the next `times` `proxy_set_shared_data` calls whose key
@@ -530,7 +571,13 @@ impl Host {
     // ---------------------------------------------------------------- metrics & logs
 
     pub fn metric(&self, name: &str) -> Option<MetricValue> {
-        self.inner.shared.metrics.lock().expect("lock").by_name(name).cloned()
+        self.inner
+            .shared
+            .metrics
+            .lock()
+            .expect("lock")
+            .by_name(name)
+            .cloned()
     }
 
     /// Counter or gauge value by name.

@@ -10,9 +10,12 @@
 use crate::types::Status;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
+/// One vm_id's keys: key -> (value, cas).
+type Namespace = HashMap<Vec<u8>, (Vec<u8>, u32)>;
+
 #[derive(Debug)]
 pub struct SharedDataStore {
-    data: HashMap<String, HashMap<Vec<u8>, (Vec<u8>, u32)>>,
+    data: HashMap<String, Namespace>,
     next_cas: u32,
     /// Number of `set` calls that failed with CasMismatch (useful for tests).
     pub cas_mismatches: u64,
@@ -54,7 +57,11 @@ impl SharedDataStore {
     }
 
     pub fn set(&mut self, vm_id: &str, key: &[u8], value: &[u8], cas: u32) -> Result<(), Status> {
-        let current = self.data.get(vm_id).and_then(|m| m.get(key)).map(|(_, c)| *c);
+        let current = self
+            .data
+            .get(vm_id)
+            .and_then(|m| m.get(key))
+            .map(|(_, c)| *c);
         if let Some(current) = current {
             if cas != 0 && cas != current {
                 self.cas_mismatches += 1;
@@ -111,7 +118,13 @@ pub struct SharedQueues {
 }
 
 impl SharedQueues {
-    pub fn register(&mut self, vm_id: &str, name: &str, owner_vm: usize, owner_context: u32) -> u32 {
+    pub fn register(
+        &mut self,
+        vm_id: &str,
+        name: &str,
+        owner_vm: usize,
+        owner_context: u32,
+    ) -> u32 {
         if let Some(id) = self.by_name.get(&(vm_id.to_string(), name.to_string())) {
             let q = self.queues.get_mut(id).expect("queue index consistent");
             q.owner_vm = owner_vm;
@@ -130,7 +143,8 @@ impl SharedQueues {
                 items: VecDeque::new(),
             },
         );
-        self.by_name.insert((vm_id.to_string(), name.to_string()), id);
+        self.by_name
+            .insert((vm_id.to_string(), name.to_string()), id);
         id
     }
 
@@ -144,7 +158,8 @@ impl SharedQueues {
     pub fn enqueue(&mut self, id: u32, value: &[u8]) -> Result<(), Status> {
         let q = self.queues.get_mut(&id).ok_or(Status::NotFound)?;
         q.items.push_back(value.to_vec());
-        self.pending_ready.push_back((q.owner_vm, q.owner_context, id));
+        self.pending_ready
+            .push_back((q.owner_vm, q.owner_context, id));
         Ok(())
     }
 

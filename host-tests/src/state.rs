@@ -75,10 +75,12 @@ pub struct Shared {
 
 /// Hook run right before a `proxy_set_shared_data` of a matching key is applied, to
 /// emulate a concurrent writer (another worker) interleaving between the guest's get and set.
+pub(crate) type HookFn = Box<dyn FnMut(&[u8])>;
+
 pub(crate) struct SharedSetHook {
     pub vm: Option<usize>,
     pub key_contains: Vec<u8>,
-    pub action: Box<dyn FnMut(&[u8])>,
+    pub action: HookFn,
     pub remaining: usize,
 }
 

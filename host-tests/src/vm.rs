@@ -44,7 +44,10 @@ impl VmInner {
         params: P,
     ) -> Result<Option<R>> {
         if let Some(c) = &self.crashed {
-            bail!("VM #{} crashed earlier; refusing to call {name}:\n{c}", self.store.data().index);
+            bail!(
+                "VM #{} crashed earlier; refusing to call {name}:\n{c}",
+                self.store.data().index
+            );
         }
         let Some(f) = self.exports.get(name).copied() else {
             return Ok(None);
@@ -75,7 +78,10 @@ impl VmInner {
         }
         let err = self.stderr.contents();
         if !err.is_empty() {
-            out.push_str(&format!("guest stderr:\n{}\n", String::from_utf8_lossy(&err)));
+            out.push_str(&format!(
+                "guest stderr:\n{}\n",
+                String::from_utf8_lossy(&err)
+            ));
         }
         out
     }
@@ -113,7 +119,11 @@ impl Vm {
         let root = inner.store.data().root_id;
         inner.store.data_mut().plugin_config = plugin_config.to_vec();
         let ok = inner
-            .call::<(u32, u32), u32>("proxy_on_configure", root, (root, plugin_config.len() as u32))?
+            .call::<(u32, u32), u32>(
+                "proxy_on_configure",
+                root,
+                (root, plugin_config.len() as u32),
+            )?
             .unwrap_or(1)
             != 0;
         inner.configured = ok;
@@ -163,7 +173,8 @@ impl Vm {
         {
             let mut inner = self.inner.borrow_mut();
             let s = inner.store.data_mut();
-            s.next_tick_ns = (s.tick_period_ms > 0).then(|| at_ns + s.tick_period_ms as u64 * 1_000_000);
+            s.next_tick_ns =
+                (s.tick_period_ms > 0).then(|| at_ns + s.tick_period_ms as u64 * 1_000_000);
         }
         self.tick()
     }
@@ -180,7 +191,13 @@ impl Vm {
 
     /// Whether any captured log line contains `needle`.
     pub fn logs_contain(&self, needle: &str) -> bool {
-        self.inner.borrow().store.data().logs.iter().any(|l| l.message.contains(needle))
+        self.inner
+            .borrow()
+            .store
+            .data()
+            .logs
+            .iter()
+            .any(|l| l.message.contains(needle))
     }
 
     /// Log lines at or above `level` containing `needle`.
@@ -229,12 +246,22 @@ impl Vm {
     /// Linear memory size in 64 KiB pages.
     pub fn memory_pages(&self) -> u64 {
         let inner = self.inner.borrow();
-        inner.store.data().memory.map(|m| m.size(&inner.store)).unwrap_or(0)
+        inner
+            .store
+            .data()
+            .memory
+            .map(|m| m.size(&inner.store))
+            .unwrap_or(0)
     }
 
     pub fn memory_bytes(&self) -> usize {
         let inner = self.inner.borrow();
-        inner.store.data().memory.map(|m| m.data_size(&inner.store)).unwrap_or(0)
+        inner
+            .store
+            .data()
+            .memory
+            .map(|m| m.data_size(&inner.store))
+            .unwrap_or(0)
     }
 
     /// Set a property visible to `proxy_get_property` (path segments joined by \0).
@@ -248,7 +275,13 @@ impl Vm {
     }
 
     pub fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        self.inner.borrow().store.data().properties.get(path.join("\0").as_bytes()).cloned()
+        self.inner
+            .borrow()
+            .store
+            .data()
+            .properties
+            .get(path.join("\0").as_bytes())
+            .cloned()
     }
 
     /// Number of live HTTP stream contexts.
@@ -262,13 +295,25 @@ impl Vm {
         let id = inner.next_ctx;
         inner.next_ctx += 1;
         let root = inner.store.data().root_id;
-        inner.store.data_mut().streams.insert(id, StreamState::default());
+        inner
+            .store
+            .data_mut()
+            .streams
+            .insert(id, StreamState::default());
         inner.call::<(u32, u32), ()>("proxy_on_context_create", id, (id, root))?;
-        Ok(HttpStream { vm: self.clone(), id })
+        Ok(HttpStream {
+            vm: self.clone(),
+            id,
+        })
     }
 
     /// Deliver an HTTP call reply to `context_id` (used by `Host`).
-    pub(crate) fn deliver_http_call(&self, context_id: u32, token: u32, reply: &HttpCallReply) -> Result<()> {
+    pub(crate) fn deliver_http_call(
+        &self,
+        context_id: u32,
+        token: u32,
+        reply: &HttpCallReply,
+    ) -> Result<()> {
         let mut inner = self.inner.borrow_mut();
         let resp = reply.materialize();
         let (nh, nb, nt) = match &resp {
@@ -335,8 +380,9 @@ impl HttpStream {
     /// `proxy_on_request_headers` with these headers (include `:method`, `:path`, ...).
     pub fn request_headers(&self, headers: &[(&str, &str)], end_of_stream: bool) -> Result<Action> {
         let n = headers.len() as u32;
-        self.vm
-            .with_stream_mut(self.id, |s| s.request_headers = HeaderMap::from_pairs(headers))?;
+        self.vm.with_stream_mut(self.id, |s| {
+            s.request_headers = HeaderMap::from_pairs(headers)
+        })?;
         let r = self.vm.inner.borrow_mut().call::<(u32, u32, u32), u32>(
             "proxy_on_request_headers",
             self.id,
@@ -361,26 +407,33 @@ impl HttpStream {
             (self.id, size, end_of_stream as u32),
         )?;
         let a = action(r);
-        self.vm.with_stream_mut(self.id, |s| s.request_buffering = a == Action::Pause)?;
+        self.vm
+            .with_stream_mut(self.id, |s| s.request_buffering = a == Action::Pause)?;
         Ok(a)
     }
 
     pub fn request_trailers(&self, trailers: &[(&str, &str)]) -> Result<Action> {
         let n = trailers.len() as u32;
-        self.vm
-            .with_stream_mut(self.id, |s| s.request_trailers = HeaderMap::from_pairs(trailers))?;
-        let r = self
-            .vm
-            .inner
-            .borrow_mut()
-            .call::<(u32, u32), u32>("proxy_on_request_trailers", self.id, (self.id, n))?;
+        self.vm.with_stream_mut(self.id, |s| {
+            s.request_trailers = HeaderMap::from_pairs(trailers)
+        })?;
+        let r = self.vm.inner.borrow_mut().call::<(u32, u32), u32>(
+            "proxy_on_request_trailers",
+            self.id,
+            (self.id, n),
+        )?;
         Ok(action(r))
     }
 
-    pub fn response_headers(&self, headers: &[(&str, &str)], end_of_stream: bool) -> Result<Action> {
+    pub fn response_headers(
+        &self,
+        headers: &[(&str, &str)],
+        end_of_stream: bool,
+    ) -> Result<Action> {
         let n = headers.len() as u32;
-        self.vm
-            .with_stream_mut(self.id, |s| s.response_headers = HeaderMap::from_pairs(headers))?;
+        self.vm.with_stream_mut(self.id, |s| {
+            s.response_headers = HeaderMap::from_pairs(headers)
+        })?;
         let r = self.vm.inner.borrow_mut().call::<(u32, u32, u32), u32>(
             "proxy_on_response_headers",
             self.id,
@@ -403,25 +456,31 @@ impl HttpStream {
             (self.id, size, end_of_stream as u32),
         )?;
         let a = action(r);
-        self.vm.with_stream_mut(self.id, |s| s.response_buffering = a == Action::Pause)?;
+        self.vm
+            .with_stream_mut(self.id, |s| s.response_buffering = a == Action::Pause)?;
         Ok(a)
     }
 
     pub fn response_trailers(&self, trailers: &[(&str, &str)]) -> Result<Action> {
         let n = trailers.len() as u32;
-        self.vm
-            .with_stream_mut(self.id, |s| s.response_trailers = HeaderMap::from_pairs(trailers))?;
-        let r = self
-            .vm
-            .inner
-            .borrow_mut()
-            .call::<(u32, u32), u32>("proxy_on_response_trailers", self.id, (self.id, n))?;
+        self.vm.with_stream_mut(self.id, |s| {
+            s.response_trailers = HeaderMap::from_pairs(trailers)
+        })?;
+        let r = self.vm.inner.borrow_mut().call::<(u32, u32), u32>(
+            "proxy_on_response_trailers",
+            self.id,
+            (self.id, n),
+        )?;
         Ok(action(r))
     }
 
     /// Convenience: request headers then (if `body` is Some) the whole body in one chunk.
     /// Returns the actions of the headers and body callbacks.
-    pub fn send_request(&self, headers: &[(&str, &str)], body: Option<&[u8]>) -> Result<(Action, Option<Action>)> {
+    pub fn send_request(
+        &self,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> Result<(Action, Option<Action>)> {
         let h = self.request_headers(headers, body.is_none())?;
         let b = match body {
             Some(b) => Some(self.request_body(b, true)?),
@@ -446,18 +505,22 @@ impl HttpStream {
             let vm = s.index;
             s.effective_ctx = s.root_id;
             let mut calls = s.shared.calls.lock().expect("calls lock");
-            calls.pending.retain(|_, c| !(c.vm == vm && c.context_id == self.id));
+            calls
+                .pending
+                .retain(|_, c| !(c.vm == vm && c.context_id == self.id));
         }
         Ok(())
     }
 
     /// First value of a request header (after the filter ran).
     pub fn request_header(&self, name: &str) -> Option<String> {
-        self.vm.with_stream(self.id, |s| s.request_headers.get(name))
+        self.vm
+            .with_stream(self.id, |s| s.request_headers.get(name))
     }
 
     pub fn request_header_all(&self, name: &str) -> Vec<String> {
-        self.vm.with_stream(self.id, |s| s.request_headers.get_all(name))
+        self.vm
+            .with_stream(self.id, |s| s.request_headers.get_all(name))
     }
 
     pub fn request_header_map(&self) -> HeaderMap {
@@ -469,7 +532,8 @@ impl HttpStream {
     }
 
     pub fn response_header(&self, name: &str) -> Option<String> {
-        self.vm.with_stream(self.id, |s| s.response_headers.get(name))
+        self.vm
+            .with_stream(self.id, |s| s.response_headers.get(name))
     }
 
     pub fn response_header_map(&self) -> HeaderMap {

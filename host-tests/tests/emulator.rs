@@ -51,7 +51,10 @@ fn unimplemented_host_call_traps_loudly() {
     );
     let host = Host::from_bytes(&wasm).unwrap();
     let err = format!("{:?}", host.start_vm("").unwrap_err());
-    assert!(err.contains("proxy_grpc_cancel is not implemented"), "{err}");
+    assert!(
+        err.contains("proxy_grpc_cancel is not implemented"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -51,8 +51,14 @@ pub fn config(n: usize, extra: Value) -> String {
 
 /// Start a VM and insist it configured.
 pub fn start(host: &Host, cfg: &str) -> Vm {
-    let vm = host.start_vm(cfg).unwrap_or_else(|e| panic!("start failed: {e:?}"));
-    assert!(vm.configured(), "on_configure returned false for {cfg}:\n{}", vm.log_text());
+    let vm = host
+        .start_vm(cfg)
+        .unwrap_or_else(|e| panic!("start failed: {e:?}"));
+    assert!(
+        vm.configured(),
+        "on_configure returned false for {cfg}:\n{}",
+        vm.log_text()
+    );
     vm
 }
 
@@ -65,8 +71,9 @@ pub fn chat(prompt: &str) -> Vec<u8> {
 /// A deterministic pseudo-random text of `len` bytes, distinct per `seed`.
 pub fn text(seed: u64, len: usize) -> String {
     const WORDS: &[&str] = &[
-        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet", "kilo",
-        "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango",
+        "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
+        "juliet", "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra",
+        "tango",
     ];
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut s = format!("[{seed}] ");
@@ -95,7 +102,11 @@ impl Routed {
     /// The endpoint-mode header (all values joined, must be exactly one header).
     pub fn endpoint(&self) -> String {
         let all = self.stream.request_header_all(ENDPOINT);
-        assert_eq!(all.len(), 1, "expected exactly one {ENDPOINT} header, got {all:?}");
+        assert_eq!(
+            all.len(),
+            1,
+            "expected exactly one {ENDPOINT} header, got {all:?}"
+        );
         all[0].clone()
     }
     /// Index of the primary backend from the endpoint header.
@@ -106,7 +117,9 @@ impl Routed {
     }
     /// Run the response phase and finish the stream (releases in-flight accounting).
     pub fn finish(&self) {
-        self.stream.response_headers(&[(":status", "200")], false).unwrap();
+        self.stream
+            .response_headers(&[(":status", "200")], false)
+            .unwrap();
         self.stream.response_body(b"{}", true).unwrap();
         self.stream.finish().unwrap();
     }
@@ -138,9 +151,17 @@ pub fn post(vm: &Vm, path: &str, body: &[u8], extra_headers: &[(&str, &str)]) ->
     let body_action = if body.is_empty() {
         None
     } else {
-        Some(stream.request_body(body, true).unwrap_or_else(|e| panic!("request body: {e:?}")))
+        Some(
+            stream
+                .request_body(body, true)
+                .unwrap_or_else(|e| panic!("request body: {e:?}")),
+        )
     };
-    Routed { stream, header_action, body_action }
+    Routed {
+        stream,
+        header_action,
+        body_action,
+    }
 }
 
 pub fn chat_request(vm: &Vm, prompt: &str) -> Routed {
@@ -172,6 +193,8 @@ pub fn vllm_metrics(running: u32, waiting: u32, kv: f64) -> String {
 
 /// Which backend (index) a scrape call targets, from its x-gateway-destination-endpoint.
 pub fn scrape_target(c: &HttpCall) -> usize {
-    let a = c.header(ENDPOINT).unwrap_or_else(|| panic!("scrape without {ENDPOINT}: {c:?}"));
+    let a = c
+        .header(ENDPOINT)
+        .unwrap_or_else(|| panic!("scrape without {ENDPOINT}: {c:?}"));
     backend_of(&a).unwrap_or_else(|| panic!("scrape to unknown address {a}"))
 }

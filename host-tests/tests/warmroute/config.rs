@@ -8,10 +8,16 @@ use serde_json::json;
 #[test]
 fn minimal_config_starts() {
     let h = host();
-    let vm = h.start_vm(r#"{"backends":[{"name":"a","address":"10.0.0.1:8000"}]}"#).unwrap();
+    let vm = h
+        .start_vm(r#"{"backends":[{"name":"a","address":"10.0.0.1:8000"}]}"#)
+        .unwrap();
     assert!(vm.vm_started());
     assert!(vm.configured(), "{}", vm.log_text());
-    assert!(vm.logs_matching(LogLevel::Error, "").is_empty(), "{}", vm.log_text());
+    assert!(
+        vm.logs_matching(LogLevel::Error, "").is_empty(),
+        "{}",
+        vm.log_text()
+    );
 }
 
 #[test]
@@ -39,13 +45,24 @@ fn full_contract_example_starts() {
     });
     let h = host();
     let vm = start(&h, &cfg.to_string());
-    assert_eq!(vm.tick_period_ms(), 500, "metrics.period_ms should set the tick period");
+    assert_eq!(
+        vm.tick_period_ms(),
+        500,
+        "metrics.period_ms should set the tick period"
+    );
 }
 
 #[test]
 fn every_strategy_and_mode_is_accepted() {
     let h = host();
-    for s in ["cache_aware", "prefix_hash", "least_request", "round_robin", "random", "sticky_session"] {
+    for s in [
+        "cache_aware",
+        "prefix_hash",
+        "least_request",
+        "round_robin",
+        "random",
+        "sticky_session",
+    ] {
         for m in ["endpoint", "header", "authority"] {
             start(&h, &config(2, json!({"strategy": s, "route": {"mode": m}})));
         }
@@ -56,10 +73,20 @@ fn every_strategy_and_mode_is_accepted() {
 /// that names `field`.
 fn rejected(cfg: &str, field: &str) {
     let h = host();
-    let vm = h.start_vm(cfg).unwrap_or_else(|e| panic!("bad config must not trap the VM: {e:?}"));
-    assert!(!vm.configured(), "on_configure accepted a bad config: {cfg}\n{}", vm.log_text());
+    let vm = h
+        .start_vm(cfg)
+        .unwrap_or_else(|e| panic!("bad config must not trap the VM: {e:?}"));
+    assert!(
+        !vm.configured(),
+        "on_configure accepted a bad config: {cfg}\n{}",
+        vm.log_text()
+    );
     let errors = vm.logs_matching(LogLevel::Error, "invalid configuration");
-    assert!(!errors.is_empty(), "no `invalid configuration` error log for {cfg}:\n{}", vm.log_text());
+    assert!(
+        !errors.is_empty(),
+        "no `invalid configuration` error log for {cfg}:\n{}",
+        vm.log_text()
+    );
     assert!(
         errors.iter().any(|l| l.message.contains(field)),
         "the error log does not name `{field}` for {cfg}:\n{}",
@@ -74,7 +101,10 @@ fn unknown_top_level_field_is_rejected() {
 
 #[test]
 fn unknown_nested_field_is_rejected() {
-    rejected(&config(1, json!({"route": {"mode": "endpoint", "headr": "x"}})), "headr");
+    rejected(
+        &config(1, json!({"route": {"mode": "endpoint", "headr": "x"}})),
+        "headr",
+    );
     rejected(
         r#"{"backends":[{"name":"a","address":"10.0.0.1:8000","weight":3}]}"#,
         "weight",
@@ -99,8 +129,14 @@ fn no_backends_is_rejected() {
 
 #[test]
 fn bad_address_is_rejected() {
-    rejected(r#"{"backends":[{"name":"a","address":"not-an-address"}]}"#, "address");
-    rejected(r#"{"backends":[{"name":"a","address":"10.0.0.1"}]}"#, "address");
+    rejected(
+        r#"{"backends":[{"name":"a","address":"not-an-address"}]}"#,
+        "address",
+    );
+    rejected(
+        r#"{"backends":[{"name":"a","address":"10.0.0.1"}]}"#,
+        "address",
+    );
     rejected(
         r#"{"backends":[{"name":"a","address":"10.0.0.1:8000"},{"name":"b","address":"10.0.0.2:99999"}]}"#,
         "address",
@@ -109,8 +145,14 @@ fn bad_address_is_rejected() {
 
 #[test]
 fn bad_backend_name_is_rejected() {
-    rejected(r#"{"backends":[{"name":"a b/c","address":"10.0.0.1:8000"}]}"#, "name");
-    rejected(r#"{"backends":[{"name":"","address":"10.0.0.1:8000"}]}"#, "name");
+    rejected(
+        r#"{"backends":[{"name":"a b/c","address":"10.0.0.1:8000"}]}"#,
+        "name",
+    );
+    rejected(
+        r#"{"backends":[{"name":"","address":"10.0.0.1:8000"}]}"#,
+        "name",
+    );
 }
 
 #[test]
@@ -141,12 +183,22 @@ fn wrong_type_is_rejected() {
 
 #[test]
 fn not_json_is_rejected() {
-    for cfg in ["{not json", "", "null", "[]", "\"backends\"", "{\"backends\":[{\"name\":\"a\",\"address\":\"10.0.0.1:8000\"}]} trailing"] {
+    for cfg in [
+        "{not json",
+        "",
+        "null",
+        "[]",
+        "\"backends\"",
+        "{\"backends\":[{\"name\":\"a\",\"address\":\"10.0.0.1:8000\"}]} trailing",
+    ] {
         let h = host();
-        let vm = h.start_vm(cfg).unwrap_or_else(|e| panic!("bad config must not trap: {e:?}"));
+        let vm = h
+            .start_vm(cfg)
+            .unwrap_or_else(|e| panic!("bad config must not trap: {e:?}"));
         assert!(!vm.configured(), "accepted {cfg:?}");
         assert!(
-            !vm.logs_matching(LogLevel::Error, "invalid configuration").is_empty(),
+            !vm.logs_matching(LogLevel::Error, "invalid configuration")
+                .is_empty(),
             "no error log for {cfg:?}:\n{}",
             vm.log_text()
         );
@@ -156,6 +208,8 @@ fn not_json_is_rejected() {
 #[test]
 fn invalid_utf8_config_is_rejected_without_trap() {
     let h = host();
-    let vm = h.start_vm(b"{\"backends\":[{\"name\":\"\xff\xfe\",\"address\":\"10.0.0.1:8000\"}]}").unwrap();
+    let vm = h
+        .start_vm(b"{\"backends\":[{\"name\":\"\xff\xfe\",\"address\":\"10.0.0.1:8000\"}]}")
+        .unwrap();
     assert!(!vm.configured());
 }

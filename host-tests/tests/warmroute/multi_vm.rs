@@ -13,11 +13,15 @@ fn conv(i: u64, turns: usize) -> Vec<u8> {
         msgs.push(json!({"role": "assistant", "content": text(9000 + i * 10 + t as u64, 400)}));
     }
     msgs.push(json!({"role": "user", "content": format!("question {turns}")}));
-    json!({"model": "m", "messages": msgs}).to_string().into_bytes()
+    json!({"model": "m", "messages": msgs})
+        .to_string()
+        .into_bytes()
 }
 
 fn matched(r: &Routed) -> u32 {
-    r.stream.response_headers(&[(":status", "200")], false).unwrap();
+    r.stream
+        .response_headers(&[(":status", "200")], false)
+        .unwrap();
     let d = r.debug().expect("debug header");
     d.split(';')
         .find_map(|kv| kv.strip_prefix("match="))
@@ -27,7 +31,10 @@ fn matched(r: &Routed) -> u32 {
 }
 
 fn cfg() -> String {
-    config(4, json!({"strategy": "cache_aware", "debug_header": true, "metrics": {"enabled": false}}))
+    config(
+        4,
+        json!({"strategy": "cache_aware", "debug_header": true, "metrics": {"enabled": false}}),
+    )
 }
 
 #[test]
@@ -45,7 +52,9 @@ fn prefix_learned_through_one_vm_is_matched_through_another() {
         let m = matched(&rb);
         rb.stream.finish().unwrap();
         if ba != bb || m == 0 {
-            bad.push(format!("conversation {i}: VM A -> vllm-{ba}; VM B -> vllm-{bb} match={m}"));
+            bad.push(format!(
+                "conversation {i}: VM A -> vllm-{ba}; VM B -> vllm-{bb} match={m}"
+            ));
         }
         // And the identical prompt through B is a hit too.
         let same = post(&b, "/v1/chat/completions", &conv(i, 1), &[]);
@@ -53,33 +62,54 @@ fn prefix_learned_through_one_vm_is_matched_through_another() {
         let sm = matched(&same);
         same.stream.finish().unwrap();
         if sb != ba || sm == 0 {
-            bad.push(format!("identical prompt {i}: VM A -> vllm-{ba}; VM B -> vllm-{sb} match={sm}"));
+            bad.push(format!(
+                "identical prompt {i}: VM A -> vllm-{ba}; VM B -> vllm-{sb} match={sm}"
+            ));
         }
     }
-    assert!(bad.is_empty(), "VM B did not use what VM A learned:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "VM B did not use what VM A learned:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]
 fn round_robin_rotation_is_shared_by_all_workers() {
     let h = host();
-    let c = config(3, json!({"strategy": "round_robin", "metrics": {"enabled": false}}));
+    let c = config(
+        3,
+        json!({"strategy": "round_robin", "metrics": {"enabled": false}}),
+    );
     let vms = [start(&h, &c), start(&h, &c)];
-    let seq: Vec<usize> = (0..12).map(|i| route_and_finish(&vms[i % 2], &text(i as u64, 200))).collect();
+    let seq: Vec<usize> = (0..12)
+        .map(|i| route_and_finish(&vms[i % 2], &text(i as u64, 200)))
+        .collect();
     for w in seq.windows(2) {
-        assert_eq!(w[1], (w[0] + 1) % 3, "rotation not shared across VMs: {seq:?}");
+        assert_eq!(
+            w[1],
+            (w[0] + 1) % 3,
+            "rotation not shared across VMs: {seq:?}"
+        );
     }
 }
 
 fn inflight_total(h: &Host, n: usize) -> i64 {
     (0..n)
-        .map(|i| h.metric_value(&format!("warmroute.backend.vllm-{i}.inflight")).unwrap_or(0))
+        .map(|i| {
+            h.metric_value(&format!("warmroute.backend.vllm-{i}.inflight"))
+                .unwrap_or(0)
+        })
         .sum()
 }
 
 #[test]
 fn inflight_cas_conflict_between_vms_loses_no_update() {
     let h = host();
-    let c = config(2, json!({"strategy": "least_request", "metrics": {"enabled": false}}));
+    let c = config(
+        2,
+        json!({"strategy": "least_request", "metrics": {"enabled": false}}),
+    );
     let a = start(&h, &c);
     let b = start(&h, &c);
     // Make the in-flight key exist (so the next write is a real CAS).
@@ -95,25 +125,42 @@ fn inflight_cas_conflict_between_vms_loses_no_update() {
         });
     }
     let ra = chat_request(&a, "from A");
-    let rb = b_req.borrow_mut().take().expect("the hook ran: A wrote the in-flight key");
+    let rb = b_req
+        .borrow_mut()
+        .take()
+        .expect("the hook ran: A wrote the in-flight key");
     assert!(
         h.shared_data().lock().unwrap().cas_mismatches > before,
         "no CAS conflict happened (did A write in-flight with cas=0?)"
     );
     // Both requests are accounted: 2 in flight.
     h.advance(1000).unwrap();
-    assert_eq!(inflight_total(&h, 2), 2, "an in-flight update was lost: {:?}", h.metrics());
+    assert_eq!(
+        inflight_total(&h, 2),
+        2,
+        "an in-flight update was lost: {:?}",
+        h.metrics()
+    );
     // least_request sees both: a third request goes where fewer are in flight.
     let (x, y) = (ra.backend(), rb.backend());
     let third = chat_request(&b, "third");
     if x == y {
-        assert_ne!(third.backend(), x, "third request ignored 2 in flight on vllm-{x}");
+        assert_ne!(
+            third.backend(),
+            x,
+            "third request ignored 2 in flight on vllm-{x}"
+        );
     }
     ra.finish();
     rb.finish();
     third.finish();
     h.advance(1000).unwrap();
-    assert_eq!(inflight_total(&h, 2), 0, "in-flight not released: {:?}", h.metrics());
+    assert_eq!(
+        inflight_total(&h, 2),
+        0,
+        "in-flight not released: {:?}",
+        h.metrics()
+    );
 }
 
 #[test]
@@ -139,8 +186,13 @@ fn index_log_cas_conflict_between_vms_loses_no_update() {
     let ra = post(&a, "/v1/chat/completions", &conv(1, 1), &[]);
     let a_backend = ra.backend();
     ra.finish();
-    let b_backend = b_backend.borrow().expect("hook ran: A appended to the index log");
-    assert!(h.shared_data().lock().unwrap().cas_mismatches > before, "no CAS conflict on the index log");
+    let b_backend = b_backend
+        .borrow()
+        .expect("hook ran: A appended to the index log");
+    assert!(
+        h.shared_data().lock().unwrap().cas_mismatches > before,
+        "no CAS conflict on the index log"
+    );
     // What A learned is visible through B, and what B learned through A.
     let via_b = post(&b, "/v1/chat/completions", &conv(1, 2), &[]);
     let (vb, mb) = (via_b.backend(), matched(&via_b));

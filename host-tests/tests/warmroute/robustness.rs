@@ -53,10 +53,22 @@ fn hostile_bodies() -> Vec<(&'static str, Vec<u8>)> {
 }
 
 fn check_routed(vm: &Vm, r: &Routed, what: &str) {
-    assert!(vm.crashed().is_none(), "{what}: VM crashed:\n{}", vm.crashed().unwrap_or_default());
+    assert!(
+        vm.crashed().is_none(),
+        "{what}: VM crashed:\n{}",
+        vm.crashed().unwrap_or_default()
+    );
     let e = r.stream.request_header_all(ENDPOINT);
-    assert_eq!(e.len(), 1, "{what}: expected one routing header, got {e:?}\n{}", vm.log_text());
-    assert!(backend_of(e[0].split(',').next().unwrap()).is_some(), "{what}: {e:?}");
+    assert_eq!(
+        e.len(),
+        1,
+        "{what}: expected one routing header, got {e:?}\n{}",
+        vm.log_text()
+    );
+    assert!(
+        backend_of(e[0].split(',').next().unwrap()).is_some(),
+        "{what}: {e:?}"
+    );
 }
 
 #[test]
@@ -68,16 +80,35 @@ fn hostile_bodies_never_trap_and_always_route() {
             for (name, body) in hostile_bodies() {
                 let what = format!("{strategy} {path} {name}");
                 let stream = vm.new_http_stream().unwrap();
-                let hs = [(":method", "POST"), (":path", path), (":authority", "gw"), ("content-type", "application/json")];
+                let hs = [
+                    (":method", "POST"),
+                    (":path", path),
+                    (":authority", "gw"),
+                    ("content-type", "application/json"),
+                ];
                 let ha = stream
                     .request_headers(&hs, body.is_empty())
                     .unwrap_or_else(|e| panic!("{what}: trapped on headers: {e:?}"));
                 let r = if body.is_empty() {
-                    Routed { stream, header_action: ha, body_action: None }
+                    Routed {
+                        stream,
+                        header_action: ha,
+                        body_action: None,
+                    }
                 } else {
-                    let ba = stream.request_body(&body, true).unwrap_or_else(|e| panic!("{what}: trapped on body: {e:?}"));
-                    assert_eq!(ba, Action::Continue, "{what}: the body callback must continue");
-                    Routed { stream, header_action: ha, body_action: Some(ba) }
+                    let ba = stream
+                        .request_body(&body, true)
+                        .unwrap_or_else(|e| panic!("{what}: trapped on body: {e:?}"));
+                    assert_eq!(
+                        ba,
+                        Action::Continue,
+                        "{what}: the body callback must continue"
+                    );
+                    Routed {
+                        stream,
+                        header_action: ha,
+                        body_action: Some(ba),
+                    }
                 };
                 check_routed(&vm, &r, &what);
                 r.finish();
@@ -90,11 +121,21 @@ fn hostile_bodies_never_trap_and_always_route() {
 #[test]
 fn chunked_body_is_buffered_until_end_of_stream() {
     let h = host();
-    let vm = start(&h, &config(3, json!({"strategy": "cache_aware", "debug_header": true})));
+    let vm = start(
+        &h,
+        &config(3, json!({"strategy": "cache_aware", "debug_header": true})),
+    );
     let body = chat(&text(5, 20_000));
     let s = vm.new_http_stream().unwrap();
     let a = s
-        .request_headers(&[(":method", "POST"), (":path", "/v1/chat/completions"), (":authority", "gw")], false)
+        .request_headers(
+            &[
+                (":method", "POST"),
+                (":path", "/v1/chat/completions"),
+                (":authority", "gw"),
+            ],
+            false,
+        )
         .unwrap();
     assert_eq!(a, Action::Pause);
     let chunks: Vec<&[u8]> = body.chunks(1000).collect();
@@ -104,8 +145,16 @@ fn chunked_body_is_buffered_until_end_of_stream() {
         if last {
             assert_eq!(a, Action::Continue);
         } else {
-            assert_eq!(a, Action::Pause, "chunk {i}: must buffer until end of stream");
-            assert_eq!(s.request_header(ENDPOINT), None, "routed before the body was complete");
+            assert_eq!(
+                a,
+                Action::Pause,
+                "chunk {i}: must buffer until end of stream"
+            );
+            assert_eq!(
+                s.request_header(ENDPOINT),
+                None,
+                "routed before the body was complete"
+            );
         }
     }
     let chosen = s.request_header(ENDPOINT).expect("routed at end of stream");
@@ -117,16 +166,28 @@ fn chunked_body_is_buffered_until_end_of_stream() {
         .and_then(|m| m.split('/').nth(1))
         .and_then(|t| t.parse().ok())
         .unwrap_or(0);
-    assert!(total >= 70, "the whole 20 KB body should be hashed (~78 blocks): {dbg}");
+    assert!(
+        total >= 70,
+        "the whole 20 KB body should be hashed (~78 blocks): {dbg}"
+    );
     s.finish().unwrap();
     // The same prompt sent in one piece is a full cache hit on the same backend.
     let one = chat_request(&vm, &text(5, 20_000));
-    one.stream.response_headers(&[(":status", "200")], false).unwrap();
+    one.stream
+        .response_headers(&[(":status", "200")], false)
+        .unwrap();
     let d1 = one.debug().unwrap_or_default();
     assert_eq!(one.endpoint(), chosen, "{dbg} vs {d1}");
-    let total = d1.split(';').find_map(|kv| kv.strip_prefix("match=")).unwrap_or_default().to_string();
+    let total = d1
+        .split(';')
+        .find_map(|kv| kv.strip_prefix("match="))
+        .unwrap_or_default()
+        .to_string();
     let (m, t) = total.split_once('/').unwrap_or(("", ""));
-    assert!(!m.is_empty() && m == t, "expected a full match, got {d1} (chunked: {dbg})");
+    assert!(
+        !m.is_empty() && m == t,
+        "expected a full match, got {d1} (chunked: {dbg})"
+    );
 }
 
 #[test]
@@ -138,15 +199,34 @@ fn oversized_bodies_fall_back_but_still_route() {
     let len = big.len().to_string();
     let s = vm.new_http_stream().unwrap();
     let a = s
-        .request_headers(&[(":method", "POST"), (":path", "/v1/chat/completions"), (":authority", "gw"), ("content-length", &len)], false)
+        .request_headers(
+            &[
+                (":method", "POST"),
+                (":path", "/v1/chat/completions"),
+                (":authority", "gw"),
+                ("content-length", &len),
+            ],
+            false,
+        )
         .unwrap();
-    assert_eq!(a, Action::Continue, "a declared oversize body must not be buffered");
+    assert_eq!(
+        a,
+        Action::Continue,
+        "a declared oversize body must not be buffered"
+    );
     assert!(s.request_header(ENDPOINT).is_some());
     assert_eq!(s.request_body(&big, true).unwrap(), Action::Continue);
     // Undeclared (chunked) and too large: fall back once the buffer passes the limit.
     let s = vm.new_http_stream().unwrap();
-    s.request_headers(&[(":method", "POST"), (":path", "/v1/chat/completions"), (":authority", "gw")], false)
-        .unwrap();
+    s.request_headers(
+        &[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            (":authority", "gw"),
+        ],
+        false,
+    )
+    .unwrap();
     let mut routed_at = None;
     for (i, c) in big.chunks(1000).enumerate() {
         let a = s.request_body(c, false).unwrap();
@@ -155,7 +235,10 @@ fn oversized_bodies_fall_back_but_still_route() {
             break;
         }
     }
-    assert!(routed_at.is_some(), "never stopped buffering a body larger than max_body_bytes");
+    assert!(
+        routed_at.is_some(),
+        "never stopped buffering a body larger than max_body_bytes"
+    );
     assert!(s.request_header(ENDPOINT).is_some());
     assert!(h.metric_value("warmroute.fallback.too_large").unwrap_or(0) >= 2);
 }
@@ -164,8 +247,17 @@ fn oversized_bodies_fall_back_but_still_route() {
 fn compressed_bodies_are_not_parsed_but_routed() {
     let h = host();
     let vm = start(&h, &config(3, json!({})));
-    let r = post(&vm, "/v1/chat/completions", b"\x1f\x8b\x08\x00garbage", &[("content-encoding", "gzip")]);
-    assert_eq!(r.header_action, Action::Continue, "compressed body: decide at header time");
+    let r = post(
+        &vm,
+        "/v1/chat/completions",
+        b"\x1f\x8b\x08\x00garbage",
+        &[("content-encoding", "gzip")],
+    );
+    assert_eq!(
+        r.header_action,
+        Action::Continue,
+        "compressed body: decide at header time"
+    );
     r.backend();
 }
 
@@ -174,7 +266,13 @@ fn compressed_bodies_are_not_parsed_but_routed() {
 #[test]
 fn memory_stays_bounded_over_100k_distinct_prefixes() {
     let h = host();
-    let vm = start(&h, &config(4, json!({"strategy": "cache_aware", "index": {"max_blocks": 20000, "ttl_ms": 600000, "log_bytes": 65536}})));
+    let vm = start(
+        &h,
+        &config(
+            4,
+            json!({"strategy": "cache_aware", "index": {"max_blocks": 20000, "ttl_ms": 600000, "log_bytes": 65536}}),
+        ),
+    );
     let n = 100_000u64;
     let mut samples = Vec::new();
     let t0 = std::time::Instant::now();
@@ -189,14 +287,20 @@ fn memory_stays_bounded_over_100k_distinct_prefixes() {
             samples.push((i + 1, vm.memory_pages()));
         }
     }
-    eprintln!("memory pages at (requests, pages): {samples:?} in {:?}", t0.elapsed());
+    eprintln!(
+        "memory pages at (requests, pages): {samples:?} in {:?}",
+        t0.elapsed()
+    );
     let (_, at40k) = samples[1];
     let (_, at100k) = samples[4];
     assert!(
         at100k <= at40k + at40k / 10 + 16,
         "memory keeps growing with distinct prefixes: {samples:?} (64 KiB pages)"
     );
-    assert!(at100k < 1024, "more than 64 MiB of linear memory: {samples:?}");
+    assert!(
+        at100k < 1024,
+        "more than 64 MiB of linear memory: {samples:?}"
+    );
     assert_eq!(vm.live_streams(), 0);
 }
 

@@ -38,7 +38,10 @@ fn scrapes_go_to_every_backend_with_the_contract_headers() {
     });
     let vm = start(&h, &c.to_string());
     assert_eq!(vm.tick_period_ms(), 500);
-    assert!(h.pending_http_calls().is_empty(), "no scrape before the first tick");
+    assert!(
+        h.pending_http_calls().is_empty(),
+        "no scrape before the first tick"
+    );
     h.advance(500).unwrap();
     let mut calls = h.pending_http_calls();
     calls.sort_by_key(|c| c.header(ENDPOINT));
@@ -52,7 +55,11 @@ fn scrapes_go_to_every_backend_with_the_contract_headers() {
     assert_eq!(calls[0].authority().as_deref(), Some("a.svc:8000"));
     assert_eq!(calls[0].header(ENDPOINT).as_deref(), Some("10.0.0.1:8000"));
     assert_eq!(calls[1].path().as_deref(), Some("/custom/metrics"));
-    assert_eq!(calls[1].authority().as_deref(), Some("10.0.0.2:8000"), "host defaults to address");
+    assert_eq!(
+        calls[1].authority().as_deref(),
+        Some("10.0.0.2:8000"),
+        "host defaults to address"
+    );
     assert_eq!(calls[1].header(ENDPOINT).as_deref(), Some("10.0.0.2:8000"));
 }
 
@@ -61,7 +68,11 @@ fn disabled_metrics_never_scrape() {
     let h = host();
     start(&h, &config(3, json!({"metrics": {"enabled": false}})));
     h.advance(5000).unwrap();
-    assert!(h.http_call_history().is_empty(), "{:#?}", h.http_call_history());
+    assert!(
+        h.http_call_history().is_empty(),
+        "{:#?}",
+        h.http_call_history()
+    );
 }
 
 #[test]
@@ -74,8 +85,16 @@ fn only_one_vm_scrapes_per_period() {
         let from: BTreeSet<usize> = calls.iter().map(|c| c.vm).collect();
         let targets: BTreeSet<usize> = calls.iter().map(scrape_target).collect();
         per_period.push((calls.len(), from.clone()));
-        assert_eq!(from.len(), 1, "more than one VM scraped in one period: {per_period:?}");
-        assert_eq!(calls.len(), 3, "each backend scraped once per period: {per_period:?}");
+        assert_eq!(
+            from.len(),
+            1,
+            "more than one VM scraped in one period: {per_period:?}"
+        );
+        assert_eq!(
+            calls.len(),
+            3,
+            "each backend scraped once per period: {per_period:?}"
+        );
         assert_eq!(targets.len(), 3);
     }
     assert_eq!(h.metric_value("warmroute.scrape.ok"), Some(24));
@@ -100,7 +119,9 @@ fn scraper_role_moves_when_the_scraping_vm_stops_ticking() {
             break;
         }
     }
-    let p = took_over_after.unwrap_or_else(|| panic!("no other VM scraped within 8 periods after VM {scraper} stopped"));
+    let p = took_over_after.unwrap_or_else(|| {
+        panic!("no other VM scraped within 8 periods after VM {scraper} stopped")
+    });
     assert!(p <= 4, "takeover took {p} periods");
 }
 
@@ -155,7 +176,8 @@ fn long_waiting_queue_gets_fewer_requests_prefix_hash() {
 fn backends_used(vm: &Vm, n: u64, seed: u64) -> BTreeMap<usize, usize> {
     let mut m = BTreeMap::new();
     for i in 0..n {
-        *m.entry(route_and_finish(vm, &text(seed + i, 300))).or_insert(0) += 1;
+        *m.entry(route_and_finish(vm, &text(seed + i, 300)))
+            .or_insert(0) += 1;
     }
     m
 }
@@ -188,15 +210,27 @@ fn down_then_up(fail: impl Fn() -> Option<HttpCallReply>) {
     // Let any timeout fire (timeout 400 < period 500).
     h.advance(450).unwrap();
     let used = backends_used(&vm, 30, 200);
-    assert!(!used.contains_key(&1), "vllm-1 failed 2 scrapes but still gets traffic: {used:?}\n{}", h.log_text());
-    assert!(h.logs_contain("vllm-1"), "no log about vllm-1 going down:\n{}", h.log_text());
+    assert!(
+        !used.contains_key(&1),
+        "vllm-1 failed 2 scrapes but still gets traffic: {used:?}\n{}",
+        h.log_text()
+    );
+    assert!(
+        h.logs_contain("vllm-1"),
+        "no log about vllm-1 going down:\n{}",
+        h.log_text()
+    );
     // One good scrape brings it back.
     h.advance(50).unwrap();
     for c in h.pending_http_calls() {
         h.respond(c.token, healthy(scrape_target(&c))).unwrap();
     }
     let used = backends_used(&vm, 30, 300);
-    assert!(used.contains_key(&1), "vllm-1 answered a good scrape but gets no traffic: {used:?}\n{}", h.log_text());
+    assert!(
+        used.contains_key(&1),
+        "vllm-1 answered a good scrape but gets no traffic: {used:?}\n{}",
+        h.log_text()
+    );
     assert!(h.metric_value("warmroute.scrape.failed").unwrap_or(0) >= 2);
 }
 
@@ -229,7 +263,12 @@ fn garbage_metrics_bodies_never_trap() {
         format!("vllm:num_requests_waiting{{{}}} 1\n", "a=\"b\",".repeat(10_000)).into_bytes(),
     ];
     for body in bodies {
-        scrape_round(&h, |_| HttpCallReply::Response { status: 200, headers: vec![], body: body.clone(), trailers: vec![] });
+        scrape_round(&h, |_| HttpCallReply::Response {
+            status: 200,
+            headers: vec![],
+            body: body.clone(),
+            trailers: vec![],
+        });
         assert!(vm.crashed().is_none());
         route_and_finish(&vm, "still routing");
     }
