@@ -74,10 +74,13 @@ def test_streaming_is_valid_sse_ending_in_done(cache_fleet):
 def test_same_prefix_lands_on_one_backend_and_different_prefixes_spread(strategy):
     with Fleet(3, FAST, filter_overrides={"strategy": strategy}) as f:
         document = words("doc", 800)  # a long shared prefix, e.g. a document asked about many ways
-        same = {post(f.envoy.port, "/v1/chat/completions",
-                     chat(MODEL, [system("sys", 50), {"role": "user", "content": f"{document} question {i}"}])).replica
-                for i in range(8)}
-        assert len(same) == 1, same
+        replies = [post(f.envoy.port, "/v1/chat/completions",
+                        chat(MODEL, [system("sys", 50), {"role": "user", "content": f"{document} question {i}"}]))
+                   for i in range(8)]
+        assert len({r.replica for r in replies}) == 1, [r.replica for r in replies]
+        # Not just the same placement: the later requests matched the document's cached blocks.
+        matched = [int(debug(r)["match"].split("/")[0]) for r in replies]
+        assert matched[0] == 0 and min(matched[1:]) >= 20, matched
         spread = collections.Counter(
             post(f.envoy.port, "/v1/chat/completions",
                  chat(MODEL, [system(f"tenant{i}_"), {"role": "user", "content": "q"}])).replica
@@ -85,14 +88,15 @@ def test_same_prefix_lands_on_one_backend_and_different_prefixes_spread(strategy
         assert len(spread) == 3, spread
 
 
-def test_new_conversations_sharing_only_a_system_prompt_spread(cache_fleet):
+def test_new_conversations_sharing_only_a_system_prompt_spread():
     # The anti-hotspot property: whichever pod first saw a popular system prompt must not
     # attract every new conversation (the failure of fleet-wide-threshold routers).
-    counts = collections.Counter(
-        post(cache_fleet.envoy.port, "/v1/chat/completions",
-             chat(MODEL, [system("popular", 1500), {"role": "user", "content": f"task {i}: " + words(f"t{i}_", 30)}])).replica
-        for i in range(30))
-    assert len(counts) == 3 and min(counts.values()) >= 5, counts
+    with Fleet(3, FAST) as f:
+        counts = collections.Counter(
+            post(f.envoy.port, "/v1/chat/completions",
+                 chat(MODEL, [system("popular", 1500), {"role": "user", "content": f"task {i}: " + words(f"t{i}_", 30)}])).replica
+            for i in range(30))
+        assert len(counts) == 3 and min(counts.values()) >= 5, counts
 
 
 def test_multi_turn_conversation_stays_on_one_backend(cache_fleet):
@@ -208,8 +212,8 @@ def test_cache_aware_beats_round_robin_on_fleet_hit_rate():
     for strategy in ["round_robin", "cache_aware"]:
         with Fleet(3, FAST, filter_overrides={"strategy": strategy}) as f:
             def conversation(c):
-                messages = [system("assist", 300), {"role": "user", "content": f"user {c} " + words(f"c{c}_", 100)}]
-                for turn in range(4):
+                messages = [system("assist", 50), {"role": "user", "content": f"user {c} " + words(f"c{c}_", 100)}]
+                for turn in range(6):
                     r = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, messages, max_tokens=20))
                     assert r.status == 200
                     messages += [r.json()["choices"][0]["message"],
@@ -218,7 +222,9 @@ def test_cache_aware_beats_round_robin_on_fleet_hit_rate():
                 list(ex.map(conversation, range(12)))
             hits, queries = f.hit_counters()
             rates[strategy] = hits / queries
-    assert rates["cache_aware"] > rates["round_robin"] + 0.15, rates
+    # Ideal affinity hits all but each turn's new ~120 tokens (~80%); round robin only what
+    # the same pod kept from three turns earlier.
+    assert rates["cache_aware"] > rates["round_robin"] + 0.2, rates
 
 
 @pytest.mark.parametrize("variant, mode", [("envoy/envoy-header.yaml", "header"), ("envoy/envoy-authority.yaml", "authority")])

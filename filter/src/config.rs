@@ -683,7 +683,14 @@ impl Config {
     /// Parse and validate the plugin configuration bytes.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
-        let wire: WireConfig = serde_path_to_error::deserialize(de).map_err(serde_error)?;
+        let wire: WireConfig = serde_path_to_error::deserialize(&mut *de).map_err(serde_error)?;
+        // Trailing text after the object is a broken config, not a comment.
+        de.end().map_err(|e| {
+            bad(
+                format!("line {} column {}", e.line(), e.column()),
+                e.to_string(),
+            )
+        })?;
         Config::try_from(wire)
     }
 
@@ -805,5 +812,7 @@ mod tests {
     fn not_json_is_rejected() {
         let e = err("strategy: random");
         assert!(e.field.starts_with("line 1"), "{e}");
+        let t = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]} trailing"#);
+        assert!(t.problem.contains("trailing"), "{t}");
     }
 }

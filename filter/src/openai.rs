@@ -6,9 +6,12 @@
 //! not a stack overflow.
 //!
 //! Canonical stream, fed in order: `tools` (raw JSON), then per message
-//! `0x1e role 0x1f len64 content [0x1d tool_calls-raw]`. Each piece is
-//! length-prefixed, so no content can forge a boundary, and a conversation's
-//! turn N+1 extends turn N's stream byte for byte.
+//! `0x1e role 0x1f content [0x1d tool_calls]`, where separator bytes inside a
+//! role or content are escaped (`0x1b b`). Escaping, unlike a length prefix,
+//! is prefix-preserving: a conversation's turn N+1 extends turn N's stream,
+//! *and* a message extended with more text (a document followed by different
+//! questions) extends the shorter message's stream — while no content can
+//! forge a boundary.
 
 use crate::prefix::{PrefixHasher, PromptKey};
 use serde::Deserialize;
@@ -107,6 +110,20 @@ struct Responses<'a> {
 const RECORD: u8 = 0x1e;
 const UNIT: u8 = 0x1f;
 const GROUP: u8 = 0x1d;
+const ESCAPE: u8 = 0x1b;
+
+/// Feeds `bytes` with separator bytes escaped, in runs (no copy of the text).
+fn feed_escaped(h: &mut PrefixHasher, mut bytes: &[u8]) {
+    while let Some(i) = bytes
+        .iter()
+        .position(|b| matches!(*b, RECORD | UNIT | GROUP | ESCAPE))
+    {
+        h.feed(&bytes[..i]);
+        h.feed(&[ESCAPE, bytes[i]]);
+        bytes = &bytes[i + 1..];
+    }
+    h.feed(bytes);
+}
 
 /// A JSON value as canonical bytes: a string's text, anything else its raw JSON.
 enum Text<'a> {
@@ -135,10 +152,9 @@ impl<'a> Text<'a> {
 
 fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &[u8]) {
     h.feed(&[RECORD]);
-    h.feed(tag);
+    feed_escaped(h, tag);
     h.feed(&[UNIT]);
-    h.feed(&(content.len() as u64).to_le_bytes());
-    h.feed(content);
+    feed_escaped(h, content);
 }
 
 fn hasher(
@@ -191,7 +207,7 @@ pub fn prompt_key(
                 feed_piece(&mut h, m.role.as_bytes(), content.bytes());
                 if let Some(calls) = m.tool_calls {
                     h.feed(&[GROUP]);
-                    h.feed(calls.get().as_bytes());
+                    feed_escaped(&mut h, calls.get().as_bytes());
                 }
                 // The first turn that is not instructions anchors the conversation.
                 if !matches!(m.role.as_ref(), "system" | "developer") {
@@ -305,6 +321,38 @@ mod tests {
             with_tools.blocks[0],
             chat(r#"[{"role":"user","content":"describe this image please"}]"#).blocks[0]
         );
+    }
+
+    #[test]
+    fn an_extended_message_extends_the_stream() {
+        let doc = "lorem ipsum dolor sit amet ".repeat(40);
+        let a = chat(&format!(
+            r#"[{{"role":"user","content":"{doc} first question"}}]"#
+        ));
+        let b = chat(&format!(
+            r#"[{{"role":"user","content":"{doc} a different, longer question"}}]"#
+        ));
+        let shared = a
+            .blocks
+            .iter()
+            .zip(&b.blocks)
+            .take_while(|(x, y)| x == y)
+            .count();
+        assert!(
+            shared >= doc.len() / 16 - 1,
+            "{shared} of {} blocks shared",
+            a.blocks.len()
+        );
+    }
+
+    #[test]
+    fn separator_bytes_in_content_cannot_forge_a_boundary() {
+        // JSON escapes put the record and unit separators into the content itself.
+        let a = chat(r#"[{"role":"user","content":"ab\u001euser\u001fcdefghijklmnopqrstuvwxyz"}]"#);
+        let b = chat(
+            r#"[{"role":"user","content":"ab"},{"role":"user","content":"cdefghijklmnopqrstuvwxyz"}]"#,
+        );
+        assert_ne!(a.blocks, b.blocks);
     }
 
     #[test]
