@@ -48,7 +48,7 @@ wasm-unit: setup ## The filter's unit tests compiled to wasm32, run by wasm-bind
 	scripts/wasm-unit-tests.sh
 
 host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator
-	cargo test --release -p host-tests
+	cargo test -p host-tests
 
 validate: validate-envoy validate-deploy ## Every Envoy config, Istio manifest and compose file
 
