@@ -215,15 +215,14 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    fn shared<'a>(host: &'a MemoryHost, keys: &'a Keys) -> Shared<'a, MemoryHost> {
+        Shared { host, keys, n: 3 }
+    }
+
     #[test]
     fn inflight_counts_survive_conflicts() {
-        let host = MemoryHost::default();
-        let keys = Keys::new(1);
-        let s = Shared {
-            host: &host,
-            keys: &keys,
-            n: 3,
-        };
+        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let s = shared(&host, &keys);
         s.add_inflight(1, 1).unwrap();
         host.inject_conflicts.set(5);
         s.add_inflight(1, 1).unwrap();
@@ -236,13 +235,8 @@ mod tests {
 
     #[test]
     fn endless_conflicts_give_up() {
-        let host = MemoryHost::default();
-        let keys = Keys::new(1);
-        let s = Shared {
-            host: &host,
-            keys: &keys,
-            n: 3,
-        };
+        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let s = shared(&host, &keys);
         s.add_inflight(0, 1).unwrap();
         host.inject_conflicts.set(1000);
         assert_eq!(s.add_inflight(0, 1), Err(HostError::CasMismatch));
@@ -250,13 +244,8 @@ mod tests {
 
     #[test]
     fn rotation_and_vm_ids_are_unique() {
-        let host = MemoryHost::default();
-        let keys = Keys::new(1);
-        let s = Shared {
-            host: &host,
-            keys: &keys,
-            n: 3,
-        };
+        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let s = shared(&host, &keys);
         assert_eq!(
             (s.next_rotation().unwrap(), s.next_rotation().unwrap()),
             (0, 1)
@@ -266,13 +255,8 @@ mod tests {
 
     #[test]
     fn lease_has_one_holder_until_it_expires() {
-        let host = MemoryHost::default();
-        let keys = Keys::new(1);
-        let s = Shared {
-            host: &host,
-            keys: &keys,
-            n: 3,
-        };
+        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let s = shared(&host, &keys);
         host.now.set(1000);
         assert!(s.try_lease(1, 1500).unwrap());
         assert!(!s.try_lease(2, 1500).unwrap());
@@ -286,13 +270,8 @@ mod tests {
 
     #[test]
     fn log_append_and_hint() {
-        let host = MemoryHost::default();
-        let keys = Keys::new(1);
-        let s = Shared {
-            host: &host,
-            keys: &keys,
-            n: 3,
-        };
+        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let s = shared(&host, &keys);
         assert_eq!(s.log_hint().unwrap(), 0);
         s.append_log(7, 2, &[1, 2, 3], 4096).unwrap();
         s.append_log(8, 1, &[4], 4096).unwrap();
@@ -307,13 +286,8 @@ mod tests {
 
     #[test]
     fn health_updates_one_backend() {
-        let host = MemoryHost::default();
-        let keys = Keys::new(1);
-        let s = Shared {
-            host: &host,
-            keys: &keys,
-            n: 3,
-        };
+        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let s = shared(&host, &keys);
         s.update_health(1, |h| h.failures += 1).unwrap();
         s.update_health(1, |h| h.failures += 1).unwrap();
         let h = s.health().unwrap();
