@@ -12,6 +12,11 @@
 //! *and* a message extended with more text (a document followed by different
 //! questions) extends the shorter message's stream — while no content can
 //! forge a boundary.
+//!
+//! JSON cannot carry a raw byte below 0x20 inside a string (serde_json rejects
+//! it), so the separators can only appear in text decoded from an escape: raw
+//! JSON and strings borrowed unescaped from the body are fed without the
+//! escaping scan, which is most of the per-byte cost after hashing.
 
 use crate::prefix::{PrefixHasher, PromptKey};
 use serde::Deserialize;
@@ -66,7 +71,7 @@ struct Message<'a> {
     #[serde(borrow)]
     role: Cow<'a, str>,
     #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
+    content: Option<Text<'a>>,
     #[serde(borrow, default)]
     tool_calls: Option<&'a RawValue>,
 }
@@ -90,7 +95,7 @@ struct Completion<'a> {
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow)]
-    prompt: &'a RawValue,
+    prompt: Text<'a>,
 }
 
 #[derive(Deserialize)]
@@ -104,7 +109,7 @@ struct Responses<'a> {
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow)]
-    input: &'a RawValue,
+    input: Text<'a>,
 }
 
 const RECORD: u8 = 0x1e;
@@ -125,36 +130,98 @@ fn feed_escaped(h: &mut PrefixHasher, mut bytes: &[u8]) {
     h.feed(bytes);
 }
 
-/// A JSON value as canonical bytes: a string's text, anything else its raw JSON.
+/// A JSON value as canonical bytes: a string's text, an array's raw elements
+/// (content parts, a list of prompts, token ids), read in the one parsing pass.
 enum Text<'a> {
-    Str(Cow<'a, str>),
-    Raw(&'a str),
+    /// A string's text.
+    Str {
+        text: Cow<'a, str>,
+        /// Whether it may hold separator bytes: only text decoded from escapes can.
+        separators: bool,
+    },
+    /// Raw JSON of each element: no byte below 0x20 can occur in it.
+    Parts(Vec<&'a RawValue>),
 }
 
 impl<'a> Text<'a> {
-    fn of(raw: &'a RawValue) -> Result<Text<'a>, ParseError> {
-        let s = raw.get();
-        if s.starts_with('"') {
-            let text: Cow<'a, str> = serde_json::from_str(s).map_err(|_| ParseError::NotJson)?;
-            Ok(Text::Str(text))
-        } else {
-            Ok(Text::Raw(s))
+    /// Raw JSON: no byte below 0x20 can occur in it.
+    fn raw(s: &'a RawValue) -> Text<'a> {
+        Text::Parts(vec![s])
+    }
+
+    /// A string serde_json decoded (owned only when it had escapes).
+    fn decoded(text: Cow<'a, str>) -> Text<'a> {
+        let separators = matches!(text, Cow::Owned(_))
+            // No early exit: the loop vectorises, and a separator is rare.
+            && text.bytes().fold(false, |any, b| any | (ESCAPE..=UNIT).contains(&b));
+        Text::Str { text, separators }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Text::Str { text, .. } => text.is_empty(),
+            Text::Parts(p) => p.is_empty(),
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    fn feed(&self, h: &mut PrefixHasher) {
         match self {
-            Text::Str(s) => s.as_bytes(),
-            Text::Raw(s) => s.as_bytes(),
+            Text::Str {
+                text,
+                separators: true,
+            } => feed_escaped(h, text.as_bytes()),
+            Text::Str { text, .. } => h.feed(text.as_bytes()),
+            Text::Parts(parts) => {
+                h.feed(b"[");
+                for (i, p) in parts.iter().enumerate() {
+                    if i > 0 {
+                        h.feed(b",");
+                    }
+                    h.feed(p.get().as_bytes());
+                }
+                h.feed(b"]");
+            }
         }
     }
 }
 
-fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &[u8]) {
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text::decoded(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text::decoded(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text::decoded(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Text<'de>, A::Error> {
+                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+                while let Some(p) = seq.next_element::<&'de RawValue>()? {
+                    parts.push(p);
+                }
+                Ok(Text::Parts(parts))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &Text<'_>) {
     h.feed(&[RECORD]);
     feed_escaped(h, tag);
     h.feed(&[UNIT]);
-    feed_escaped(h, content);
+    content.feed(h);
 }
 
 fn hasher(
@@ -194,20 +261,21 @@ pub fn prompt_key(
             }
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
             if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", tools.get().as_bytes());
+                feed_piece(&mut h, b"tools", &Text::raw(tools));
             }
             for m in &req.messages {
                 if !matches!(m.role.as_ref(), "system" | "developer") {
                     h.begin_conversation();
                 }
-                let content = match m.content {
-                    Some(c) => Text::of(c)?,
-                    None => Text::Raw(""),
-                };
-                feed_piece(&mut h, m.role.as_bytes(), content.bytes());
+                match &m.content {
+                    Some(c) => feed_piece(&mut h, m.role.as_bytes(), c),
+                    None => {
+                        feed_piece(&mut h, m.role.as_bytes(), &Text::decoded(Cow::Borrowed("")))
+                    }
+                }
                 if let Some(calls) = m.tool_calls {
                     h.feed(&[GROUP]);
-                    feed_escaped(&mut h, calls.get().as_bytes());
+                    h.feed(calls.get().as_bytes());
                 }
                 // The first turn that is not instructions anchors the conversation.
                 if !matches!(m.role.as_ref(), "system" | "developer") {
@@ -218,27 +286,26 @@ pub fn prompt_key(
         }
         Endpoint::Completions => {
             let req: Completion = serde_json::from_slice(body).map_err(classify)?;
-            let prompt = Text::of(req.prompt)?;
-            if prompt.bytes().is_empty() {
+            let prompt = req.prompt;
+            if prompt.is_empty() {
                 return Err(ParseError::Shape);
             }
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
             h.begin_conversation();
-            h.feed(prompt.bytes());
+            prompt.feed(&mut h);
             Ok(h.finish())
         }
         Endpoint::Responses => {
             let req: Responses = serde_json::from_slice(body).map_err(classify)?;
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
             if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", tools.get().as_bytes());
+                feed_piece(&mut h, b"tools", &Text::raw(tools));
             }
-            if let Some(instr) = &req.instructions {
-                feed_piece(&mut h, b"system", instr.as_bytes());
+            if let Some(instr) = req.instructions {
+                feed_piece(&mut h, b"system", &Text::decoded(instr));
             }
             h.begin_conversation();
-            let input = Text::of(req.input)?;
-            feed_piece(&mut h, b"input", input.bytes());
+            feed_piece(&mut h, b"input", &req.input);
             Ok(h.finish())
         }
     }
