@@ -230,7 +230,7 @@ fn d_ttl_ms() -> u64 {
     600_000
 }
 fn d_log_bytes() -> usize {
-    65_536
+    1 << 20
 }
 fn d_bytes_per_token() -> f64 {
     4.0
@@ -377,7 +377,7 @@ pub struct IndexConfig {
     pub max_blocks: usize,
     /// Entries unused for this long are forgotten.
     pub ttl_ms: u64,
-    /// Size bound of the shared change log replicating the index across workers.
+    /// Shared-data budget of the change log replicating the index across workers.
     pub log_bytes: usize,
     /// Prompt bytes per KV-cache token, to size the index from a backend's capacity in
     /// tokens (≈4 for English BPE tokenizers; the simulator's word tokens are ≈7).

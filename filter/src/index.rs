@@ -2,15 +2,18 @@
 //!
 //! ## Shape
 //! Every Envoy worker runs its own VM, so the index lives twice:
-//! - **the truth that all workers share** is a bounded *change log* in
-//!   proxy-wasm shared data (`[version][first_seq][next_seq] events…`), each
-//!   event "backend b received these block hashes at time t", appended with
-//!   CAS and trimmed from the front to `log_bytes`;
+//! - **the truth that all workers share** is a *change log* in proxy-wasm
+//!   shared data: a sequence counter, and a ring of slots each holding one
+//!   event "backend b received these block hashes at time t". A writer
+//!   reserves a sequence number with one CAS on the counter and writes its
+//!   event into slot `seq % slots`; nothing else is rewritten, so an append
+//!   costs two small host calls and the event's own bytes, whatever the
+//!   log's size;
 //! - **each VM's replica** ([`Index`]) applies the events it has not seen.
 //!   A longest-prefix lookup is then local memory only: one hash-map probe per
 //!   block, with early exit, and no host call per block — the only host calls
-//!   per request are reading a sequence hint, the log when it moved, and one
-//!   CAS append.
+//!   per request are reading the counter, the slots of events other VMs
+//!   appended since, and the append.
 //!
 //! ## Forgetting like the backend does
 //! Entries are `(block, backend) → last use`. Each backend has an LRU queue
@@ -24,7 +27,7 @@
 //! |--------------|---------|-----|
 //! | `max_blocks` | 262 144 | × 256 B blocks ≈ 64 MB of prompt ≈ 16M tokens: more than 3 H100 replicas hold |
 //! | `ttl_ms`     | 600 000 | an idle conversation's blocks are likely evicted within minutes on a busy pod |
-//! | `log_bytes`  | 65 536+ | must hold the events appended between two requests of the slowest worker |
+//! | `log_bytes`  | 1 MiB   | shared-data budget of the log: `log_bytes / 16 KiB` slots (16..1024) of `log_bytes / slots` bytes; the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt (16 KiB ≈ 2k blocks ≈ 128k tokens) |
 //!
 //! Cost: lookup O(matched blocks); record O(new blocks) amortised.
 
@@ -212,9 +215,10 @@ pub struct Event {
     pub blocks: Vec<u64>,
 }
 
-const LOG_VERSION: u8 = 1;
-const HEADER: usize = 1 + 8 + 8;
-const EVENT_HEADER: usize = 8 + 8 + 2 + 8 + 4;
+const EVENT_VERSION: u8 = 2;
+const EVENT_HEADER: usize = 1 + 8 + 8 + 2 + 8 + 4;
+/// Slot size the ring aims for.
+const SLOT_TARGET: usize = 16 << 10;
 
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
@@ -228,107 +232,46 @@ fn u16_at(b: &[u8], at: usize) -> Option<u16> {
     b.get(at..at + 2)?.try_into().ok().map(u16::from_le_bytes)
 }
 
-/// A decoded view of the shared change log.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Log {
-    /// Sequence number of the oldest event still held.
-    pub first_seq: u64,
-    /// Sequence number the next event gets.
-    pub next_seq: u64,
-    events: Vec<(usize, usize)>,
-    bytes: Vec<u8>,
+/// Geometry of the shared change log for a `log_bytes` budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogShape {
+    /// Number of slots in the ring.
+    pub slots: u64,
+    /// Largest encoded event a slot holds.
+    pub slot_bytes: usize,
 }
 
-impl Log {
-    /// Decodes the log; garbage (another version, truncation) reads as empty,
-    /// which only makes the index forget, never misroute.
-    pub fn decode(bytes: Vec<u8>) -> Log {
-        Log::try_decode(bytes).unwrap_or_default()
-    }
-
-    fn try_decode(bytes: Vec<u8>) -> Option<Log> {
-        if *bytes.first()? != LOG_VERSION {
-            return None;
+impl LogShape {
+    /// Splits `log_bytes` into 16..1024 slots of about 16 KiB.
+    pub fn new(log_bytes: usize) -> LogShape {
+        let slots = (log_bytes / SLOT_TARGET).clamp(16, 1024);
+        LogShape {
+            slots: slots as u64,
+            slot_bytes: (log_bytes / slots).max(EVENT_HEADER + 8),
         }
-        let first_seq = u64_at(&bytes, 1)?;
-        let next_seq = u64_at(&bytes, 9)?;
-        let mut events = Vec::new();
-        let mut at = HEADER;
-        while at < bytes.len() {
-            let n = u32_at(&bytes, at + 26)? as usize;
-            let end = at
-                .checked_add(EVENT_HEADER)?
-                .checked_add(n.checked_mul(8)?)?;
-            if end > bytes.len() {
-                return None;
-            }
-            events.push((at, end));
-            at = end;
-        }
-        Some(Log {
-            first_seq,
-            next_seq,
-            events,
-            bytes,
-        })
     }
 
-    /// Events with `seq >= from`, oldest first.
-    pub fn since(&self, from: u64) -> impl Iterator<Item = Event> + '_ {
-        self.events.iter().filter_map(move |&(s, e)| {
-            let b = &self.bytes[s..e];
-            let seq = u64_at(b, 0)?;
-            if seq < from {
-                return None;
-            }
-            let blocks = b[EVENT_HEADER..]
-                .chunks_exact(8)
-                .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-                .collect();
-            Some(Event {
-                seq,
-                origin: u64_at(b, 8)?,
-                backend: u16_at(b, 16)?,
-                time_ms: u64_at(b, 18)?,
-                blocks,
-            })
-        })
+    /// The slot that event `seq` lives in.
+    pub fn slot(&self, seq: u64) -> u64 {
+        seq % self.slots.max(1)
     }
+}
 
-    /// Appends an event (its `seq` is assigned) and trims the oldest events so
-    /// the encoding stays within `max_bytes`; returns the encoding to store.
-    pub fn append(
-        mut self,
+impl Event {
+    /// Encodes the event for one slot; a chain longer than `max_bytes` keeps its head
+    /// (the part other requests are most likely to share).
+    pub fn encode(
+        seq: u64,
         origin: u64,
         backend: u16,
         time_ms: u64,
         blocks: &[u64],
         max_bytes: usize,
     ) -> Vec<u8> {
-        // An event larger than half the log would evict everything else: keep its head.
-        let room = (max_bytes.saturating_sub(HEADER) / 2).saturating_sub(EVENT_HEADER) / 8;
+        let room = max_bytes.saturating_sub(EVENT_HEADER) / 8;
         let blocks = &blocks[..blocks.len().min(room)];
-        let seq = self.next_seq;
-        let event_len = EVENT_HEADER + blocks.len() * 8;
-        let mut keep_from = 0;
-        let mut size = HEADER + event_len + self.events.iter().map(|(s, e)| e - s).sum::<usize>();
-        while size > max_bytes && keep_from < self.events.len() {
-            let (s, e) = self.events[keep_from];
-            size -= e - s;
-            keep_from += 1;
-        }
-        let kept = &self.events[keep_from..];
-        let first_seq = match kept.first() {
-            Some(&(s, _)) => u64_at(&self.bytes, s).unwrap_or(seq),
-            None => seq,
-        };
-        let mut out = Vec::with_capacity(size);
-        out.push(LOG_VERSION);
-        out.extend_from_slice(&first_seq.to_le_bytes());
-        out.extend_from_slice(&(seq + 1).to_le_bytes());
-        if let (Some(&(s, _)), Some(&(_, e))) = (kept.first(), kept.last()) {
-            out.extend_from_slice(&self.bytes[s..e]);
-        }
+        let mut out = Vec::with_capacity(EVENT_HEADER + blocks.len() * 8);
+        out.push(EVENT_VERSION);
         out.extend_from_slice(&seq.to_le_bytes());
         out.extend_from_slice(&origin.to_le_bytes());
         out.extend_from_slice(&backend.to_le_bytes());
@@ -337,8 +280,30 @@ impl Log {
         for h in blocks {
             out.extend_from_slice(&h.to_le_bytes());
         }
-        self.bytes.clear();
         out
+    }
+
+    /// Decodes a slot; garbage (another version, truncation) reads as no event,
+    /// which only makes the index forget, never misroute.
+    pub fn decode(b: &[u8]) -> Option<Event> {
+        if *b.first()? != EVENT_VERSION {
+            return None;
+        }
+        let n = u32_at(b, 27)? as usize;
+        let body = b.get(EVENT_HEADER..)?;
+        if body.len() != n.checked_mul(8)? {
+            return None;
+        }
+        Some(Event {
+            seq: u64_at(b, 1)?,
+            origin: u64_at(b, 9)?,
+            backend: u16_at(b, 17)?,
+            time_ms: u64_at(b, 19)?,
+            blocks: body
+                .chunks_exact(8)
+                .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+                .collect(),
+        })
     }
 }
 
@@ -410,40 +375,55 @@ mod tests {
     }
 
     #[test]
-    fn log_round_trip_and_trim() {
-        let mut bytes = Vec::new();
-        for i in 0..10u64 {
-            bytes = Log::decode(bytes).append(7, i as u16, i * 10, &[i, i + 1, i + 2], 300);
-        }
-        let log = Log::decode(bytes);
-        assert_eq!(log.next_seq, 10);
-        assert!(log.first_seq > 0, "trimmed");
-        let evs: Vec<Event> = log.since(0).collect();
-        assert_eq!(evs.last().map(|e| e.seq), Some(9));
-        assert_eq!(evs.last().map(|e| e.blocks.clone()), Some(vec![9, 10, 11]));
-        assert_eq!(evs.first().map(|e| e.seq), Some(log.first_seq));
-        assert_eq!(log.since(9).count(), 1);
+    fn event_round_trip() {
+        let bytes = Event::encode(9, 7, 2, 1234, &[1, 2, 3], 4096);
+        assert_eq!(
+            Event::decode(&bytes),
+            Some(Event {
+                seq: 9,
+                origin: 7,
+                backend: 2,
+                time_ms: 1234,
+                blocks: vec![1, 2, 3]
+            })
+        );
     }
 
     #[test]
-    fn oversized_event_is_cut_to_fit() {
+    fn oversized_event_keeps_its_head() {
         let blocks: Vec<u64> = (0..10_000).collect();
-        let bytes = Log::decode(Vec::new()).append(1, 0, 0, &blocks, 4096);
+        let bytes = Event::encode(1, 1, 0, 0, &blocks, 4096);
         assert!(bytes.len() <= 4096);
-        let log = Log::decode(bytes);
-        let ev: Vec<Event> = log.since(0).collect();
-        assert_eq!(ev[0].blocks[..3], [0, 1, 2]);
+        let ev = Event::decode(&bytes).unwrap();
+        assert_eq!(ev.blocks[..3], [0, 1, 2]);
+        assert!(ev.blocks.len() > 400);
     }
 
     #[test]
-    fn garbage_log_reads_as_empty() {
-        for junk in [vec![], vec![9u8; 40], vec![1u8, 0, 0], {
-            let mut v = Log::decode(Vec::new()).append(1, 0, 0, &[1, 2, 3], 4096);
+    fn garbage_slots_read_as_no_event() {
+        for junk in [vec![], vec![9u8; 40], vec![2u8, 0, 0], {
+            let mut v = Event::encode(1, 1, 0, 0, &[1, 2, 3], 4096);
             v.truncate(v.len() - 3);
             v
         }] {
-            let log = Log::decode(junk);
-            assert_eq!(log.since(0).count(), 0);
+            assert_eq!(Event::decode(&junk), None);
         }
+    }
+
+    #[test]
+    fn log_shape_fits_the_budget() {
+        for bytes in [4096, 65_536, 262_144, 1 << 20, 64 << 20] {
+            let s = LogShape::new(bytes);
+            assert!((16..=1024).contains(&s.slots), "{s:?}");
+            assert!(s.slots as usize * s.slot_bytes <= bytes.max(16 * (EVENT_HEADER + 8)));
+        }
+        assert_eq!(
+            LogShape::new(1 << 20),
+            LogShape {
+                slots: 64,
+                slot_bytes: 16384
+            }
+        );
+        assert_eq!(LogShape::new(1 << 20).slot(130), 2);
     }
 }

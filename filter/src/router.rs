@@ -2,10 +2,11 @@
 //! policies together. Generic over [`Host`], so the same code runs in Envoy
 //! and in unit tests that put several "VMs" on one in-memory host.
 //!
-//! Per routed request the host calls are: read the log hint (8 bytes), read
-//! the log only if the hint moved, read in-flight counts and health, one CAS
-//! increment of the chosen backend's in-flight count, one CAS append to the
-//! log — none of them per block.
+//! Per routed request the host calls are: read the log's sequence counter
+//! (8 bytes), read the slots of events other VMs appended since, read
+//! in-flight counts and health, one CAS increment of the chosen backend's
+//! in-flight count, one CAS on the log counter and one slot write — none of
+//! them per block, none of them the size of the log.
 
 use crate::config::{Config, Strategy};
 use crate::host::{Host, HostError};
@@ -51,8 +52,8 @@ pub struct Router {
     pub vm_id: u64,
     /// This VM's replica of the prefix index.
     pub index: Index,
+    /// Next log event this VM has not applied.
     applied_seq: u64,
-    seen_hint: u64,
     requests: u64,
     /// Scrape bookkeeping (used while this VM holds the lease).
     pub scraper: Scraper,
@@ -70,6 +71,8 @@ fn fleet_id(cfg: &Config) -> (u64, Vec<u64>) {
         })
         .collect();
     let fleet = ids.iter().fold(cfg.block_bytes as u64, |h, &i| mix(h ^ i));
+    // The log's geometry is part of the key space: VMs on another shape must not read it.
+    let fleet = mix(fleet ^ cfg.index.log_bytes as u64);
     (fleet, ids)
 }
 
@@ -77,7 +80,7 @@ impl Router {
     /// A router for `cfg`; takes a fleet-unique VM id from shared data.
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
         let (fleet, ids) = fleet_id(&cfg);
-        let keys = Keys::new(fleet);
+        let keys = Keys::new(fleet, cfg.index.log_bytes);
         let n = cfg.backends.len();
         let shared = Shared {
             host,
@@ -87,15 +90,14 @@ impl Router {
         // Without shared data an id from the clock still keeps VMs apart.
         let vm_id = shared.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
         // Start reading the log where it is now: older events describe a past we cannot date.
-        let seen_hint = shared.log_hint().unwrap_or(0);
+        let applied_seq = shared.log_next_seq().unwrap_or(0);
         let index = Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms);
         Router {
             keys,
             ids,
             vm_id,
             index,
-            applied_seq: seen_hint,
-            seen_hint,
+            applied_seq,
             requests: 0,
             scraper: Scraper::new(n),
             matched: Vec::with_capacity(n),
@@ -112,27 +114,38 @@ impl Router {
         }
     }
 
-    /// Applies index events other VMs appended since the last sync.
+    /// Applies index events other VMs appended since the last sync; true if
+    /// some were lost (overwritten in the ring before this VM read them).
     fn sync_index<H: Host>(&mut self, host: &H) -> Result<bool, HostError> {
         let shared = Shared {
             host,
             keys: &self.keys,
             n: self.cfg.backends.len(),
         };
-        let hint = shared.log_hint()?;
-        if hint == self.seen_hint {
-            return Ok(false);
+        let next = shared.log_next_seq()?;
+        let slots = self.keys.log_shape().slots;
+        let mut gap = false;
+        if next.saturating_sub(self.applied_seq) > slots {
+            gap = true;
+            self.applied_seq = next - slots;
         }
-        let log = shared.log()?;
-        let gap = log.first_seq > self.applied_seq;
-        for ev in log.since(self.applied_seq) {
-            if ev.origin != self.vm_id {
-                self.index
-                    .record(&ev.blocks, ev.backend as usize, ev.time_ms);
+        while self.applied_seq < next {
+            let seq = self.applied_seq;
+            match shared.log_event(seq)? {
+                Some(ev) if ev.seq == seq => {
+                    if ev.origin != self.vm_id {
+                        self.index
+                            .record(&ev.blocks, ev.backend as usize, ev.time_ms);
+                    }
+                }
+                Some(ev) if ev.seq > seq => gap = true,
+                // Reserved but not written yet (its writer runs on another thread):
+                // read it next time, unless the ring is about to pass it by.
+                _ if next - seq < slots / 2 => break,
+                _ => gap = true,
             }
+            self.applied_seq = seq + 1;
         }
-        self.applied_seq = self.applied_seq.max(log.next_seq);
-        self.seen_hint = hint;
         Ok(gap)
     }
 
@@ -235,16 +248,12 @@ impl Router {
             // Record the whole chain: it refreshes recency of the matched part
             // and, after a spillover, replicates a hot prefix to the new pod.
             self.index.record(&key.blocks, primary, now);
-            note(
-                shared
-                    .append_log(
-                        self.vm_id,
-                        primary as u16,
-                        &key.blocks,
-                        self.cfg.index.log_bytes,
-                    )
-                    .map(|_| ()),
-            );
+            match shared.append_log(self.vm_id, primary as u16, &key.blocks) {
+                // Nothing in between to read: skip our own event instead of reading it back.
+                Ok(seq) if seq == self.applied_seq => self.applied_seq = seq + 1,
+                Ok(_) => {}
+                Err(e) => note(Err(e)),
+            }
         }
         Routed {
             decision,

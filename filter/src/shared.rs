@@ -6,7 +6,7 @@
 //! times (a worker that keeps losing gives up and counts it rather than spin).
 
 use crate::host::{Host, HostError};
-use crate::index::Log;
+use crate::index::{Event, LogShape};
 use crate::load::{decode_health, encode_health, Health};
 
 /// CAS attempts before an update is abandoned.
@@ -20,23 +20,39 @@ pub struct Keys {
     vm_seq: String,
     lease: String,
     health: String,
-    log: String,
-    log_hint: String,
+    log_seq: String,
+    log_slots: Vec<String>,
+    log_shape: LogShape,
 }
 
 impl Keys {
-    /// Keys for the fleet identified by `fleet`.
-    pub fn new(fleet: u64) -> Keys {
+    /// Keys for the fleet identified by `fleet`, with an index log of `log_bytes`.
+    pub fn new(fleet: u64, log_bytes: usize) -> Keys {
         let k = |n: &str| format!("warmroute.{fleet:016x}.{n}");
+        let log_shape = LogShape::new(log_bytes);
         Keys {
             inflight: k("inflight"),
             rotation: k("rotation"),
             vm_seq: k("vm_seq"),
             lease: k("lease"),
             health: k("health"),
-            log: k("index_log"),
-            log_hint: k("index_seq"),
+            log_seq: k("index_seq"),
+            log_slots: (0..log_shape.slots)
+                .map(|i| k(&format!("index_log.{i}")))
+                .collect(),
+            log_shape,
         }
+    }
+
+    /// Geometry of the index log.
+    pub fn log_shape(&self) -> LogShape {
+        self.log_shape
+    }
+
+    fn slot(&self, seq: u64) -> &str {
+        self.log_slots
+            .get(self.log_shape.slot(seq) as usize)
+            .map_or("", String::as_str)
     }
 }
 
@@ -172,38 +188,34 @@ impl<H: Host> Shared<'_, H> {
         })
     }
 
-    /// Sequence hint of the index log: cheap to read, tells whether the log moved.
-    pub fn log_hint(&self) -> Result<u64, HostError> {
-        Ok(u64_of(&self.host.get_shared(&self.keys.log_hint)?.0))
+    /// Sequence number the next index event gets: cheap to read, tells whether the log moved.
+    pub fn log_next_seq(&self) -> Result<u64, HostError> {
+        Ok(u64_of(&self.host.get_shared(&self.keys.log_seq)?.0))
     }
 
-    /// The index change log.
-    pub fn log(&self) -> Result<Log, HostError> {
-        Ok(Log::decode(
-            self.host.get_shared(&self.keys.log)?.0.unwrap_or_default(),
-        ))
+    /// The event in `seq`'s slot, whichever event that is now (or none).
+    pub fn log_event(&self, seq: u64) -> Result<Option<Event>, HostError> {
+        let v = self.host.get_shared(self.keys.slot(seq))?.0;
+        Ok(v.as_deref().and_then(Event::decode))
     }
 
-    /// Appends an index event and bumps the hint; returns the event's seq.
-    pub fn append_log(
-        &self,
-        origin: u64,
-        backend: u16,
-        blocks: &[u64],
-        max_bytes: usize,
-    ) -> Result<u64, HostError> {
-        let now = self.host.now_ms();
-        let seq = update(self.host, &self.keys.log, |v| {
-            let log = Log::decode(v.unwrap_or_default());
-            let seq = log.next_seq;
-            (
-                Some(log.append(origin, backend, now, blocks, max_bytes)),
-                seq,
-            )
+    /// Appends an index event: reserves its seq with one CAS on the counter, then
+    /// writes its slot (the seq is ours alone, so unconditionally). Returns the seq.
+    pub fn append_log(&self, origin: u64, backend: u16, blocks: &[u64]) -> Result<u64, HostError> {
+        let seq = update(self.host, &self.keys.log_seq, |v| {
+            let next = u64_of(&v);
+            (Some(next.wrapping_add(1).to_le_bytes().to_vec()), next)
         })?;
-        // The hint may briefly lag under races; readers then catch up next request.
-        self.host
-            .set_shared(&self.keys.log_hint, &(seq + 1).to_le_bytes(), None)?;
+        let now = self.host.now_ms();
+        let event = Event::encode(
+            seq,
+            origin,
+            backend,
+            now,
+            blocks,
+            self.keys.log_shape.slot_bytes,
+        );
+        self.host.set_shared(self.keys.slot(seq), &event, None)?;
         Ok(seq)
     }
 }
@@ -221,7 +233,7 @@ mod tests {
 
     #[test]
     fn inflight_counts_survive_conflicts() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         s.add_inflight(1, 1).unwrap();
         host.inject_conflicts.set(5);
@@ -235,7 +247,7 @@ mod tests {
 
     #[test]
     fn endless_conflicts_give_up() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         s.add_inflight(0, 1).unwrap();
         host.inject_conflicts.set(1000);
@@ -244,7 +256,7 @@ mod tests {
 
     #[test]
     fn rotation_and_vm_ids_are_unique() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         assert_eq!(
             (s.next_rotation().unwrap(), s.next_rotation().unwrap()),
@@ -255,7 +267,7 @@ mod tests {
 
     #[test]
     fn lease_has_one_holder_until_it_expires() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         host.now.set(1000);
         assert!(s.try_lease(1, 1500).unwrap());
@@ -269,24 +281,33 @@ mod tests {
     }
 
     #[test]
-    fn log_append_and_hint() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+    fn log_append_and_read_back() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
-        assert_eq!(s.log_hint().unwrap(), 0);
-        s.append_log(7, 2, &[1, 2, 3], 4096).unwrap();
-        s.append_log(8, 1, &[4], 4096).unwrap();
-        assert_eq!(s.log_hint().unwrap(), 2);
-        let evs: Vec<_> = s.log().unwrap().since(1).collect();
-        assert_eq!(evs.len(), 1);
+        assert_eq!(s.log_next_seq().unwrap(), 0);
+        assert_eq!(s.append_log(7, 2, &[1, 2, 3]).unwrap(), 0);
+        host.inject_conflicts.set(3);
         assert_eq!(
-            (evs[0].origin, evs[0].backend, evs[0].blocks.clone()),
-            (8, 1, vec![4])
+            s.append_log(8, 1, &[4]).unwrap(),
+            1,
+            "a lost CAS retries, never reuses a seq"
         );
+        assert_eq!(s.log_next_seq().unwrap(), 2);
+        let ev = s.log_event(1).unwrap().unwrap();
+        assert_eq!(
+            (ev.seq, ev.origin, ev.backend, ev.blocks),
+            (1, 8, 1, vec![4])
+        );
+        // The ring wraps: seq 16 overwrites seq 0's slot.
+        for i in 2..=16 {
+            s.append_log(9, 0, &[i]).unwrap();
+        }
+        assert_eq!(s.log_event(0).unwrap().map(|e| e.seq), Some(16));
     }
 
     #[test]
     fn health_updates_one_backend() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1));
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         s.update_health(1, |h| h.failures += 1).unwrap();
         s.update_health(1, |h| h.failures += 1).unwrap();
