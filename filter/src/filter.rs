@@ -34,12 +34,6 @@ struct Root {
     shared: Option<Rc<Shared>>,
 }
 
-fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-        .ok()
-        .flatten()
-}
-
 impl Context for Root {
     fn on_http_call_response(
         &mut self,
@@ -309,15 +303,27 @@ impl HttpContext for Http {
         let Some(s) = self.shared.clone() else {
             return Action::Continue;
         };
-        {
+        // One host call for every header read here: each call crosses the VM boundary
+        // (and back, for the host to allocate the answer), which costs more than a scan.
+        let headers = hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| String::from_utf8_lossy(v))
+        };
+        let max_body = {
             let router = s.router.borrow();
             for h in route::forbidden_client_headers(&router.cfg) {
-                let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, h, None);
+                if header(h).is_some() {
+                    let _ = hostcalls::set_map_value(MapType::HttpRequestHeaders, h, None);
+                }
             }
-            self.session = request_header(&router.cfg.session_header);
-        }
-        let post = request_header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));
-        self.endpoint = request_header(":path")
+            self.session = header(&router.cfg.session_header).map(|v| v.into_owned());
+            router.cfg.max_body_bytes
+        };
+        let post = header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));
+        self.endpoint = header(":path")
             .filter(|_| post)
             .and_then(|p| Endpoint::from_path(&p));
         if self.endpoint.is_none() {
@@ -325,10 +331,10 @@ impl HttpContext for Http {
             return Action::Continue;
         }
         let encoded =
-            request_header("content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
-        let too_large = request_header("content-length")
+            header("content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
+        let too_large = header("content-length")
             .and_then(|l| l.trim().parse::<usize>().ok())
-            .is_some_and(|l| l > s.router.borrow().cfg.max_body_bytes);
+            .is_some_and(|l| l > max_body);
         let fallback = if end_of_stream {
             Some(Fallback::NoBody)
         } else if encoded {
