@@ -333,67 +333,93 @@ def uniform_args(words: int, requests: int, seed: int) -> list[str]:
             "--requests", str(requests), "--rate", "1000000", "--seed", str(seed)]
 
 
+def median(v: list[float]) -> float:
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def overhead(b: Bench) -> dict:
-    """Added latency, max throughput and CPU per request, with vs without the filter."""
+    """Added latency, max throughput and CPU per request, with vs without the filter.
+
+    Both gateways (same Envoy binary and config, one with the wasm filter, one without) run
+    side by side in front of the same instant backend, and the measurement alternates between
+    them in rounds (ABBA...): this machine's speed drifts by 2x over minutes (shared cores),
+    so sequential with-then-without phases measure the drift as much as the filter. Added
+    latency is the median over rounds of the paired per-round p50/p99 differences."""
     print("== cost of the filter", flush=True)
-    out: dict = {"runs": []}
+    out: dict = {"runs": [], "rounds": 0}
     rdir = b.logdir / "overhead"
     rdir.mkdir()
     # 1 KB and 128 KB chat bodies (pseudo-words are ~8.5 bytes with JSON overhead).
     sizes = {"1KB": 110, "128KB": 15000}
+    rounds = 4 if b.quick else 8
     lat_n = {"1KB": 600 if b.quick else 3000, "128KB": 200 if b.quick else 1000}
     thr_n = {"1KB": 1500 if b.quick else 8000, "128KB": 300 if b.quick else 1500}
+    out["rounds"] = rounds
     with InstantBackend(3, rdir) as be:
         # Client floor: straight to the backend (no gateway) — what the client itself adds.
         floor = loadgen(uniform_args(110, lat_n["1KB"], 7), [f"http://127.0.0.1:{be.ports[0]}"], [],
                         rdir / "floor.json", 120, ["--concurrency", "1"])
         out["client_floor_1KB"] = {"e2e_ms": floor["e2e_ms"], "client_cpu_util": floor["client_cpu_util"]}
+        out["compare"] = []
         for workers in (1, 2):
             for size, words in sizes.items():
-                for filt in (False, True):
-                    kw = {"filter_overrides": {"strategy": "cache_aware"}} if filt else \
-                        {"with_filter": False, "lb": "round_robin"}
-                    e = Envoy(be.sims(), concurrency=workers, **kw)
+                gw = {False: Envoy(be.sims(), concurrency=workers, with_filter=False, lb="round_robin"),
+                      True: Envoy(be.sims(), concurrency=workers, filter_overrides={"strategy": "cache_aware"})}
+                for e in gw.values():
                     e.start(rdir)
-                    try:
-                        tag = f"{size}-{workers}w-{'filter' if filt else 'nofilter'}"
-                        target = [f"http://127.0.0.1:{e.port}"]
-                        # warm-up (connections, VM, index)
-                        loadgen(uniform_args(words, 50, 99), target, [], rdir / f"{tag}-warm.json", 60,
-                                ["--concurrency", "1"])
-                        c0 = proc_cpu_s(e.proc.pid)
-                        lat = loadgen(uniform_args(words, lat_n[size], 1), target, [], rdir / f"{tag}-lat.json",
-                                      120, ["--concurrency", "1"])
-                        c1 = proc_cpu_s(e.proc.pid)
-                        thr = loadgen(uniform_args(words, thr_n[size], 2), target, [], rdir / f"{tag}-thr.json",
-                                      120, ["--concurrency", "32", "--threads", "1"])
-                        c2 = proc_cpu_s(e.proc.pid)
-                    finally:
+                per: dict = {f: {"p50": [], "p99": [], "mean": [], "cpu_seq": [], "rps": [], "cpu_load": [],
+                                 "errors": 0} for f in gw}
+                try:
+                    for filt, e in gw.items():  # warm-up (connections, VM, index)
+                        loadgen(uniform_args(words, 50, 99), [f"http://127.0.0.1:{e.port}"], [],
+                                rdir / f"{size}-{workers}w-{filt}-warm.json", 60, ["--concurrency", "1"])
+                    for r in range(rounds):
+                        for filt in ((False, True) if r % 2 == 0 else (True, False)):
+                            e, m = gw[filt], per[filt]
+                            tag = f"{size}-{workers}w-{'filter' if filt else 'nofilter'}-r{r}"
+                            target = [f"http://127.0.0.1:{e.port}"]
+                            c0 = proc_cpu_s(e.proc.pid)
+                            lat = loadgen(uniform_args(words, lat_n[size] // rounds, 1 + r), target, [],
+                                          rdir / f"{tag}-lat.json", 120, ["--concurrency", "1"])
+                            c1 = proc_cpu_s(e.proc.pid)
+                            thr = loadgen(uniform_args(words, thr_n[size] // rounds, 100 + r), target, [],
+                                          rdir / f"{tag}-thr.json", 120, ["--concurrency", "32", "--threads", "1"])
+                            c2 = proc_cpu_s(e.proc.pid)
+                            m["p50"].append(lat["e2e_ms"]["p50"])
+                            m["p99"].append(lat["e2e_ms"]["p99"])
+                            m["mean"].append(lat["e2e_ms"]["mean"])
+                            m["cpu_seq"].append((c1 - c0) / max(lat["ok"], 1) * 1e6)
+                            m["rps"].append(thr["throughput_rps"])
+                            m["cpu_load"].append((c2 - c1) / max(thr["ok"], 1) * 1e6)
+                            m["errors"] += lat["errors"] + thr["errors"]
+                finally:
+                    for e in gw.values():
                         e.stop()
-                    run = {"size": size, "workers": workers, "filter": filt,
-                           "body_bytes": None,
-                           "p50_ms": lat["e2e_ms"]["p50"], "p99_ms": lat["e2e_ms"]["p99"],
-                           "mean_ms": lat["e2e_ms"]["mean"],
-                           "cpu_us_per_req_seq": (c1 - c0) / max(lat["ok"], 1) * 1e6,
-                           "max_rps": thr["throughput_rps"], "cpu_us_per_req_load": (c2 - c1) / max(thr["ok"], 1) * 1e6,
-                           "errors": lat["errors"] + thr["errors"], "client_cpu_util_load": thr["client_cpu_util"]}
+                for filt, m in per.items():
+                    run = {"size": size, "workers": workers, "filter": filt, "body_bytes": None,
+                           "p50_ms": median(m["p50"]), "p99_ms": median(m["p99"]), "mean_ms": median(m["mean"]),
+                           "cpu_us_per_req_seq": median(m["cpu_seq"]), "max_rps": median(m["rps"]),
+                           "cpu_us_per_req_load": median(m["cpu_load"]), "errors": m["errors"],
+                           "p50_ms_rounds": m["p50"]}
                     out["runs"].append(run)
-                    print(f"  {tag:22s} p50 {run['p50_ms'] * 1000:7.0f} us  p99 {run['p99_ms'] * 1000:7.0f} us  "
-                          f"max {run['max_rps']:7.0f} rps  cpu/req {run['cpu_us_per_req_load']:6.0f} us  "
-                          f"err {run['errors']}", flush=True)
-    # ratios
-    out["compare"] = []
-    for workers in (1, 2):
-        for size in sizes:
-            a = next(r for r in out["runs"] if r["size"] == size and r["workers"] == workers and not r["filter"])
-            f = next(r for r in out["runs"] if r["size"] == size and r["workers"] == workers and r["filter"])
-            out["compare"].append({
-                "size": size, "workers": workers,
-                "added_p50_us": (f["p50_ms"] - a["p50_ms"]) * 1000, "added_p99_us": (f["p99_ms"] - a["p99_ms"]) * 1000,
-                "throughput_ratio": f["max_rps"] / max(a["max_rps"], 1e-9),
-                "cpu_per_req_ratio": f["cpu_us_per_req_load"] / max(a["cpu_us_per_req_load"], 1e-9),
-                "cpu_us_per_req_filter": f["cpu_us_per_req_load"], "cpu_us_per_req_nofilter": a["cpu_us_per_req_load"],
-            })
+                    print(f"  {size}-{workers}w-{'filter' if filt else 'nofilter':8s} p50 {run['p50_ms'] * 1000:7.0f} us  "
+                          f"p99 {run['p99_ms'] * 1000:7.0f} us  max {run['max_rps']:7.0f} rps  "
+                          f"cpu/req {run['cpu_us_per_req_load']:6.0f} us  err {run['errors']}", flush=True)
+                a, f = per[False], per[True]
+                added = [(y - x) * 1000 for x, y in zip(a["p50"], f["p50"])]
+                out["compare"].append({
+                    "size": size, "workers": workers,
+                    "added_p50_us": median(added),
+                    "added_p99_us": median([(y - x) * 1000 for x, y in zip(a["p99"], f["p99"])]),
+                    "added_p50_us_rounds": added,
+                    "throughput_ratio": median([y / max(x, 1e-9) for x, y in zip(a["rps"], f["rps"])]),
+                    "cpu_per_req_ratio": median([y / max(x, 1e-9) for x, y in zip(a["cpu_load"], f["cpu_load"])]),
+                    "cpu_us_per_req_filter": median(f["cpu_load"]), "cpu_us_per_req_nofilter": median(a["cpu_load"]),
+                })
+                c = out["compare"][-1]
+                print(f"  {size}-{workers}w added p50 {c['added_p50_us']:.0f} us (rounds: "
+                      f"{', '.join(f'{x:.0f}' for x in added)}), CPU/req x{c['cpu_per_req_ratio']:.2f}", flush=True)
     return out
 
 
@@ -612,7 +638,9 @@ def markdown(res: dict) -> str:
                  "buffering the whole request (3 listeners = 3 backends). Latency: 1 request in flight (closed loop); "
                  "max throughput: 32 in flight. CPU/request: gateway Envoy utime+stime from /proc/<pid>/stat over the "
                  "throughput run / requests. The client and both Envoys share the machine's 2 cores, so max throughput "
-                 "is a with/without ratio, not an absolute capacity.\n")
+                 "is a with/without ratio, not an absolute capacity. The gateways with and without the filter run side "
+                 f"by side and are measured in {ov.get('rounds', 1)} alternating rounds; each figure is the median over "
+                 "rounds, and added latency the median of the per-round differences (this machine's speed drifts).\n")
         L.append("| body | workers | filter | p50 us | p99 us | max rps | Envoy CPU us/req | errors |\n|---|---|---|---|---|---|---|---|")
         for r in ov["runs"]:
             L.append(f"| {r['size']} | {r['workers']} | {'yes' if r['filter'] else 'no'} | {r['p50_ms'] * 1000:.0f} | "
@@ -621,6 +649,10 @@ def markdown(res: dict) -> str:
         for c in ov["compare"]:
             L.append(f"| {c['size']} | {c['workers']} | {c['added_p50_us']:.0f} | {c['added_p99_us']:.0f} | "
                      f"{c['throughput_ratio']:.2f} | {c['cpu_per_req_ratio']:.2f} |")
+        if any("added_p50_us_rounds" in c for c in ov["compare"]):
+            L.append("\nAdded p50 per round (us): " + "; ".join(
+                f"{c['size']} {c['workers']}w: " + ", ".join(f"{x:.0f}" for x in c.get("added_p50_us_rounds", []))
+                for c in ov["compare"]) + ".")
         fl = ov["client_floor_1KB"]
         L.append(f"\nClient floor (loadgen straight to the instant backend, 1 KB): p50 {fl['e2e_ms']['p50'] * 1000:.0f} us, "
                  f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
