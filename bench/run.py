@@ -108,10 +108,16 @@ WORKLOADS: dict[str, dict] = {
     },
 }
 
+# The filter's scrape period, timeout and staleness are wall-clock parameters too: at the
+# defaults (500/400/2000 ms) a scraped load would be 5 s of modelled time old, far staler
+# than on a real fleet, so they are compressed by TIME_SCALE like the client's times.
+SCALED_METRICS = {"period_ms": round(500 / TIME_SCALE), "timeout_ms": round(400 / TIME_SCALE),
+                  "stale_after_ms": round(2000 / TIME_SCALE)}
+
 ROUTERS = {
     "envoy_round_robin": {"with_filter": False, "lb": "round_robin"},
     "envoy_least_request": {"with_filter": False, "lb": "least_request"},
-    **{f"warmroute_{s}": {"filter_overrides": {"strategy": s}}
+    **{f"warmroute_{s}": {"filter_overrides": {"strategy": s, "metrics": SCALED_METRICS}}
        for s in ["cache_aware", "prefix_hash", "least_request", "round_robin", "random", "sticky_session"]},
 }
 QUICK_ROUTERS = ["envoy_round_robin", "envoy_least_request", "warmroute_cache_aware"]
@@ -679,7 +685,9 @@ def markdown(res: dict) -> str:
     L.append("## Workload parameters and why\n")
     L.append(f"Time scale {TIME_SCALE:g}: the sims run 10x faster than the modelled GPU replica, and every client "
              "time (tool/think time, arrival rate, trace speed-up) is divided by 10, so utilisation and cache "
-             "reuse are those of the real-time fleet. Token lengths are not scaled. The single-replica reference "
+             "reuse are those of the real-time fleet; so are the filter's scrape period, timeout and staleness "
+             f"limit ({SCALED_METRICS['period_ms']}/{SCALED_METRICS['timeout_ms']}/{SCALED_METRICS['stale_after_ms']} ms "
+             "for the defaults 500/400/2000 ms). Token lengths are not scaled. The single-replica reference "
              "is one sim with 3x the KV capacity and 3x the speed (time scale 30) behind Envoy: the fleet's "
              "total capacity in one cache.\n")
     for name, w in WORKLOADS.items():

@@ -282,7 +282,12 @@ pub fn prompt_key(
                     h.mark_anchor();
                 }
             }
-            Ok(h.finish())
+            let mut key = h.finish();
+            key.continuation = req
+                .messages
+                .iter()
+                .any(|m| matches!(m.role.as_ref(), "assistant" | "tool" | "function"));
+            Ok(key)
         }
         Endpoint::Completions => {
             let req: Completion = serde_json::from_slice(body).map_err(classify)?;
@@ -350,6 +355,17 @@ mod tests {
         assert!(t1.blocks.len() >= 4);
         assert_eq!(t1.blocks[..], t2.blocks[..t1.blocks.len()]);
         assert_eq!(t1.anchor, t2.anchor, "a conversation keeps its anchor");
+    }
+
+    #[test]
+    fn earlier_turns_mark_a_continuation() {
+        let first = chat(r#"[{"role":"system","content":"s"},{"role":"user","content":"q"}]"#);
+        let later = chat(
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"},{"role":"user","content":"q2"}]"#,
+        );
+        let tool = chat(r#"[{"role":"user","content":"q"},{"role":"tool","content":"out"}]"#);
+        assert!(!first.continuation);
+        assert!(later.continuation && tool.continuation);
     }
 
     #[test]

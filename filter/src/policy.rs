@@ -22,6 +22,12 @@
 //! - no eligible backend matches → *placement*: the first eligible backend in
 //!   rendezvous order of the prompt's anchor (deterministic, so independent
 //!   gateway replicas place a new conversation on the same pod);
+//! - nothing matches anywhere but the prompt carries earlier turns (a
+//!   conversation whose turns went through other gateway replicas) → the first
+//!   non-saturated backend in rendezvous order, ignoring the relative bound:
+//!   this gateway's in-flight counts are its own share of the load, and
+//!   agreeing with the other replicas on the pod that holds the conversation
+//!   is worth more than its guess at balance;
 //! - otherwise the best score wins; scores within `tie_margin` of the best
 //!   are ties, broken by rendezvous order (again for cross-gateway agreement);
 //! - if the backend with the longest match overall was not chosen, the request
@@ -101,6 +107,8 @@ pub struct RequestKey<'a> {
     pub blocks: u32,
     /// Leading blocks shared with other conversations (before the anchor).
     pub head_blocks: u32,
+    /// The prompt carries earlier turns (assistant or tool messages).
+    pub continuation: bool,
     /// Hash of the session header, if any.
     pub session: Option<u64>,
     /// Shared round-robin counter value for this request.
@@ -285,6 +293,16 @@ impl Chooser<'_> {
             .max_by(|&a, &b| ratio(a).total_cmp(&ratio(b)).then(b.cmp(&a)))
             .filter(|&b| ratio(b) > 0.0);
         let matched = |b: usize| req.matched.get(b).copied().unwrap_or(0);
+        if owner.is_none() && req.continuation {
+            // A conversation already under way that this gateway has not seen: another
+            // gateway replica served its earlier turns, most likely on the anchor's
+            // rendezvous owner. Placing it by the anchor and the (scraped, fleet-wide)
+            // saturation state alone, not by this gateway's in-flight view, lets every
+            // replica agree on that pod.
+            if let Some(b) = order.iter().copied().find(|&b| !self.loads[b].saturated) {
+                return self.finish(b, req.anchor, matched(b), Reason::Placed);
+            }
+        }
         let Some(&first) = eligible.first() else {
             // Everyone saturated or over the bound: least loaded, deterministic ties.
             let b = self.least_loaded(healthy, 0).unwrap_or(0);
@@ -502,6 +520,32 @@ mod tests {
     }
 
     #[test]
+    fn an_unseen_continuation_goes_to_the_anchor_owner_whatever_the_local_load() {
+        let l = loads(&[0.0, 0.0, 0.0]);
+        let key = |continuation| RequestKey {
+            matched: &[0, 0, 0],
+            blocks: 8,
+            anchor: 77,
+            continuation,
+            ..Default::default()
+        };
+        let owner = pick(Strategy::CacheAware, &l, key(true)).order[0];
+        // This gateway alone sent 3 requests there: a new conversation avoids it...
+        let mut busy = l.clone();
+        busy[owner].load = 3.0;
+        assert_ne!(
+            pick(Strategy::CacheAware, &busy, key(false)).order[0],
+            owner
+        );
+        // ...but a conversation under way stays where the other gateways put it,
+        let d = pick(Strategy::CacheAware, &busy, key(true));
+        assert_eq!((d.order[0], d.reason), (owner, Reason::Placed));
+        // unless that pod is saturated.
+        busy[owner].saturated = true;
+        assert_ne!(pick(Strategy::CacheAware, &busy, key(true)).order[0], owner);
+    }
+
+    #[test]
     fn never_everything_on_one_replica() {
         // Every request shares a system prompt that only backend 0 holds so far.
         let mut l = loads(&[0.0, 0.0, 0.0]);
@@ -656,6 +700,7 @@ mod tests {
                         matched: &[5, 0],
                         blocks: 5,
                         head_blocks: 0,
+                        continuation: false,
                     },
                 );
                 assert_eq!(d.order, vec![1], "{s:?}");

@@ -48,6 +48,8 @@ pub struct PromptKey {
     pub anchor_offset: usize,
     /// Canonical prompt length in bytes.
     pub total_bytes: usize,
+    /// The prompt carries earlier turns of its conversation (assistant or tool messages).
+    pub continuation: bool,
 }
 
 /// Low 64 bits of murmur3_x64_128 of `bytes`.
@@ -170,6 +172,7 @@ impl PrefixHasher {
             anchor,
             anchor_offset,
             total_bytes: self.total,
+            continuation: false,
         }
     }
 }

@@ -216,6 +216,7 @@ impl Router {
                     matched: &self.matched,
                     blocks: key.blocks.len() as u32,
                     head_blocks: (key.anchor_offset / self.cfg.block_bytes.max(1)) as u32,
+                    continuation: key.continuation,
                     session: req.session.map(session_hash),
                     rotation,
                     random,
