@@ -139,16 +139,13 @@ enum Text<'a> {
         /// Whether it may hold separator bytes: only text decoded from escapes can.
         separators: bool,
     },
-    /// Raw JSON of each element: no byte below 0x20 can occur in it.
+    /// Raw JSON (`tools`): no byte below 0x20 can occur in it.
+    Raw(&'a RawValue),
+    /// Raw JSON of each element of an array (content parts, prompts, token ids).
     Parts(Vec<&'a RawValue>),
 }
 
 impl<'a> Text<'a> {
-    /// Raw JSON: no byte below 0x20 can occur in it.
-    fn raw(s: &'a RawValue) -> Text<'a> {
-        Text::Parts(vec![s])
-    }
-
     /// A string serde_json decoded (owned only when it had escapes).
     fn decoded(text: Cow<'a, str>) -> Text<'a> {
         let separators = matches!(text, Cow::Owned(_))
@@ -160,6 +157,7 @@ impl<'a> Text<'a> {
     fn is_empty(&self) -> bool {
         match self {
             Text::Str { text, .. } => text.is_empty(),
+            Text::Raw(r) => r.get().is_empty(),
             Text::Parts(p) => p.is_empty(),
         }
     }
@@ -171,6 +169,7 @@ impl<'a> Text<'a> {
                 separators: true,
             } => feed_escaped(h, text.as_bytes()),
             Text::Str { text, .. } => h.feed(text.as_bytes()),
+            Text::Raw(r) => h.feed(r.get().as_bytes()),
             Text::Parts(parts) => {
                 h.feed(b"[");
                 for (i, p) in parts.iter().enumerate() {
@@ -261,9 +260,11 @@ pub fn prompt_key(
             }
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
             if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::raw(tools));
+                feed_piece(&mut h, b"tools", &Text::Raw(tools));
             }
+            let mut continuation = false;
             for m in &req.messages {
+                continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
                 if !matches!(m.role.as_ref(), "system" | "developer") {
                     h.begin_conversation();
                 }
@@ -282,12 +283,10 @@ pub fn prompt_key(
                     h.mark_anchor();
                 }
             }
-            let mut key = h.finish();
-            key.continuation = req
-                .messages
-                .iter()
-                .any(|m| matches!(m.role.as_ref(), "assistant" | "tool" | "function"));
-            Ok(key)
+            Ok(PromptKey {
+                continuation,
+                ..h.finish()
+            })
         }
         Endpoint::Completions => {
             let req: Completion = serde_json::from_slice(body).map_err(classify)?;
@@ -304,7 +303,7 @@ pub fn prompt_key(
             let req: Responses = serde_json::from_slice(body).map_err(classify)?;
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
             if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::raw(tools));
+                feed_piece(&mut h, b"tools", &Text::Raw(tools));
             }
             if let Some(instr) = req.instructions {
                 feed_piece(&mut h, b"system", &Text::decoded(instr));
