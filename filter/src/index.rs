@@ -16,7 +16,10 @@
 //!   appended since, and the append.
 //!
 //! ## Forgetting like the backend does
-//! Entries are `(block, backend) → last use`. Each backend has an LRU queue
+//! Entries are `(block, backend) → last use`, one flat hash-map slot each
+//! (16 bytes, no allocation per block): at capacity every new block evicts an
+//! old one, so recording a long unseen prompt is a stream of cache misses,
+//! and the smaller the table the fewer. Each backend has an LRU queue
 //! bounded by its capacity (its real KV capacity when the tick learned it from
 //! `vllm:cache_config_info`, else an equal share of `max_blocks`), and entries
 //! unused for `ttl_ms` count as gone. Queues are lazy: a refresh pushes a new
@@ -31,6 +34,7 @@
 //!
 //! Cost: lookup O(matched blocks); record O(new blocks) amortised.
 
+use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use std::collections::VecDeque;
 
@@ -39,6 +43,7 @@ const REFRESH_MS: u64 = 1000;
 
 #[derive(Debug, Default)]
 struct Lru {
+    /// (entry key, time) in recording order; stale records are skipped lazily.
     queue: VecDeque<(u64, u64)>,
     live: usize,
     capacity: usize,
@@ -47,7 +52,10 @@ struct Lru {
 /// Per-VM replica of the fleet's prefix picture.
 #[derive(Debug)]
 pub struct Index {
-    map: HashMap<u64, Vec<(u16, u64)>>,
+    /// Entry key (block hash salted by backend, see [`Index::key`]) → last use.
+    map: HashMap<u64, u64>,
+    /// Per-backend salts: block hashes are uniform, so an xor keeps keys distinct.
+    salts: Vec<u64>,
     lru: Vec<Lru>,
     max_blocks: usize,
     ttl_ms: u64,
@@ -58,6 +66,9 @@ impl Index {
     pub fn new(backends: usize, max_blocks: usize, ttl_ms: u64) -> Index {
         let mut ix = Index {
             map: HashMap::new(),
+            salts: (0..backends as u64)
+                .map(|b| crate::policy::mix(b ^ 0x1de5_a17e))
+                .collect(),
             lru: (0..backends).map(|_| Lru::default()).collect(),
             max_blocks,
             ttl_ms,
@@ -104,35 +115,36 @@ impl Index {
         self.len() == 0
     }
 
+    fn key(&self, block: u64, backend: usize) -> u64 {
+        block ^ self.salts.get(backend).copied().unwrap_or(0)
+    }
+
+    fn fresh(&self, block: u64, backend: usize, now_ms: u64) -> bool {
+        self.map
+            .get(&self.key(block, backend))
+            .is_some_and(|&t| now_ms.saturating_sub(t) <= self.ttl_ms)
+    }
+
     /// For each backend, how many leading blocks of `blocks` it holds.
     pub fn match_lengths(&self, blocks: &[u64], now_ms: u64, out: &mut Vec<u32>) {
         out.clear();
         out.resize(self.lru.len(), 0);
-        let mut alive: Vec<u16> = Vec::new();
-        for (i, h) in blocks.iter().enumerate() {
-            let holders = match self.map.get(h) {
-                Some(v) => v,
-                None => break,
-            };
-            let fresh = |b: u16| {
-                holders
-                    .iter()
-                    .any(|&(hb, t)| hb == b && now_ms.saturating_sub(t) <= self.ttl_ms)
-            };
-            if i == 0 {
-                alive = holders
-                    .iter()
-                    .filter(|&&(_, t)| now_ms.saturating_sub(t) <= self.ttl_ms)
-                    .map(|&(b, _)| b)
-                    .collect();
-            } else {
-                alive.retain(|&b| fresh(b));
+        let Some(&first) = blocks.first() else {
+            return;
+        };
+        // Chains are prefix-closed: only holders of block i can hold block i+1.
+        let mut alive: Vec<usize> = (0..self.lru.len())
+            .filter(|&b| self.fresh(first, b, now_ms))
+            .collect();
+        for (i, &h) in blocks.iter().enumerate() {
+            if i > 0 {
+                alive.retain(|&b| self.fresh(h, b, now_ms));
             }
             if alive.is_empty() {
                 break;
             }
             for &b in &alive {
-                if let Some(m) = out.get_mut(b as usize) {
+                if let Some(m) = out.get_mut(b) {
                     *m = (i + 1) as u32;
                 }
             }
@@ -141,21 +153,27 @@ impl Index {
 
     /// Records that `backend` now holds `blocks` (as of `now_ms`).
     pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) {
-        let Some(lru) = self.lru.get_mut(backend) else {
+        if backend >= self.lru.len() {
             return;
-        };
-        let b = backend as u16;
+        }
         for &h in blocks {
-            let holders = self.map.entry(h).or_default();
-            match holders.iter_mut().find(|(hb, _)| *hb == b) {
-                Some((_, t)) if now_ms.saturating_sub(*t) < REFRESH_MS => continue,
-                Some((_, t)) => *t = now_ms,
-                None => {
-                    holders.push((b, now_ms));
+            let k = self.key(h, backend);
+            let Some(lru) = self.lru.get_mut(backend) else {
+                return;
+            };
+            match self.map.entry(k) {
+                Entry::Occupied(mut e) => {
+                    if now_ms.saturating_sub(*e.get()) < REFRESH_MS {
+                        continue;
+                    }
+                    e.insert(now_ms);
+                }
+                Entry::Vacant(e) => {
+                    e.insert(now_ms);
                     lru.live += 1;
                 }
             }
-            lru.queue.push_back((h, now_ms));
+            lru.queue.push_back((k, now_ms));
         }
         self.evict(backend, now_ms);
     }
@@ -165,30 +183,23 @@ impl Index {
         let Some(lru) = self.lru.get_mut(backend) else {
             return;
         };
-        let b = backend as u16;
-        while let Some(&(h, t)) = lru.queue.front() {
+        while let Some(&(k, t)) = lru.queue.front() {
             let expired = now_ms.saturating_sub(t) > self.ttl_ms;
             if lru.live <= lru.capacity && !expired {
                 break;
             }
             lru.queue.pop_front();
-            if let Some(holders) = self.map.get_mut(&h) {
-                // A newer record for this entry is further back: this one is stale.
-                if let Some(pos) = holders.iter().position(|&(hb, ht)| hb == b && ht == t) {
-                    holders.swap_remove(pos);
+            // A newer record for this entry is further back: this one is stale.
+            if let Entry::Occupied(e) = self.map.entry(k) {
+                if *e.get() == t {
+                    e.remove();
                     lru.live -= 1;
-                    if holders.is_empty() {
-                        self.map.remove(&h);
-                    }
                 }
             }
         }
         if lru.queue.len() > 2 * lru.live + 1024 {
             let map = &self.map;
-            lru.queue.retain(|&(h, t)| {
-                map.get(&h)
-                    .is_some_and(|v| v.iter().any(|&(hb, ht)| hb == b && ht == t))
-            });
+            lru.queue.retain(|&(k, t)| map.get(&k) == Some(&t));
         }
     }
 
