@@ -222,6 +222,7 @@ struct Http {
     awaiting_body: bool,
     chosen: Option<usize>,
     debug: Option<String>,
+    response_done: bool,
 }
 
 impl Http {
@@ -382,10 +383,16 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.response_done = end_of_stream;
         if let Some(d) = &self.debug {
             let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, DEBUG_HEADER, d);
         }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        self.response_done |= end_of_stream;
         Action::Continue
     }
 
@@ -393,9 +400,15 @@ impl HttpContext for Http {
         let (Some(s), Some(b)) = (&self.shared, self.chosen.take()) else {
             return;
         };
-        // A stream reset after the headers still has a :status; Envoy's details tell the truth.
-        let details = hostcalls::get_property(vec!["response", "code_details"])
-            .ok()
+        // A stream reset after the headers still has a :status; Envoy's details tell the
+        // truth. A response whose last byte passed this filter was not reset upstream,
+        // which spares most requests that host call.
+        let details = (!self.response_done)
+            .then(|| {
+                hostcalls::get_property(vec!["response", "code_details"])
+                    .ok()
+                    .flatten()
+            })
             .flatten();
         let reset = details.is_some_and(|d| {
             let d = String::from_utf8_lossy(&d);

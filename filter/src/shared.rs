@@ -5,7 +5,7 @@
 //! bytes. Updates are read-modify-write with CAS, retried a bounded number of
 //! times (a worker that keeps losing gives up and counts it rather than spin).
 
-use crate::host::{Host, HostError};
+use crate::host::{Host, HostError, Versioned};
 use crate::index::{Event, LogShape};
 use crate::load::{decode_health, encode_health, Health};
 
@@ -60,10 +60,27 @@ impl Keys {
 pub fn update<H: Host, T>(
     host: &H,
     key: &str,
+    f: impl FnMut(Option<Vec<u8>>) -> (Option<Vec<u8>>, T),
+) -> Result<T, HostError> {
+    update_after(host, key, None, f)
+}
+
+/// [`update`] whose first attempt starts from `seed`, a read of `key` the caller
+/// already made: each host call costs microseconds in Envoy, and on the request
+/// path the value was just read to decide, so only a lost CAS reads it again.
+pub fn update_after<H: Host, T>(
+    host: &H,
+    key: &str,
+    mut seed: Option<Versioned>,
     mut f: impl FnMut(Option<Vec<u8>>) -> (Option<Vec<u8>>, T),
 ) -> Result<T, HostError> {
     for _ in 0..MAX_CAS_RETRIES {
-        let (value, cas) = host.get_shared(key)?;
+        // A read of a missing key has no CAS token, and a write without one is
+        // unconditional: such a seed could overwrite a value created since.
+        let (value, cas) = match seed.take().filter(|(_, cas)| cas.is_some()) {
+            Some(read) => read,
+            None => host.get_shared(key)?,
+        };
         let (new, out) = f(value);
         let Some(new) = new else { return Ok(out) };
         match host.set_shared(key, &new, cas) {
@@ -75,13 +92,22 @@ pub fn update<H: Host, T>(
     Err(HostError::CasMismatch)
 }
 
+/// A decoded shared value and the raw read it came from, to seed a following update.
+#[derive(Debug, Clone)]
+pub struct Read<T> {
+    /// The decoded value.
+    pub value: T,
+    /// The bytes and CAS token as read.
+    pub raw: Versioned,
+}
+
 fn u64_of(v: &Option<Vec<u8>>) -> u64 {
     v.as_deref()
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_le_bytes)
 }
 
-fn counters(v: Option<Vec<u8>>, n: usize) -> Vec<u32> {
+fn counters(v: Option<&[u8]>, n: usize) -> Vec<u32> {
     match v {
         Some(b) if b.len() == n * 4 => b
             .chunks_exact(4)
@@ -124,17 +150,33 @@ impl<H: Host> Shared<'_, H> {
 
     /// In-flight requests per backend, as accounted by every worker.
     pub fn inflight(&self) -> Result<Vec<u32>, HostError> {
-        Ok(counters(
-            self.host.get_shared(&self.keys.inflight)?.0,
-            self.n,
-        ))
+        self.read_inflight().map(|r| r.value)
+    }
+
+    /// [`Shared::inflight`] with the read that seeds [`Shared::add_inflight_after`].
+    pub fn read_inflight(&self) -> Result<Read<Vec<u32>>, HostError> {
+        let raw = self.host.get_shared(&self.keys.inflight)?;
+        Ok(Read {
+            value: counters(raw.0.as_deref(), self.n),
+            raw,
+        })
     }
 
     /// Adds `delta` to one backend's in-flight count (saturating at 0).
     pub fn add_inflight(&self, backend: usize, delta: i32) -> Result<Vec<u32>, HostError> {
+        self.add_inflight_after(None, backend, delta)
+    }
+
+    /// [`Shared::add_inflight`] starting from an earlier read of the counts.
+    pub fn add_inflight_after(
+        &self,
+        seed: Option<Versioned>,
+        backend: usize,
+        delta: i32,
+    ) -> Result<Vec<u32>, HostError> {
         let n = self.n;
-        update(self.host, &self.keys.inflight, |v| {
-            let mut c = counters(v, n);
+        update_after(self.host, &self.keys.inflight, seed, |v| {
+            let mut c = counters(v.as_deref(), n);
             if let Some(x) = c.get_mut(backend) {
                 *x = x.saturating_add_signed(delta);
             }
@@ -190,7 +232,16 @@ impl<H: Host> Shared<'_, H> {
 
     /// Sequence number the next index event gets: cheap to read, tells whether the log moved.
     pub fn log_next_seq(&self) -> Result<u64, HostError> {
-        Ok(u64_of(&self.host.get_shared(&self.keys.log_seq)?.0))
+        self.read_log_seq().map(|r| r.value)
+    }
+
+    /// [`Shared::log_next_seq`] with the read that seeds [`Shared::append_log_after`].
+    pub fn read_log_seq(&self) -> Result<Read<u64>, HostError> {
+        let raw = self.host.get_shared(&self.keys.log_seq)?;
+        Ok(Read {
+            value: u64_of(&raw.0),
+            raw,
+        })
     }
 
     /// The event in `seq`'s slot, whichever event that is now (or none).
@@ -202,11 +253,22 @@ impl<H: Host> Shared<'_, H> {
     /// Appends an index event: reserves its seq with one CAS on the counter, then
     /// writes its slot (the seq is ours alone, so unconditionally). Returns the seq.
     pub fn append_log(&self, origin: u64, backend: u16, blocks: &[u64]) -> Result<u64, HostError> {
-        let seq = update(self.host, &self.keys.log_seq, |v| {
+        self.append_log_after(None, origin, backend, blocks, self.host.now_ms())
+    }
+
+    /// [`Shared::append_log`] starting from an earlier read of the counter, at `now`.
+    pub fn append_log_after(
+        &self,
+        seed: Option<Versioned>,
+        origin: u64,
+        backend: u16,
+        blocks: &[u64],
+        now: u64,
+    ) -> Result<u64, HostError> {
+        let seq = update_after(self.host, &self.keys.log_seq, seed, |v| {
             let next = u64_of(&v);
             (Some(next.wrapping_add(1).to_le_bytes().to_vec()), next)
         })?;
-        let now = self.host.now_ms();
         let event = Event::encode(
             seq,
             origin,
@@ -243,6 +305,41 @@ mod tests {
         assert_eq!(s.inflight().unwrap(), vec![0, 1, 1]);
         s.add_inflight(0, -1).unwrap();
         assert_eq!(s.inflight().unwrap(), vec![0, 1, 1], "never below zero");
+    }
+
+    #[test]
+    fn a_stale_seed_costs_a_reread_never_a_lost_update() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
+        let s = shared(&host, &keys);
+        // Seeds of keys that do not exist yet carry no CAS token: never trusted.
+        let (absent_counts, absent_seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
+        s.add_inflight(2, 1).unwrap();
+        s.append_log(9, 0, &[1]).unwrap();
+        assert_eq!(
+            s.add_inflight_after(Some(absent_counts.raw), 0, 1).unwrap(),
+            vec![1, 0, 1]
+        );
+        assert_eq!(
+            s.append_log_after(Some(absent_seq.raw), 8, 1, &[2], 5)
+                .unwrap(),
+            1
+        );
+        let (counts, seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
+        // Another worker moves both keys between this worker's reads and writes.
+        s.add_inflight(0, 1).unwrap();
+        s.append_log(9, 0, &[3]).unwrap();
+        assert_eq!(
+            s.add_inflight_after(Some(counts.raw), 0, 1).unwrap(),
+            vec![3, 0, 1]
+        );
+        assert_eq!(s.append_log_after(Some(seq.raw), 8, 1, &[4], 6).unwrap(), 3);
+        // A current seed applies directly.
+        let counts = s.read_inflight().unwrap();
+        assert_eq!(
+            s.add_inflight_after(Some(counts.raw), 1, 1).unwrap(),
+            vec![3, 1, 1]
+        );
+        assert_eq!(s.log_event(3).unwrap().map(|e| e.time_ms), Some(6));
     }
 
     #[test]
