@@ -133,6 +133,7 @@ class Envoy:
     filter_overrides: dict = field(default_factory=dict)
     with_filter: bool = True
     lb: str | None = None  # replace the pool's policy: "round_robin" or "least_request" (no filter runs)
+    wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -144,7 +145,7 @@ class Envoy:
         listener = cfg["static_resources"]["listeners"][0]
         listener["address"]["socket_address"]["port_value"] = self.port
         wasm = _wasm_filter(cfg)
-        wasm["config"]["vm_config"]["code"]["local"]["filename"] = str(WASM)
+        wasm["config"]["vm_config"]["code"]["local"]["filename"] = str(self.wasm_file)
         fc = filter_config(cfg)
         fc["backends"] = [
             {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
