@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -341,11 +342,6 @@ def uniform_args(words: int, requests: int, seed: int) -> list[str]:
             "--requests", str(requests), "--rate", "1000000", "--seed", str(seed)]
 
 
-def median(v: list[float]) -> float:
-    v = sorted(v)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
 def build_floor_filter() -> Path:
     subprocess.run(["cargo", "build", "--release", "-q", "--target", "wasm32-wasip1",
                     "--manifest-path", str(FLOOR_DIR / "Cargo.toml"),
@@ -370,15 +366,14 @@ def overhead(b: Bench) -> dict:
     Envoy charges any filter that routes on the body, which warmroute cannot go below."""
     print("== cost of the filter", flush=True)
     floor_wasm = build_floor_filter()
-    out: dict = {"runs": [], "rounds": 0}
     rdir = b.logdir / "overhead"
     rdir.mkdir()
     # 1 KB and 128 KB chat bodies (pseudo-words are ~8.5 bytes with JSON overhead).
     sizes = {"1KB": 110, "128KB": 15000}
     rounds = 4 if b.quick else 8
+    out: dict = {"runs": [], "rounds": rounds}
     lat_n = {"1KB": 600 if b.quick else 3000, "128KB": 200 if b.quick else 1000}
     thr_n = {"1KB": 1500 if b.quick else 8000, "128KB": 300 if b.quick else 1500}
-    out["rounds"] = rounds
     # Production settings: the debug response header is a troubleshooting aid, off by default.
     filter_cfg = {"strategy": "cache_aware", "debug_header": False}
     with InstantBackend(3, rdir) as be:
@@ -424,7 +419,7 @@ def overhead(b: Bench) -> dict:
                     for e in gw.values():
                         e.stop()
                 for g, m in per.items():
-                    run = {"size": size, "workers": workers, "gateway": g, "filter": g == "warmroute",
+                    run = {"size": size, "workers": workers, "gateway": g,
                            "p50_ms": median(m["p50"]), "p99_ms": median(m["p99"]), "mean_ms": median(m["mean"]),
                            "cpu_us_per_req_seq": median(m["cpu_seq"]), "max_rps": median(m["rps"]),
                            "cpu_us_per_req_load": median(m["cpu_load"]), "errors": m["errors"],
@@ -624,7 +619,7 @@ def targets(rows: list[dict], ov: dict | None) -> list[dict]:
             lim = 50 if c["size"] == "1KB" else 150
             check(f"filter overhead: added p50, {c['size']} body, {c['workers']} worker(s)",
                   f"{c['added_p50_us']:.0f} us"
-                  + (f" (floor filter {c['floor_added_p50_us']:.0f} us)" if "floor_added_p50_us" in c else ""),
+                  + f" (floor filter {c['floor_added_p50_us']:.0f} us)",
                   f"<= {lim} us", c["added_p50_us"] <= lim)
     return out
 
@@ -677,39 +672,29 @@ def markdown(res: dict) -> str:
     ov = res.get("overhead")
     if ov:
         L.append("## Cost of the filter (same Envoy binary and config, same instant backend, with vs without the wasm filter)\n")
-        has_floor = any("floor_added_p50_us" in c for c in ov["compare"])
         L.append("Backend: a second Envoy answering every request with a fixed SSE body via `direct_response` after "
                  "buffering the whole request (3 listeners = 3 backends). Latency: 1 request in flight (closed loop); "
                  "max throughput: 32 in flight. CPU/request: gateway Envoy utime+stime from /proc/<pid>/stat over the "
                  "throughput run / requests. The client and both Envoys share the machine's 2 cores, so max throughput "
                  "is a with/without ratio, not an absolute capacity. The gateways with and without the filter run side "
                  f"by side and are measured in {ov.get('rounds', 1)} alternating rounds; each figure is the median over "
-                 "rounds, and added latency the median of the per-round differences (this machine's speed drifts)."
-                 + (" A third gateway runs the *floor filter* (`bench/floor-filter`): it holds the headers, buffers "
-                    "the body, reads it into the VM and writes the routing header, nothing else. That is what Envoy "
-                    "charges any Wasm filter that routes on the body; warmroute's own work is the rest." if has_floor else "")
-                 + "\n")
+                 "rounds, and added latency the median of the per-round differences (this machine's speed drifts). "
+                 "A third gateway runs the *floor filter* (`bench/floor-filter`): it holds the headers, buffers "
+                 "the body, reads it into the VM and writes the routing header, nothing else. That is what Envoy "
+                 "charges any Wasm filter that routes on the body; warmroute's own work is the rest.\n")
         L.append("| body | workers | gateway | p50 us | p99 us | max rps | Envoy CPU us/req | errors |\n|---|---|---|---|---|---|---|---|")
         for r in ov["runs"]:
-            gw = r.get("gateway") or ("warmroute" if r["filter"] else "nofilter")
-            L.append(f"| {r['size']} | {r['workers']} | {gw} | {r['p50_ms'] * 1000:.0f} | "
+            L.append(f"| {r['size']} | {r['workers']} | {r['gateway']} | {r['p50_ms'] * 1000:.0f} | "
                      f"{r['p99_ms'] * 1000:.0f} | {r['max_rps']:.0f} | {r['cpu_us_per_req_load']:.0f} | {r['errors']} |")
-        if has_floor:
-            L.append("\n| body | workers | warmroute added p50 us | added p99 us | floor added p50 us | warmroute over floor p50 us "
-                     "| throughput with/without | CPU/req with/without | floor CPU/req with/without |\n|---|---|---|---|---|---|---|---|---|")
-            for c in ov["compare"]:
-                L.append(f"| {c['size']} | {c['workers']} | {c['added_p50_us']:.0f} | {c['added_p99_us']:.0f} | "
-                         f"{c['floor_added_p50_us']:.0f} | {c['over_floor_p50_us']:.0f} | {c['throughput_ratio']:.2f} | "
-                         f"{c['cpu_per_req_ratio']:.2f} | {c['floor_cpu_per_req_ratio']:.2f} |")
-        else:
-            L.append("\n| body | workers | added p50 us | added p99 us | throughput with/without | CPU/req with/without |\n|---|---|---|---|---|---|")
-            for c in ov["compare"]:
-                L.append(f"| {c['size']} | {c['workers']} | {c['added_p50_us']:.0f} | {c['added_p99_us']:.0f} | "
-                         f"{c['throughput_ratio']:.2f} | {c['cpu_per_req_ratio']:.2f} |")
-        if any("added_p50_us_rounds" in c for c in ov["compare"]):
-            L.append("\nAdded p50 per round (us): " + "; ".join(
-                f"{c['size']} {c['workers']}w: " + ", ".join(f"{x:.0f}" for x in c.get("added_p50_us_rounds", []))
-                for c in ov["compare"]) + ".")
+        L.append("\n| body | workers | warmroute added p50 us | added p99 us | floor added p50 us | warmroute over floor p50 us "
+                 "| throughput with/without | CPU/req with/without | floor CPU/req with/without |\n|---|---|---|---|---|---|---|---|---|")
+        for c in ov["compare"]:
+            L.append(f"| {c['size']} | {c['workers']} | {c['added_p50_us']:.0f} | {c['added_p99_us']:.0f} | "
+                     f"{c['floor_added_p50_us']:.0f} | {c['over_floor_p50_us']:.0f} | {c['throughput_ratio']:.2f} | "
+                     f"{c['cpu_per_req_ratio']:.2f} | {c['floor_cpu_per_req_ratio']:.2f} |")
+        L.append("\nAdded p50 per round (us): " + "; ".join(
+            f"{c['size']} {c['workers']}w: " + ", ".join(f"{x:.0f}" for x in c["added_p50_us_rounds"])
+            for c in ov["compare"]) + ".")
         fl = ov["client_floor_1KB"]
         L.append(f"\nClient floor (loadgen straight to the instant backend, 1 KB): p50 {fl['e2e_ms']['p50'] * 1000:.0f} us, "
                  f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
@@ -825,9 +810,8 @@ def plot(res: dict, path: Path) -> None:
         x = range(len(labels))
         ax.bar([i - 0.2 for i in x], [c["added_p50_us"] for c in ov["compare"]], 0.4, label="added p50")
         ax.bar([i + 0.2 for i in x], [c["added_p99_us"] for c in ov["compare"]], 0.4, label="added p99")
-        if all("floor_added_p50_us" in c for c in ov["compare"]):
-            ax.scatter([i - 0.2 for i in x], [c["floor_added_p50_us"] for c in ov["compare"]], marker="_", s=300,
-                       color="black", zorder=3, label="floor filter p50")
+        ax.scatter([i - 0.2 for i in x], [c["floor_added_p50_us"] for c in ov["compare"]], marker="_", s=300,
+                   color="black", zorder=3, label="floor filter p50")
         for i, c in enumerate(ov["compare"]):
             ax.annotate(f"thr x{c['throughput_ratio']:.2f}\ncpu x{c['cpu_per_req_ratio']:.2f}", (i, 0),
                         xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)

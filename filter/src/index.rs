@@ -153,14 +153,11 @@ impl Index {
 
     /// Records that `backend` now holds `blocks` (as of `now_ms`).
     pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) {
-        if backend >= self.lru.len() {
+        let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
-        }
+        };
         for &h in blocks {
-            let k = self.key(h, backend);
-            let Some(lru) = self.lru.get_mut(backend) else {
-                return;
-            };
+            let k = h ^ salt;
             match self.map.entry(k) {
                 Entry::Occupied(mut e) => {
                     if now_ms.saturating_sub(*e.get()) < REFRESH_MS {

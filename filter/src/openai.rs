@@ -146,6 +146,12 @@ enum Text<'a> {
 }
 
 impl<'a> Text<'a> {
+    /// A message without content.
+    const EMPTY: Text<'static> = Text::Str {
+        text: Cow::Borrowed(""),
+        separators: false,
+    };
+
     /// A string serde_json decoded (owned only when it had escapes).
     fn decoded(text: Cow<'a, str>) -> Text<'a> {
         let separators = matches!(text, Cow::Owned(_))
@@ -265,21 +271,18 @@ pub fn prompt_key(
             let mut continuation = false;
             for m in &req.messages {
                 continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
-                if !matches!(m.role.as_ref(), "system" | "developer") {
+                let turn = !matches!(m.role.as_ref(), "system" | "developer");
+                if turn {
                     h.begin_conversation();
                 }
-                match &m.content {
-                    Some(c) => feed_piece(&mut h, m.role.as_bytes(), c),
-                    None => {
-                        feed_piece(&mut h, m.role.as_bytes(), &Text::decoded(Cow::Borrowed("")))
-                    }
-                }
+                let content = m.content.as_ref().unwrap_or(&Text::EMPTY);
+                feed_piece(&mut h, m.role.as_bytes(), content);
                 if let Some(calls) = m.tool_calls {
                     h.feed(&[GROUP]);
                     h.feed(calls.get().as_bytes());
                 }
                 // The first turn that is not instructions anchors the conversation.
-                if !matches!(m.role.as_ref(), "system" | "developer") {
+                if turn {
                     h.mark_anchor();
                 }
             }
