@@ -271,6 +271,48 @@ def test_inflight_is_released_on_every_outcome():
                 break
             time.sleep(0.1)
         assert all(v == "0" for v in inflight.values()), inflight
+        prefill = {s.name: stats.get(f"wasmcustom.warmroute.backend.{s.name}.prefill_blocks") for s in f.sims}
+        assert all(v == "0" for v in prefill.values()), prefill
         seen = {k.rsplit(".", 1)[1]: int(v) for k, v in f.envoy.stats().items() if ".requests.cache_aware." in k}
         assert sum(seen.values()) == 8, ("every request is counted once", seen)
         assert seen["reset"] >= 1 and seen["4xx"] == 1, seen
+
+
+def test_a_long_prefill_diverts_new_prompts_until_its_first_byte():
+    # eps 100 turns the load bound off: only the prefill queue can keep prompts off the busy pod.
+    overrides = {"balance": {"eps": 100}, "metrics": {"period_ms": 100, "timeout_ms": 80}}
+    with Fleet(3, ["--time-scale", "0.5"], filter_overrides=overrides) as f:
+        def gauge(pod: str, name: str) -> int:
+            return int(f.envoy.stats().get(f"wasmcustom.warmroute.backend.{pod}.{name}", "0"))
+
+        # ~40k tokens: ~5 s of prefill at time scale 0.5, then 150 decode steps.
+        conn = http.client.HTTPConnection("127.0.0.1", f.envoy.port, timeout=60)
+        long_body = chat(MODEL, [{"role": "user", "content": words("long", 40_000)}], max_tokens=150, stream=True)
+        with ThreadPoolExecutor(1) as ex:
+            conn.request("POST", "/v1/chat/completions", json.dumps(long_body), {"content-type": "application/json"})
+            reply = ex.submit(conn.getresponse)
+            busy, deadline = None, time.time() + 2
+            while busy is None and time.time() < deadline:
+                busy = next((s.name for s in f.sims if gauge(s.name, "prefill_blocks") > 1000), None)
+                time.sleep(0.05)
+            assert busy, "the long prompt's prefill is accounted"
+            # Twelve new conversations while it prefills: rendezvous alone would put ~4 on it.
+            chosen = []
+            for i in range(12):
+                body = chat(MODEL, [{"role": "user", "content": f"short {i} " + words(f"s{i}x", 30)}], max_tokens=1)
+                r = post(f.envoy.port, "/v1/chat/completions", body)
+                assert r.status == 200, r.body
+                chosen.append(debug(r)["backend"])
+            assert busy not in chosen, (busy, chosen)
+            assert gauge(busy, "prefill_blocks") > 1000, "still prefilling while they were routed"
+            r = reply.result(timeout=30)
+            assert r.status == 200
+            assert r.read1(64).startswith(b"data:")
+            # First token out: its prefill no longer counts, the request still does until it ends
+            # (150 decode steps: seconds at this time scale).
+            deadline = time.time() + 2
+            while gauge(busy, "prefill_blocks") and time.time() < deadline:
+                time.sleep(0.05)
+            assert (gauge(busy, "prefill_blocks"), gauge(busy, "inflight")) == (0, 1)
+            r.read()
+        conn.close()

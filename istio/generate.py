@@ -146,7 +146,7 @@ def plugin_config(args) -> dict:
         "max_body_bytes": 8388608,
         "session_header": "x-session-id",
         "balance": {"eps": 0.25},
-        "cache_aware": {"tie_margin": 0.05, "min_match_blocks": 1},
+        "cache_aware": {"tie_margin": 0.05, "min_match_blocks": 1, "prefill_slack_tokens": 8192},
         "saturation": {"max_waiting": 4, "max_kv_usage": 0.98, "max_inflight": 0},
         "index": {"max_blocks": 262144, "ttl_ms": 600000, "log_bytes": 262144},
         "metrics": {

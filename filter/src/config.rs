@@ -117,6 +117,8 @@ struct WireCacheAware {
     tie_margin: f64,
     #[serde(default = "d_min_match_blocks")]
     min_match_blocks: u32,
+    #[serde(default = "d_prefill_slack_tokens")]
+    prefill_slack_tokens: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,6 +219,9 @@ fn d_tie_margin() -> f64 {
 fn d_min_match_blocks() -> u32 {
     1
 }
+fn d_prefill_slack_tokens() -> u32 {
+    8192
+}
 fn d_max_waiting() -> f64 {
     4.0
 }
@@ -298,6 +303,7 @@ fn default_cache_aware() -> WireCacheAware {
     WireCacheAware {
         tie_margin: d_tie_margin(),
         min_match_blocks: d_min_match_blocks(),
+        prefill_slack_tokens: d_prefill_slack_tokens(),
     }
 }
 fn default_saturation() -> WireSaturation {
@@ -362,6 +368,8 @@ pub struct PolicyConfig {
     pub tie_margin: f64,
     /// Fewer matched blocks than this count as no match.
     pub min_match_blocks: u32,
+    /// Prefill queues differing by less than this many prompt blocks count as equal.
+    pub prefill_slack_blocks: f64,
     /// A backend with this many waiting requests is saturated.
     pub max_waiting: f64,
     /// A backend with KV usage at or above this is saturated.
@@ -567,6 +575,7 @@ impl TryFrom<WireConfig> for Config {
             (RouteMode::Header, None) => BACKEND_HEADER.to_string(),
             (_, None) => ENDPOINT_HEADER.to_string(),
         };
+        let block_bytes = in_range("block_bytes", w.block_bytes, 16, 65_536)?;
         let route = RouteConfig {
             mode: w.route.mode,
             header,
@@ -576,6 +585,17 @@ impl TryFrom<WireConfig> for Config {
         if !valid_header_name(&session_header) {
             return Err(bad("session_header", "is not a valid header name"));
         }
+        let index = IndexConfig {
+            max_blocks: in_range("index.max_blocks", w.index.max_blocks, 1024, 1 << 26)?,
+            ttl_ms: in_range("index.ttl_ms", w.index.ttl_ms, 1000, 7 * 24 * 3_600_000)?,
+            log_bytes: in_range("index.log_bytes", w.index.log_bytes, 4096, 64 << 20)?,
+            bytes_per_token: finite_in_range(
+                "index.bytes_per_token",
+                w.index.bytes_per_token,
+                0.5,
+                64.0,
+            )?,
+        };
         let policy = PolicyConfig {
             eps: finite_in_range("balance.eps", w.balance.eps, 0.0, 100.0)?,
             tie_margin: finite_in_range(
@@ -603,17 +623,14 @@ impl TryFrom<WireConfig> for Config {
                 1.0,
             )?,
             max_inflight: w.saturation.max_inflight,
-        };
-        let index = IndexConfig {
-            max_blocks: in_range("index.max_blocks", w.index.max_blocks, 1024, 1 << 26)?,
-            ttl_ms: in_range("index.ttl_ms", w.index.ttl_ms, 1000, 7 * 24 * 3_600_000)?,
-            log_bytes: in_range("index.log_bytes", w.index.log_bytes, 4096, 64 << 20)?,
-            bytes_per_token: finite_in_range(
-                "index.bytes_per_token",
-                w.index.bytes_per_token,
-                0.5,
-                64.0,
-            )?,
+            prefill_slack_blocks: in_range(
+                "cache_aware.prefill_slack_tokens",
+                w.cache_aware.prefill_slack_tokens,
+                0,
+                1 << 24,
+            )? as f64
+                * index.bytes_per_token
+                / block_bytes as f64,
         };
         let m = w.metrics;
         let period_ms = in_range("metrics.period_ms", m.period_ms, 50, 3_600_000)?;
@@ -650,7 +667,7 @@ impl TryFrom<WireConfig> for Config {
             backends,
             strategy: w.strategy,
             route,
-            block_bytes: in_range("block_bytes", w.block_bytes, 16, 65_536)?,
+            block_bytes,
             max_body_bytes: in_range("max_body_bytes", w.max_body_bytes, 1024, 1 << 30)?,
             session_header,
             policy,
@@ -790,6 +807,13 @@ mod tests {
         assert_eq!(
             err(&format!("{base}\"balance\":{{\"eps\":-1}}}}")).field,
             "balance.eps"
+        );
+        assert_eq!(
+            err(&format!(
+                "{base}\"cache_aware\":{{\"prefill_slack_tokens\":99999999}}}}"
+            ))
+            .field,
+            "cache_aware.prefill_slack_tokens"
         );
         assert_eq!(
             err(&format!(

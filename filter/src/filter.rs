@@ -7,6 +7,7 @@ use crate::host::{Host, Proxy};
 use crate::load::extract;
 use crate::openai::{prompt_key, Endpoint};
 use crate::router::{Request, Router, ANCHOR_BYTES};
+use crate::shared::Delta;
 use crate::stats::{Fallback, Stats};
 use crate::{route, telemetry};
 use proxy_wasm::hostcalls;
@@ -221,6 +222,8 @@ struct Http {
     session: Option<String>,
     awaiting_body: bool,
     chosen: Option<usize>,
+    /// What this request holds on `chosen` until released.
+    held: Delta,
     debug: Option<String>,
     response_done: bool,
 }
@@ -267,6 +270,10 @@ impl Http {
         );
         let primary = routed.decision.order.first().copied().unwrap_or(0);
         self.chosen = Some(primary);
+        self.held = Delta {
+            requests: 1,
+            prefill_blocks: routed.prefill_blocks.min(i32::MAX as u32) as i32,
+        };
         s.stats.decided(
             routed.decision.reason,
             primary,
@@ -391,8 +398,22 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.response_done |= end_of_stream;
+        // The first streamed byte means the prompt is prefilled: stop making others
+        // queue behind it. A response that ends here is released whole in on_log.
+        if body_size > 0 && !end_of_stream && self.held.prefill_blocks > 0 {
+            if let (Some(s), Some(b)) = (&self.shared, self.chosen) {
+                let prefilled = Delta {
+                    requests: 0,
+                    prefill_blocks: self.held.prefill_blocks,
+                };
+                if let Err(e) = s.router.borrow().release(&Proxy, b, prefilled) {
+                    log::debug!("warmroute: prefill release lost: {e:?}");
+                }
+            }
+            self.held.prefill_blocks = 0;
+        }
         Action::Continue
     }
 
@@ -420,7 +441,7 @@ impl HttpContext for Http {
             .and_then(|v| v.parse().ok())
             .filter(|_| !reset);
         s.stats.finished(status);
-        if let Err(e) = s.router.borrow().release(&Proxy, b) {
+        if let Err(e) = s.router.borrow().release(&Proxy, b, self.held) {
             log::debug!("warmroute: in-flight release lost: {e:?}");
         }
     }

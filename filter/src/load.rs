@@ -6,7 +6,14 @@
 //!             = inflight_b                                   (no fresh scrape)
 //! saturated_b = waiting_b >= max_waiting  ∨  kv_usage_b >= max_kv_usage
 //!               ∨ (max_inflight > 0 ∧ inflight_b >= max_inflight)
+//! prefill_b   = prompt blocks this gateway sent to b whose first answer byte
+//!               has not come back yet (minus what b was believed to hold)
 //! ```
+//! `prefill_b` is the queue a new prompt's prefill waits behind: vLLM
+//! prefills in arrival order, so a pod holding one unanswered 30k-token prompt
+//! answers a short one later than a pod holding three short ones, though its
+//! request count is lower. Counted by the filter alone: no server exports it.
+//!
 //! In-flight counts react instantly (between scrapes); scraped running+waiting
 //! also see traffic from other gateway replicas. A queue (`waiting > 0`) means
 //! the server already hit `max_num_seqs` or its KV capacity, so it counts as
@@ -179,6 +186,15 @@ pub fn decode_health(bytes: &[u8], n: usize) -> Vec<Health> {
         .collect()
 }
 
+/// What this gateway's workers sent one backend and have not seen answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlight {
+    /// Requests not finished.
+    pub requests: u32,
+    /// Prompt blocks not yet prefilled (released at the first response byte).
+    pub prefill_blocks: u32,
+}
+
 /// The load picture of one backend at decision time.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BackendLoad {
@@ -188,11 +204,13 @@ pub struct BackendLoad {
     pub load: f64,
     /// Not eligible for cache affinity or bounded-load placement.
     pub saturated: bool,
+    /// Prompt blocks queued for prefill ahead of a new request.
+    pub prefill: f64,
 }
 
 /// Combines in-flight counts and health into per-backend load.
 pub fn backend_loads(
-    inflight: &[u32],
+    inflight: &[InFlight],
     health: &[Health],
     now_ms: u64,
     stale_after_ms: u64,
@@ -201,10 +219,10 @@ pub fn backend_loads(
     inflight
         .iter()
         .enumerate()
-        .map(|(b, &inf)| {
+        .map(|(b, f)| {
             let h = health.get(b).copied().unwrap_or_default();
             let fresh = h.scraped_ms > 0 && now_ms.saturating_sub(h.scraped_ms) <= stale_after_ms;
-            let inf = inf as f64;
+            let inf = f.requests as f64;
             let (load, sat) = if fresh {
                 let s = h.scrape;
                 (
@@ -219,6 +237,7 @@ pub fn backend_loads(
                 healthy: !h.down,
                 load,
                 saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
+                prefill: f.prefill_blocks as f64,
             }
         })
         .collect()
@@ -306,11 +325,27 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
             },
             ..Health::default()
         };
-        let l = backend_loads(&[1, 1], &[busy, Health::default()], 1500, 2000, &c.policy);
+        let one = InFlight {
+            requests: 1,
+            prefill_blocks: 7,
+        };
+        let l = backend_loads(
+            &[one, one],
+            &[busy, Health::default()],
+            1500,
+            2000,
+            &c.policy,
+        );
         assert_eq!(l[0].load, 16.0);
         assert!(l[0].saturated);
-        assert_eq!(l[1].load, 1.0);
-        let stale = backend_loads(&[1, 1], &[busy, Health::default()], 5000, 2000, &c.policy);
+        assert_eq!((l[1].load, l[1].prefill), (1.0, 7.0));
+        let stale = backend_loads(
+            &[one, one],
+            &[busy, Health::default()],
+            5000,
+            2000,
+            &c.policy,
+        );
         assert_eq!(stale[0].load, 1.0);
         assert!(!stale[0].saturated);
     }

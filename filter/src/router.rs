@@ -13,10 +13,10 @@
 use crate::config::{Config, Strategy};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
-use crate::load::{backend_loads, Health};
+use crate::load::{backend_loads, Health, InFlight};
 use crate::policy::{mix, Chooser, Decision, RequestKey};
 use crate::prefix::PromptKey;
-use crate::shared::{Keys, Shared};
+use crate::shared::{Delta, Keys, Shared};
 use crate::telemetry::Scraper;
 
 /// Anchor length for prompts without message structure (completions).
@@ -38,6 +38,8 @@ pub struct Routed {
     pub decision: Decision,
     /// Full blocks in the prompt.
     pub blocks: u32,
+    /// Blocks the primary must prefill (accounted until the first response byte).
+    pub prefill_blocks: u32,
     /// Host calls that failed along the way (the decision is still made).
     pub host_errors: u32,
     /// Index events other VMs appended that this VM never saw (log trimmed).
@@ -180,7 +182,7 @@ impl Router {
             Ok(r) => (r.value, Some(r.raw)),
             Err(e) => {
                 note(Err(e));
-                (vec![0; n], None)
+                (vec![InFlight::default(); n], None)
             }
         };
         let health = shared.health().unwrap_or_else(|e| {
@@ -252,9 +254,14 @@ impl Router {
             reason: crate::policy::Reason::Fallback,
         });
         let primary = decision.order.first().copied().unwrap_or(0);
+        let prefill_blocks = blocks.saturating_sub(decision.matched);
+        let sent = Delta {
+            requests: 1,
+            prefill_blocks: prefill_blocks.min(i32::MAX as u32) as i32,
+        };
         note(
             shared
-                .add_inflight_after(inflight_read, primary, 1)
+                .add_inflight_after(inflight_read, primary, sent)
                 .map(|_| ()),
         );
         if let Some(key) = req.key.filter(|k| !k.blocks.is_empty()) {
@@ -271,14 +278,20 @@ impl Router {
         Routed {
             decision,
             blocks,
+            prefill_blocks,
             host_errors,
             log_gap,
         }
     }
 
-    /// Releases the in-flight slot a routed request held.
-    pub fn release<H: Host>(&self, host: &H, backend: usize) -> Result<(), HostError> {
-        self.shared(host).add_inflight(backend, -1).map(|_| ())
+    /// Takes back what a routed request still holds on `backend`: its prefill
+    /// blocks once its first response byte arrived, its request slot when it ended.
+    pub fn release<H: Host>(&self, host: &H, backend: usize, held: Delta) -> Result<(), HostError> {
+        let back = Delta {
+            requests: -held.requests,
+            prefill_blocks: -held.prefill_blocks,
+        };
+        self.shared(host).add_inflight(backend, back).map(|_| ())
     }
 
     /// Sizes the index to each backend's real KV capacity, when known.
@@ -350,7 +363,8 @@ mod tests {
                 session: None,
             },
         );
-        a.release(&host, first.decision.order[0]).unwrap();
+        a.release(&host, first.decision.order[0], Delta::requests(1))
+            .unwrap();
         // Turn 2 goes through the other VM: only the shared log can tell it where turn 1 went.
         let second = b.route(
             &host,
@@ -379,9 +393,55 @@ mod tests {
             "least_request spreads in-flight work"
         );
         for p in picks {
-            a.release(&host, p).unwrap();
+            a.release(&host, p, Delta::requests(1)).unwrap();
         }
-        assert_eq!(a.shared(&host).inflight().unwrap(), vec![0, 0, 0]);
+        assert_eq!(
+            a.shared(&host).inflight().unwrap(),
+            vec![crate::load::InFlight::default(); 3]
+        );
+    }
+
+    #[test]
+    fn only_uncached_blocks_wait_for_prefill() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let long = "x".repeat(4000);
+        let turn1 = chat(&[("user", &long)]);
+        let turn2 = chat(&[("user", &long), ("assistant", "ok"), ("user", &long)]);
+        let route = |a: &mut Router, key: &PromptKey| {
+            a.route(
+                &host,
+                &Request {
+                    key: Some(key),
+                    session: None,
+                },
+            )
+        };
+        let first = route(&mut a, &turn1);
+        let b = first.decision.order[0];
+        assert_eq!(first.prefill_blocks, first.blocks);
+        // Turn 1's answer started: its prefill no longer holds anyone up.
+        let prefilled = Delta {
+            requests: 0,
+            prefill_blocks: first.prefill_blocks as i32,
+        };
+        a.release(&host, b, prefilled).unwrap();
+        let held = a.shared(&host).inflight().unwrap()[b];
+        assert_eq!((held.requests, held.prefill_blocks), (1, 0));
+        // Done (with 3 pods and 1 request in flight the load bound would move turn 2).
+        a.release(&host, b, Delta::requests(1)).unwrap();
+        let second = route(&mut a, &turn2);
+        assert_eq!(second.decision.order[0], b);
+        assert!(second.decision.matched >= first.blocks, "{second:?}");
+        assert_eq!(
+            second.prefill_blocks,
+            second.blocks - second.decision.matched
+        );
+        let held = a.shared(&host).inflight().unwrap()[b];
+        assert_eq!(
+            (held.requests, held.prefill_blocks),
+            (1, second.prefill_blocks)
+        );
     }
 
     #[test]

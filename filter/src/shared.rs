@@ -7,7 +7,7 @@
 
 use crate::host::{Host, HostError, Versioned};
 use crate::index::{Event, LogShape};
-use crate::load::{decode_health, encode_health, Health};
+use crate::load::{decode_health, encode_health, Health, InFlight};
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
@@ -92,6 +92,25 @@ pub fn update_after<H: Host, T>(
     Err(HostError::CasMismatch)
 }
 
+/// A change to one backend's [`InFlight`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Delta {
+    /// Change in requests.
+    pub requests: i32,
+    /// Change in prompt blocks waiting for prefill.
+    pub prefill_blocks: i32,
+}
+
+impl Delta {
+    /// One more or one fewer request, and nothing else.
+    pub const fn requests(requests: i32) -> Delta {
+        Delta {
+            requests,
+            prefill_blocks: 0,
+        }
+    }
+}
+
 /// A decoded shared value and the raw read it came from, to seed a following update.
 #[derive(Debug, Clone)]
 pub struct Read<T> {
@@ -107,18 +126,33 @@ fn u64_of(v: &Option<Vec<u8>>) -> u64 {
         .map_or(0, u64::from_le_bytes)
 }
 
-fn counters(v: Option<&[u8]>, n: usize) -> Vec<u32> {
+fn counters(v: Option<&[u8]>, n: usize) -> Vec<InFlight> {
+    let word = |c: &[u8], at: usize| {
+        c.get(at..at + 4)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
     match v {
-        Some(b) if b.len() == n * 4 => b
-            .chunks_exact(4)
-            .map(|c| c.try_into().map_or(0, u32::from_le_bytes))
+        Some(b) if b.len() == n * 8 => b
+            .chunks_exact(8)
+            .map(|c| InFlight {
+                requests: word(c, 0),
+                prefill_blocks: word(c, 4),
+            })
             .collect(),
-        _ => vec![0; n],
+        _ => vec![InFlight::default(); n],
     }
 }
 
-fn encode_counters(c: &[u32]) -> Vec<u8> {
-    c.iter().flat_map(|v| v.to_le_bytes()).collect()
+fn encode_counters(c: &[InFlight]) -> Vec<u8> {
+    c.iter()
+        .flat_map(|v| {
+            let mut w = [0u8; 8];
+            w[..4].copy_from_slice(&v.requests.to_le_bytes());
+            w[4..].copy_from_slice(&v.prefill_blocks.to_le_bytes());
+            w
+        })
+        .collect()
 }
 
 /// Typed access to the shared fleet state.
@@ -148,13 +182,13 @@ impl<H: Host> Shared<'_, H> {
         })
     }
 
-    /// In-flight requests per backend, as accounted by every worker.
-    pub fn inflight(&self) -> Result<Vec<u32>, HostError> {
+    /// In-flight requests and unanswered prefill per backend, as accounted by every worker.
+    pub fn inflight(&self) -> Result<Vec<InFlight>, HostError> {
         self.read_inflight().map(|r| r.value)
     }
 
     /// [`Shared::inflight`] with the read that seeds [`Shared::add_inflight_after`].
-    pub fn read_inflight(&self) -> Result<Read<Vec<u32>>, HostError> {
+    pub fn read_inflight(&self) -> Result<Read<Vec<InFlight>>, HostError> {
         let raw = self.host.get_shared(&self.keys.inflight)?;
         Ok(Read {
             value: counters(raw.0.as_deref(), self.n),
@@ -162,8 +196,8 @@ impl<H: Host> Shared<'_, H> {
         })
     }
 
-    /// Adds `delta` to one backend's in-flight count (saturating at 0).
-    pub fn add_inflight(&self, backend: usize, delta: i32) -> Result<Vec<u32>, HostError> {
+    /// Adds `delta` to one backend's in-flight record (each field saturating at 0).
+    pub fn add_inflight(&self, backend: usize, delta: Delta) -> Result<Vec<InFlight>, HostError> {
         self.add_inflight_after(None, backend, delta)
     }
 
@@ -172,13 +206,14 @@ impl<H: Host> Shared<'_, H> {
         &self,
         seed: Option<Versioned>,
         backend: usize,
-        delta: i32,
-    ) -> Result<Vec<u32>, HostError> {
+        delta: Delta,
+    ) -> Result<Vec<InFlight>, HostError> {
         let n = self.n;
         update_after(self.host, &self.keys.inflight, seed, |v| {
             let mut c = counters(v.as_deref(), n);
             if let Some(x) = c.get_mut(backend) {
-                *x = x.saturating_add_signed(delta);
+                x.requests = x.requests.saturating_add_signed(delta.requests);
+                x.prefill_blocks = x.prefill_blocks.saturating_add_signed(delta.prefill_blocks);
             }
             (Some(encode_counters(&c)), c)
         })
@@ -293,18 +328,60 @@ mod tests {
         Shared { host, keys, n: 3 }
     }
 
+    fn requests_of(c: Vec<InFlight>) -> Vec<u32> {
+        c.iter().map(|c| c.requests).collect()
+    }
+
+    fn requests(s: &Shared<'_, MemoryHost>) -> Vec<u32> {
+        requests_of(s.inflight().unwrap())
+    }
+
+    #[test]
+    fn prefill_is_accounted_beside_requests() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
+        let s = shared(&host, &keys);
+        let sent = Delta {
+            requests: 1,
+            prefill_blocks: 40,
+        };
+        s.add_inflight(2, sent).unwrap();
+        s.add_inflight(2, sent).unwrap();
+        // The first answer byte of one request: its prefill is done, the request is not.
+        let c = s
+            .add_inflight(
+                2,
+                Delta {
+                    requests: 0,
+                    prefill_blocks: -40,
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            c[2],
+            InFlight {
+                requests: 2,
+                prefill_blocks: 40
+            }
+        );
+        assert_eq!((c[0], c[1]), (InFlight::default(), InFlight::default()));
+        // A record written in another layout reads as empty, never as garbage.
+        host.set_shared(&keys.inflight, &[1, 0, 0, 0], None)
+            .unwrap();
+        assert_eq!(s.inflight().unwrap(), vec![InFlight::default(); 3]);
+    }
+
     #[test]
     fn inflight_counts_survive_conflicts() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
-        s.add_inflight(1, 1).unwrap();
+        s.add_inflight(1, Delta::requests(1)).unwrap();
         host.inject_conflicts.set(5);
-        s.add_inflight(1, 1).unwrap();
-        s.add_inflight(2, 1).unwrap();
-        s.add_inflight(1, -1).unwrap();
-        assert_eq!(s.inflight().unwrap(), vec![0, 1, 1]);
-        s.add_inflight(0, -1).unwrap();
-        assert_eq!(s.inflight().unwrap(), vec![0, 1, 1], "never below zero");
+        s.add_inflight(1, Delta::requests(1)).unwrap();
+        s.add_inflight(2, Delta::requests(1)).unwrap();
+        s.add_inflight(1, Delta::requests(-1)).unwrap();
+        assert_eq!(requests(&s), vec![0, 1, 1]);
+        s.add_inflight(0, Delta::requests(-1)).unwrap();
+        assert_eq!(requests(&s), vec![0, 1, 1], "never below zero");
     }
 
     #[test]
@@ -313,10 +390,13 @@ mod tests {
         let s = shared(&host, &keys);
         // Seeds of keys that do not exist yet carry no CAS token: never trusted.
         let (absent_counts, absent_seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
-        s.add_inflight(2, 1).unwrap();
+        s.add_inflight(2, Delta::requests(1)).unwrap();
         s.append_log(9, 0, &[1]).unwrap();
         assert_eq!(
-            s.add_inflight_after(Some(absent_counts.raw), 0, 1).unwrap(),
+            requests_of(
+                s.add_inflight_after(Some(absent_counts.raw), 0, Delta::requests(1))
+                    .unwrap()
+            ),
             vec![1, 0, 1]
         );
         assert_eq!(
@@ -326,17 +406,23 @@ mod tests {
         );
         let (counts, seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
         // Another worker moves both keys between this worker's reads and writes.
-        s.add_inflight(0, 1).unwrap();
+        s.add_inflight(0, Delta::requests(1)).unwrap();
         s.append_log(9, 0, &[3]).unwrap();
         assert_eq!(
-            s.add_inflight_after(Some(counts.raw), 0, 1).unwrap(),
+            requests_of(
+                s.add_inflight_after(Some(counts.raw), 0, Delta::requests(1))
+                    .unwrap()
+            ),
             vec![3, 0, 1]
         );
         assert_eq!(s.append_log_after(Some(seq.raw), 8, 1, &[4], 6).unwrap(), 3);
         // A current seed applies directly.
         let counts = s.read_inflight().unwrap();
         assert_eq!(
-            s.add_inflight_after(Some(counts.raw), 1, 1).unwrap(),
+            requests_of(
+                s.add_inflight_after(Some(counts.raw), 1, Delta::requests(1))
+                    .unwrap()
+            ),
             vec![3, 1, 1]
         );
         assert_eq!(s.log_event(3).unwrap().map(|e| e.time_ms), Some(6));
@@ -346,9 +432,12 @@ mod tests {
     fn endless_conflicts_give_up() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
-        s.add_inflight(0, 1).unwrap();
+        s.add_inflight(0, Delta::requests(1)).unwrap();
         host.inject_conflicts.set(1000);
-        assert_eq!(s.add_inflight(0, 1), Err(HostError::CasMismatch));
+        assert_eq!(
+            s.add_inflight(0, Delta::requests(1)),
+            Err(HostError::CasMismatch)
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! defines a name shares the one Envoy stat, so counters add up across workers.
 
 use crate::config::Config;
+use crate::load::InFlight;
 use crate::policy::Reason;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
@@ -74,6 +75,7 @@ pub struct Stats {
     match_blocks: Option<u32>,
     chosen: Vec<Option<u32>>,
     inflight: Vec<Option<u32>>,
+    prefill: Vec<Option<u32>>,
     healthy: Vec<Option<u32>>,
     scrape_ok: Option<u32>,
     scrape_failed: Option<u32>,
@@ -121,6 +123,7 @@ impl Stats {
             match_blocks: define(MetricType::Histogram, "warmroute.prefix_match_blocks"),
             chosen: per_backend(MetricType::Counter, "chosen"),
             inflight: per_backend(MetricType::Gauge, "inflight"),
+            prefill: per_backend(MetricType::Gauge, "prefill_blocks"),
             healthy: per_backend(MetricType::Gauge, "healthy"),
             scrape_ok: counter("warmroute.scrape.ok".into()),
             scrape_failed: counter("warmroute.scrape.failed".into()),
@@ -187,9 +190,13 @@ impl Stats {
     }
 
     /// Refreshes per-backend gauges.
-    pub fn gauges(&self, inflight: &[u32], healthy: &[bool]) {
-        for (b, &v) in inflight.iter().enumerate() {
-            set(self.inflight.get(b).copied().flatten(), v as u64);
+    pub fn gauges(&self, inflight: &[InFlight], healthy: &[bool]) {
+        for (b, v) in inflight.iter().enumerate() {
+            set(self.inflight.get(b).copied().flatten(), v.requests as u64);
+            set(
+                self.prefill.get(b).copied().flatten(),
+                v.prefill_blocks as u64,
+            );
         }
         for (b, &h) in healthy.iter().enumerate() {
             set(self.healthy.get(b).copied().flatten(), h as u64);
