@@ -270,10 +270,7 @@ impl Http {
         );
         let primary = routed.decision.order.first().copied().unwrap_or(0);
         self.chosen = Some(primary);
-        self.held = Delta {
-            requests: 1,
-            prefill_blocks: routed.prefill_blocks.min(i32::MAX as u32) as i32,
-        };
+        self.held = routed.held;
         s.stats.decided(
             routed.decision.reason,
             primary,

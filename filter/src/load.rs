@@ -329,23 +329,20 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
             requests: 1,
             prefill_blocks: 7,
         };
-        let l = backend_loads(
-            &[one, one],
-            &[busy, Health::default()],
-            1500,
-            2000,
-            &c.policy,
-        );
+        let at = |now| {
+            backend_loads(
+                &[one, one],
+                &[busy, Health::default()],
+                now,
+                2000,
+                &c.policy,
+            )
+        };
+        let l = at(1500);
         assert_eq!(l[0].load, 16.0);
         assert!(l[0].saturated);
         assert_eq!((l[1].load, l[1].prefill), (1.0, 7.0));
-        let stale = backend_loads(
-            &[one, one],
-            &[busy, Health::default()],
-            5000,
-            2000,
-            &c.policy,
-        );
+        let stale = at(5000);
         assert_eq!(stale[0].load, 1.0);
         assert!(!stale[0].saturated);
     }

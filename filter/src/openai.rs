@@ -268,8 +268,9 @@ pub fn prompt_key(
             if let Some(tools) = req.tools {
                 feed_piece(&mut h, b"tools", &Text::Raw(tools));
             }
-            let mut continuation = false;
+            let (mut continuation, mut last_start) = (false, 0);
             for m in &req.messages {
+                last_start = h.len();
                 continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
                 let turn = !matches!(m.role.as_ref(), "system" | "developer");
                 if turn {
@@ -288,6 +289,7 @@ pub fn prompt_key(
             }
             Ok(PromptKey {
                 continuation,
+                history_bytes: if continuation { last_start } else { 0 },
                 ..h.finish()
             })
         }
@@ -368,6 +370,12 @@ mod tests {
         let tool = chat(r#"[{"role":"user","content":"q"},{"role":"tool","content":"out"}]"#);
         assert!(!first.continuation);
         assert!(later.continuation && tool.continuation);
+        // The history is everything before the last message, as the previous turn sent it.
+        let previous = chat(
+            r#"[{"role":"system","content":"s"},{"role":"user","content":"q"},{"role":"assistant","content":"a"}]"#,
+        );
+        assert_eq!(later.history_bytes, previous.total_bytes);
+        assert_eq!(first.history_bytes, 0);
     }
 
     #[test]

@@ -122,6 +122,8 @@ pub struct RequestKey<'a> {
     pub head_blocks: u32,
     /// The prompt carries earlier turns (assistant or tool messages).
     pub continuation: bool,
+    /// Leading blocks an earlier turn of the conversation sent (all but the last message).
+    pub history_blocks: u32,
     /// Hash of the session header, if any.
     pub session: Option<u64>,
     /// Shared round-robin counter value for this request.
@@ -312,8 +314,11 @@ impl Chooser<'_> {
             // rendezvous owner. Placing it by the anchor and the (scraped, fleet-wide)
             // saturation state alone, not by this gateway's in-flight view, lets every
             // replica agree on that pod.
+            // That pod is then believed to hold the history, which matters for the
+            // prefill this request is accounted to queue there.
             if let Some(b) = order.iter().copied().find(|&b| !self.loads[b].saturated) {
-                return self.finish(b, req.anchor, matched(b), Reason::Placed);
+                let held = matched(b).max(req.history_blocks.min(req.blocks));
+                return self.finish(b, req.anchor, held, Reason::Placed);
             }
         }
         let Some(&first) = eligible.first() else {
@@ -624,6 +629,7 @@ mod tests {
             blocks: 8,
             anchor: 77,
             continuation,
+            history_blocks: if continuation { 6 } else { 0 },
             ..Default::default()
         };
         let owner = pick(Strategy::CacheAware, &l, key(true)).order[0];
@@ -637,6 +643,10 @@ mod tests {
         // ...but a conversation under way stays where the other gateways put it,
         let d = pick(Strategy::CacheAware, &busy, key(true));
         assert_eq!((d.order[0], d.reason), (owner, Reason::Placed));
+        assert_eq!(
+            d.matched, 6,
+            "believed to hold the history: only the last message queues for prefill"
+        );
         // unless that pod is saturated.
         busy[owner].saturated = true;
         assert_ne!(pick(Strategy::CacheAware, &busy, key(true)).order[0], owner);
@@ -798,6 +808,7 @@ mod tests {
                         blocks: 5,
                         head_blocks: 0,
                         continuation: false,
+                        history_blocks: 0,
                     },
                 );
                 assert_eq!(d.order, vec![1], "{s:?}");

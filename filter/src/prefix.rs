@@ -50,6 +50,9 @@ pub struct PromptKey {
     pub total_bytes: usize,
     /// The prompt carries earlier turns of its conversation (assistant or tool messages).
     pub continuation: bool,
+    /// Canonical bytes before the last message: what the pod that served the
+    /// previous turn holds already (0 when not a continuation).
+    pub history_bytes: usize,
 }
 
 /// Low 64 bits of murmur3_x64_128 of `bytes`.
@@ -173,6 +176,7 @@ impl PrefixHasher {
             anchor_offset,
             total_bytes: self.total,
             continuation: false,
+            history_bytes: 0,
         }
     }
 }

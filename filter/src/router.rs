@@ -5,10 +5,12 @@
 //! Per routed request the host calls are: read the log's sequence counter
 //! (8 bytes), read the slots of events other VMs appended since, read
 //! in-flight counts and health, one CAS write of the chosen backend's
-//! in-flight count, one CAS write of the log counter and one slot write —
-//! none of them per block, none of them the size of the log. The CAS writes
-//! reuse the reads made to decide (a second read only after a lost CAS):
-//! in Envoy a host call costs more than deciding on a 1 KB prompt.
+//! in-flight record (request count and prefill blocks together), one CAS
+//! write of the log counter and one slot write — none of them per block,
+//! none of them the size of the log. The CAS writes reuse the reads made to
+//! decide (a second read only after a lost CAS): in Envoy a host call costs
+//! more than deciding on a 1 KB prompt. A streamed response costs one more
+//! update, at its first byte, to take its prefill blocks back.
 
 use crate::config::{Config, Strategy};
 use crate::host::{Host, HostError, Versioned};
@@ -38,8 +40,9 @@ pub struct Routed {
     pub decision: Decision,
     /// Full blocks in the prompt.
     pub blocks: u32,
-    /// Blocks the primary must prefill (accounted until the first response byte).
-    pub prefill_blocks: u32,
+    /// What the request holds on the primary until released: one request slot,
+    /// and the blocks it must prefill there (until its first response byte).
+    pub held: Delta,
     /// Host calls that failed along the way (the decision is still made).
     pub host_errors: u32,
     /// Index events other VMs appended that this VM never saw (log trimmed).
@@ -227,6 +230,7 @@ impl Router {
                     blocks: key.blocks.len() as u32,
                     head_blocks: (key.anchor_offset / self.cfg.block_bytes.max(1)) as u32,
                     continuation: key.continuation,
+                    history_blocks: (key.history_bytes / self.cfg.block_bytes.max(1)) as u32,
                     session: req.session.map(session_hash),
                     rotation,
                     random,
@@ -254,14 +258,13 @@ impl Router {
             reason: crate::policy::Reason::Fallback,
         });
         let primary = decision.order.first().copied().unwrap_or(0);
-        let prefill_blocks = blocks.saturating_sub(decision.matched);
-        let sent = Delta {
+        let held = Delta {
             requests: 1,
-            prefill_blocks: prefill_blocks.min(i32::MAX as u32) as i32,
+            prefill_blocks: blocks.saturating_sub(decision.matched).min(i32::MAX as u32) as i32,
         };
         note(
             shared
-                .add_inflight_after(inflight_read, primary, sent)
+                .add_inflight_after(inflight_read, primary, held)
                 .map(|_| ()),
         );
         if let Some(key) = req.key.filter(|k| !k.blocks.is_empty()) {
@@ -278,7 +281,7 @@ impl Router {
         Routed {
             decision,
             blocks,
-            prefill_blocks,
+            held,
             host_errors,
             log_gap,
         }
@@ -419,11 +422,11 @@ mod tests {
         };
         let first = route(&mut a, &turn1);
         let b = first.decision.order[0];
-        assert_eq!(first.prefill_blocks, first.blocks);
+        assert_eq!(first.held.prefill_blocks as u32, first.blocks);
         // Turn 1's answer started: its prefill no longer holds anyone up.
         let prefilled = Delta {
             requests: 0,
-            prefill_blocks: first.prefill_blocks as i32,
+            prefill_blocks: first.held.prefill_blocks,
         };
         a.release(&host, b, prefilled).unwrap();
         let held = a.shared(&host).inflight().unwrap()[b];
@@ -434,13 +437,13 @@ mod tests {
         assert_eq!(second.decision.order[0], b);
         assert!(second.decision.matched >= first.blocks, "{second:?}");
         assert_eq!(
-            second.prefill_blocks,
+            second.held.prefill_blocks as u32,
             second.blocks - second.decision.matched
         );
         let held = a.shared(&host).inflight().unwrap()[b];
         assert_eq!(
             (held.requests, held.prefill_blocks),
-            (1, second.prefill_blocks)
+            (1, second.held.prefill_blocks as u32)
         );
     }
 

@@ -94,7 +94,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> (usize, f64, f64) {
                     session: None,
                 },
             );
-            let _ = router.release(&host, r.decision.order[0]);
+            let _ = router.release(&host, r.decision.order[0], r.held);
         }
         bodies.push(body(&system, &user));
     }
@@ -120,7 +120,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> (usize, f64, f64) {
                 session: None,
             },
         );
-        let _ = router.release(&host, r.decision.order[0]);
+        let _ = router.release(&host, r.decision.order[0], r.held);
         let t2 = Instant::now();
         parse.push((t1 - t0).as_secs_f64() * 1e6);
         route.push((t2 - t1).as_secs_f64() * 1e6);
