@@ -26,7 +26,7 @@
 //!   because a request that leaves its cache adds that prefill to another
 //!   pod's queue, delaying everyone behind it there. On the Mooncake
 //!   conversation trace the queue term took cache_aware's TTFT P95 from ~0.8x
-//!   to ~0.55-0.65x round robin's; at weight 0.5 rather than 1 it also keeps
+//!   to 0.52-0.67x round robin's in paired runs; at weight 0.5 rather than 1 it also keeps
 //!   ~2 points more hit rate (fewer spillovers). Request counts alone cannot
 //!   see that a pod with one 90k-token prompt answers later than a pod with
 //!   three chats.
@@ -57,7 +57,7 @@
 //! | `prefill_weight` | 0.5   | a leaving request's prefill delays others too (see above) |
 //! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
 //! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
-//! | `prefill_slack_tokens` | 8192 | vLLM's default per-step token budget: a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
+//! | `prefill_slack_tokens` | 8192 | a common vLLM per-step token budget (`max_num_batched_tokens`): a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
 //!
 //! ## The others
 //! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load spillover).
@@ -520,7 +520,7 @@ mod tests {
         let d = new_prompt(&with_prefill(loads(&[1.0, 1.0, 1.0]), &queues));
         assert_eq!(
             d.order[0], order[2],
-            "a 30k-token prompt queued ahead: elsewhere"
+            "queues deeper than the slack: elsewhere"
         );
     }
 
