@@ -4,10 +4,9 @@
 
 use crate::config::Config;
 use crate::host::{Host, Proxy};
-use crate::load::extract;
+use crate::load::{extract, Delta};
 use crate::openai::{prompt_key, Endpoint};
 use crate::router::{Request, Router, ANCHOR_BYTES};
-use crate::shared::Delta;
 use crate::stats::{Fallback, Stats};
 use crate::{route, telemetry};
 use proxy_wasm::hostcalls;
@@ -401,15 +400,10 @@ impl HttpContext for Http {
         // queue behind it. A response that ends here is released whole in on_log.
         if body_size > 0 && !end_of_stream && self.held.prefill_blocks > 0 {
             if let (Some(s), Some(b)) = (&self.shared, self.chosen) {
-                let prefilled = Delta {
-                    requests: 0,
-                    prefill_blocks: self.held.prefill_blocks,
-                };
-                if let Err(e) = s.router.borrow().release(&Proxy, b, prefilled) {
+                if let Err(e) = s.router.borrow().prefilled(&Proxy, b, &mut self.held) {
                     log::debug!("warmroute: prefill release lost: {e:?}");
                 }
             }
-            self.held.prefill_blocks = 0;
         }
         Action::Continue
     }

@@ -195,6 +195,82 @@ pub struct InFlight {
     pub prefill_blocks: u32,
 }
 
+impl InFlight {
+    /// Adds `d`, each field saturating at 0.
+    pub fn apply(&mut self, d: Delta) {
+        self.requests = self.requests.saturating_add_signed(d.requests);
+        self.prefill_blocks = self.prefill_blocks.saturating_add_signed(d.prefill_blocks);
+    }
+}
+
+/// A change to one backend's [`InFlight`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Delta {
+    /// Change in requests.
+    pub requests: i32,
+    /// Change in prompt blocks waiting for prefill.
+    pub prefill_blocks: i32,
+}
+
+impl Delta {
+    /// One more or one fewer request, and nothing else.
+    pub const fn requests(requests: i32) -> Delta {
+        Delta {
+            requests,
+            prefill_blocks: 0,
+        }
+    }
+
+    /// Prompt blocks waiting for prefill, and nothing else.
+    pub const fn prefill(prefill_blocks: i32) -> Delta {
+        Delta {
+            requests: 0,
+            prefill_blocks,
+        }
+    }
+}
+
+impl std::ops::Neg for Delta {
+    type Output = Delta;
+    fn neg(self) -> Delta {
+        Delta {
+            requests: -self.requests,
+            prefill_blocks: -self.prefill_blocks,
+        }
+    }
+}
+
+const INFLIGHT_LEN: usize = 8;
+
+/// Encodes every backend's in-flight record for shared data.
+pub fn encode_inflight(all: &[InFlight]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(all.len() * INFLIGHT_LEN);
+    for f in all {
+        out.extend_from_slice(&f.requests.to_le_bytes());
+        out.extend_from_slice(&f.prefill_blocks.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes `n` in-flight records; a mismatched blob (another layout) reads as empty.
+pub fn decode_inflight(bytes: Option<&[u8]>, n: usize) -> Vec<InFlight> {
+    let word = |c: &[u8], at: usize| {
+        c.get(at..at + 4)
+            .and_then(|w| w.try_into().ok())
+            .map_or(0, u32::from_le_bytes)
+    };
+    match bytes {
+        Some(b) if b.len() == n * INFLIGHT_LEN => b
+            .chunks_exact(INFLIGHT_LEN)
+            .map(|c| InFlight {
+                requests: word(c, 0),
+                prefill_blocks: word(c, 4),
+            })
+            .collect(),
+        _ => vec![InFlight::default(); n],
+    }
+}
+
 /// The load picture of one backend at decision time.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BackendLoad {

@@ -15,10 +15,10 @@
 use crate::config::{Config, Strategy};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
-use crate::load::{backend_loads, Health, InFlight};
+use crate::load::{backend_loads, Delta, Health, InFlight};
 use crate::policy::{mix, Chooser, Decision, RequestKey};
 use crate::prefix::PromptKey;
-use crate::shared::{Delta, Keys, Shared};
+use crate::shared::{Keys, Shared};
 use crate::telemetry::Scraper;
 
 /// Anchor length for prompts without message structure (completions).
@@ -260,7 +260,8 @@ impl Router {
         let primary = decision.order.first().copied().unwrap_or(0);
         let held = Delta {
             requests: 1,
-            prefill_blocks: blocks.saturating_sub(decision.matched).min(i32::MAX as u32) as i32,
+            prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
+                .unwrap_or(i32::MAX),
         };
         note(
             shared
@@ -287,14 +288,23 @@ impl Router {
         }
     }
 
-    /// Takes back what a routed request still holds on `backend`: its prefill
-    /// blocks once its first response byte arrived, its request slot when it ended.
+    /// Takes back what a routed request still holds on `backend` when it ends.
     pub fn release<H: Host>(&self, host: &H, backend: usize, held: Delta) -> Result<(), HostError> {
-        let back = Delta {
-            requests: -held.requests,
-            prefill_blocks: -held.prefill_blocks,
-        };
-        self.shared(host).add_inflight(backend, back).map(|_| ())
+        self.shared(host).add_inflight(backend, -held).map(|_| ())
+    }
+
+    /// The first response byte arrived, so the prompt is prefilled: takes its
+    /// prefill blocks out of `held`, and out of the queue others wait behind.
+    pub fn prefilled<H: Host>(
+        &self,
+        host: &H,
+        backend: usize,
+        held: &mut Delta,
+    ) -> Result<(), HostError> {
+        match std::mem::take(&mut held.prefill_blocks) {
+            0 => Ok(()),
+            blocks => self.release(host, backend, Delta::prefill(blocks)),
+        }
     }
 
     /// Sizes the index to each backend's real KV capacity, when known.
@@ -400,7 +410,7 @@ mod tests {
         }
         assert_eq!(
             a.shared(&host).inflight().unwrap(),
-            vec![crate::load::InFlight::default(); 3]
+            vec![InFlight::default(); 3]
         );
     }
 
@@ -424,11 +434,9 @@ mod tests {
         let b = first.decision.order[0];
         assert_eq!(first.held.prefill_blocks as u32, first.blocks);
         // Turn 1's answer started: its prefill no longer holds anyone up.
-        let prefilled = Delta {
-            requests: 0,
-            prefill_blocks: first.held.prefill_blocks,
-        };
-        a.release(&host, b, prefilled).unwrap();
+        let mut held = first.held;
+        a.prefilled(&host, b, &mut held).unwrap();
+        assert_eq!(held, Delta::requests(1));
         let held = a.shared(&host).inflight().unwrap()[b];
         assert_eq!((held.requests, held.prefill_blocks), (1, 0));
         // Done (with 3 pods and 1 request in flight the load bound would move turn 2).

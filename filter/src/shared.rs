@@ -7,7 +7,9 @@
 
 use crate::host::{Host, HostError, Versioned};
 use crate::index::{Event, LogShape};
-use crate::load::{decode_health, encode_health, Health, InFlight};
+use crate::load::{
+    decode_health, decode_inflight, encode_health, encode_inflight, Delta, Health, InFlight,
+};
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
@@ -92,25 +94,6 @@ pub fn update_after<H: Host, T>(
     Err(HostError::CasMismatch)
 }
 
-/// A change to one backend's [`InFlight`] record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Delta {
-    /// Change in requests.
-    pub requests: i32,
-    /// Change in prompt blocks waiting for prefill.
-    pub prefill_blocks: i32,
-}
-
-impl Delta {
-    /// One more or one fewer request, and nothing else.
-    pub const fn requests(requests: i32) -> Delta {
-        Delta {
-            requests,
-            prefill_blocks: 0,
-        }
-    }
-}
-
 /// A decoded shared value and the raw read it came from, to seed a following update.
 #[derive(Debug, Clone)]
 pub struct Read<T> {
@@ -124,35 +107,6 @@ fn u64_of(v: &Option<Vec<u8>>) -> u64 {
     v.as_deref()
         .and_then(|b| b.try_into().ok())
         .map_or(0, u64::from_le_bytes)
-}
-
-fn counters(v: Option<&[u8]>, n: usize) -> Vec<InFlight> {
-    let word = |c: &[u8], at: usize| {
-        c.get(at..at + 4)
-            .and_then(|w| w.try_into().ok())
-            .map_or(0, u32::from_le_bytes)
-    };
-    match v {
-        Some(b) if b.len() == n * 8 => b
-            .chunks_exact(8)
-            .map(|c| InFlight {
-                requests: word(c, 0),
-                prefill_blocks: word(c, 4),
-            })
-            .collect(),
-        _ => vec![InFlight::default(); n],
-    }
-}
-
-fn encode_counters(c: &[InFlight]) -> Vec<u8> {
-    c.iter()
-        .flat_map(|v| {
-            let mut w = [0u8; 8];
-            w[..4].copy_from_slice(&v.requests.to_le_bytes());
-            w[4..].copy_from_slice(&v.prefill_blocks.to_le_bytes());
-            w
-        })
-        .collect()
 }
 
 /// Typed access to the shared fleet state.
@@ -191,7 +145,7 @@ impl<H: Host> Shared<'_, H> {
     pub fn read_inflight(&self) -> Result<Read<Vec<InFlight>>, HostError> {
         let raw = self.host.get_shared(&self.keys.inflight)?;
         Ok(Read {
-            value: counters(raw.0.as_deref(), self.n),
+            value: decode_inflight(raw.0.as_deref(), self.n),
             raw,
         })
     }
@@ -210,12 +164,11 @@ impl<H: Host> Shared<'_, H> {
     ) -> Result<Vec<InFlight>, HostError> {
         let n = self.n;
         update_after(self.host, &self.keys.inflight, seed, |v| {
-            let mut c = counters(v.as_deref(), n);
+            let mut c = decode_inflight(v.as_deref(), n);
             if let Some(x) = c.get_mut(backend) {
-                x.requests = x.requests.saturating_add_signed(delta.requests);
-                x.prefill_blocks = x.prefill_blocks.saturating_add_signed(delta.prefill_blocks);
+                x.apply(delta);
             }
-            (Some(encode_counters(&c)), c)
+            (Some(encode_inflight(&c)), c)
         })
     }
 
@@ -336,6 +289,14 @@ mod tests {
         requests_of(s.inflight().unwrap())
     }
 
+    /// One more request on `backend`, written from the read `seed`; the counts after.
+    fn one_more_after(s: &Shared<'_, MemoryHost>, seed: Versioned, backend: usize) -> Vec<u32> {
+        requests_of(
+            s.add_inflight_after(Some(seed), backend, Delta::requests(1))
+                .unwrap(),
+        )
+    }
+
     #[test]
     fn prefill_is_accounted_beside_requests() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
@@ -347,15 +308,7 @@ mod tests {
         s.add_inflight(2, sent).unwrap();
         s.add_inflight(2, sent).unwrap();
         // The first answer byte of one request: its prefill is done, the request is not.
-        let c = s
-            .add_inflight(
-                2,
-                Delta {
-                    requests: 0,
-                    prefill_blocks: -40,
-                },
-            )
-            .unwrap();
+        let c = s.add_inflight(2, Delta::prefill(-40)).unwrap();
         assert_eq!(
             c[2],
             InFlight {
@@ -392,13 +345,7 @@ mod tests {
         let (absent_counts, absent_seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
         s.add_inflight(2, Delta::requests(1)).unwrap();
         s.append_log(9, 0, &[1]).unwrap();
-        assert_eq!(
-            requests_of(
-                s.add_inflight_after(Some(absent_counts.raw), 0, Delta::requests(1))
-                    .unwrap()
-            ),
-            vec![1, 0, 1]
-        );
+        assert_eq!(one_more_after(&s, absent_counts.raw, 0), vec![1, 0, 1]);
         assert_eq!(
             s.append_log_after(Some(absent_seq.raw), 8, 1, &[2], 5)
                 .unwrap(),
@@ -408,23 +355,11 @@ mod tests {
         // Another worker moves both keys between this worker's reads and writes.
         s.add_inflight(0, Delta::requests(1)).unwrap();
         s.append_log(9, 0, &[3]).unwrap();
-        assert_eq!(
-            requests_of(
-                s.add_inflight_after(Some(counts.raw), 0, Delta::requests(1))
-                    .unwrap()
-            ),
-            vec![3, 0, 1]
-        );
+        assert_eq!(one_more_after(&s, counts.raw, 0), vec![3, 0, 1]);
         assert_eq!(s.append_log_after(Some(seq.raw), 8, 1, &[4], 6).unwrap(), 3);
         // A current seed applies directly.
         let counts = s.read_inflight().unwrap();
-        assert_eq!(
-            requests_of(
-                s.add_inflight_after(Some(counts.raw), 1, Delta::requests(1))
-                    .unwrap()
-            ),
-            vec![3, 1, 1]
-        );
+        assert_eq!(one_more_after(&s, counts.raw, 1), vec![3, 1, 1]);
         assert_eq!(s.log_event(3).unwrap().map(|e| e.time_ms), Some(6));
     }
 
