@@ -70,6 +70,12 @@ impl Context for Root {
             _ => None,
         };
         s.stats.scraped(scrape.is_some());
+        // What the scrape counts of this gateway's own traffic (see `load`).
+        let scrape = scrape.map(|mut sc| {
+            let inflight = router.shared(&Proxy).inflight().unwrap_or_default();
+            sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
+            sc
+        });
         let now = Proxy.now_ms();
         let after = router.cfg.metrics.unhealthy_after;
         let name = router

@@ -2,8 +2,8 @@
 //!
 //! ## How load is weighed (used by every load-aware strategy)
 //! ```text
-//! load_b      = max(inflight_b, running_b + waiting_b)      (scrape fresh)
-//!             = inflight_b                                   (no fresh scrape)
+//! load_b      = inflight_b + max(0, running_b + waiting_b − own_b)   (scrape fresh)
+//!             = inflight_b                                          (no fresh scrape)
 //! saturated_b = waiting_b >= max_waiting  ∨  kv_usage_b >= max_kv_usage
 //!               ∨ (max_inflight > 0 ∧ inflight_b >= max_inflight)
 //! prefill_b   = prompt blocks this gateway sent to b whose first answer byte
@@ -14,6 +14,11 @@
 //! answers a short one later than a pod holding three short ones, though its
 //! request count is lower. Counted by the filter alone: no server exports it.
 //!
+//! `own_b` is this gateway's in-flight count when the scrape answered: what
+//! the scrape says beyond it is other gateways' traffic. This gateway's own
+//! share is always its current count, never a scrape's: a scrape taken while
+//! a conversation's previous turn ran would otherwise count that finished turn
+//! for a whole scrape period and push the next turn off its pod.
 //! In-flight counts react instantly (between scrapes); scraped running+waiting
 //! also see traffic from other gateway replicas. A queue (`waiting > 0`) means
 //! the server already hit `max_num_seqs` or its KV capacity, so it counts as
@@ -40,6 +45,8 @@ pub struct Scrape {
     pub prefix_queries: f64,
     /// Lines that did not parse.
     pub garbage: u32,
+    /// This gateway's in-flight requests on the backend when the scrape answered.
+    pub own_inflight: u32,
 }
 
 /// The first configured name present wins; label sets are summed, or only the
@@ -98,6 +105,7 @@ pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
         prefix_hits: counter("vllm:prefix_cache_hits_total"),
         prefix_queries: counter("vllm:prefix_cache_queries_total"),
         garbage: stats.garbage.min(u32::MAX as usize) as u32,
+        own_inflight: 0,
     }
 }
 
@@ -120,7 +128,7 @@ pub struct Health {
     pub scrape: Scrape,
 }
 
-const HEALTH_LEN: usize = 8 + 4 + 1 + 8 * 6 + 4;
+const HEALTH_LEN: usize = 8 + 4 + 1 + 8 * 6 + 4 + 4;
 
 /// Encodes every backend's health for shared data.
 pub fn encode_health(all: &[Health]) -> Vec<u8> {
@@ -141,6 +149,7 @@ pub fn encode_health(all: &[Health]) -> Vec<u8> {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&s.garbage.to_le_bytes());
+        out.extend_from_slice(&s.own_inflight.to_le_bytes());
     }
     out
 }
@@ -180,6 +189,7 @@ pub fn decode_health(bytes: &[u8], n: usize) -> Vec<Health> {
                     prefix_hits: f(45),
                     prefix_queries: f(53),
                     garbage: u32_(61),
+                    own_inflight: u32_(65),
                 },
             }
         })
@@ -302,7 +312,7 @@ pub fn backend_loads(
             let (load, sat) = if fresh {
                 let s = h.scrape;
                 (
-                    inf.max(s.running + s.waiting),
+                    inf + (s.running + s.waiting - s.own_inflight as f64).max(0.0),
                     s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE)
                         || s.kv_usage >= policy.max_kv_usage,
                 )
@@ -378,6 +388,7 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
                     prefix_hits: 4.0,
                     prefix_queries: 8.0,
                     garbage: 1,
+                    own_inflight: 3,
                 },
             },
             Health::default(),
@@ -397,6 +408,7 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
             scrape: Scrape {
                 running: 10.0,
                 waiting: 6.0,
+                own_inflight: 1,
                 ..Scrape::default()
             },
             ..Health::default()
@@ -421,5 +433,30 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
         let stale = at(5000);
         assert_eq!(stale[0].load, 1.0);
         assert!(!stale[0].saturated);
+    }
+
+    #[test]
+    fn a_scrape_counts_only_other_gateways_traffic() {
+        let c = cfg();
+        // Scraped while this gateway's request ran there; that request has ended since.
+        let scraped = |running: f64| Health {
+            scraped_ms: 1000,
+            scrape: Scrape {
+                running,
+                own_inflight: 1,
+                ..Scrape::default()
+            },
+            ..Health::default()
+        };
+        let idle = InFlight::default();
+        let l = backend_loads(
+            &[idle, idle],
+            &[scraped(1.0), scraped(4.0)],
+            1100,
+            2000,
+            &c.policy,
+        );
+        assert_eq!(l[0].load, 0.0, "our finished request is not load");
+        assert_eq!(l[1].load, 3.0, "three requests from other gateways are");
     }
 }
