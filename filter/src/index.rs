@@ -32,7 +32,23 @@
 //! | `ttl_ms`     | 600 000 | an idle conversation's blocks are likely evicted within minutes on a busy pod |
 //! | `log_bytes`  | 1 MiB   | shared-data budget of the log: `log_bytes / 16 KiB` slots (16..1024) of `log_bytes / slots` bytes; the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt (16 KiB ≈ 2k blocks ≈ 128k tokens) |
 //!
-//! Cost: lookup O(matched blocks); record O(new blocks) amortised.
+//! ## Sampled positions
+//! A chain's hash at block `i` names the whole prefix up to `i`, so the index
+//! need not hold every position to tell how far a prompt matches. It holds
+//! the first [`DENSE`] blocks (8 KB) one by one, then 16 positions per
+//! doubling of the length (every 2nd block up to 64, every 4th up to 128,
+//! ..., every 32nd up to 1024), plus the last block of every recorded
+//! prompt. A lookup checks the same positions and, for a backend that stops
+//! matching, the positions since the previous sampled one, newest first:
+//! that finds where an earlier turn of the conversation ended to the block.
+//! A match between two prompts that part ways elsewhere is under-counted by
+//! less than 1/16 of its length. A 128 KB prompt (512 blocks) then costs
+//! about 100 entries instead of 512: recording an unseen long prompt into an
+//! index at capacity (an insert and an eviction per entry, both cache misses)
+//! was most of the filter's work on it after parsing. Each entry counts the
+//! blocks it stands for against the backend's capacity.
+//!
+//! Cost: lookup O(matched entries); record O(entries) amortised.
 
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
@@ -41,10 +57,46 @@ use std::collections::VecDeque;
 /// Refreshing an entry more often than this buys nothing and grows the LRU queue.
 const REFRESH_MS: u64 = 1000;
 
+/// Leading blocks that each get an entry (8 KB of prompt: system prompts, short chats).
+pub const DENSE: usize = 32;
+
+/// Blocks one sampled position stands for: 1 up to [`DENSE`], then doubling with the position.
+fn stride(i: usize) -> usize {
+    if i < DENSE {
+        1
+    } else {
+        // 16 positions per doubling: [32, 64) every 2nd, [64, 128) every 4th, ...
+        1 << (i.ilog2() - 4)
+    }
+}
+
+/// Whether position `i` of every chain has an entry (the last of each stride).
+fn sampled(i: usize) -> bool {
+    (i + 1).is_multiple_of(stride(i))
+}
+
+/// Blocks an entry at position `i` stands for: back to the previous sampled position.
+fn span(i: usize) -> u32 {
+    match (i + 1) % stride(i) {
+        0 => stride(i) as u32,
+        r => r as u32,
+    }
+}
+
+/// One recording of an entry, oldest first in its backend's queue.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    key: u64,
+    time: u64,
+    /// Blocks it counts for against capacity.
+    span: u32,
+}
+
 #[derive(Debug, Default)]
 struct Lru {
-    /// (entry key, time) in recording order; stale records are skipped lazily.
-    queue: VecDeque<(u64, u64)>,
+    /// Recordings in order; stale ones (the entry was refreshed since) are skipped lazily.
+    queue: VecDeque<Rec>,
+    /// Blocks the live entries stand for.
     live: usize,
     capacity: usize,
 }
@@ -100,12 +152,12 @@ impl Index {
         self.lru.get(backend).map_or(0, |l| l.capacity)
     }
 
-    /// Live entries held for one backend.
+    /// Blocks one backend's live entries stand for.
     pub fn len_of(&self, backend: usize) -> usize {
         self.lru.get(backend).map_or(0, |l| l.live)
     }
 
-    /// Total live (block, backend) entries.
+    /// Blocks all live entries stand for.
     pub fn len(&self) -> usize {
         self.lru.iter().map(|l| l.live).sum()
     }
@@ -125,40 +177,70 @@ impl Index {
             .is_some_and(|&t| now_ms.saturating_sub(t) <= self.ttl_ms)
     }
 
-    /// For each backend, how many leading blocks of `blocks` it holds.
+    /// For each backend, how many leading blocks of `blocks` it holds (see
+    /// "Sampled positions": exact where an earlier prompt ended, else rounded down).
     pub fn match_lengths(&self, blocks: &[u64], now_ms: u64, out: &mut Vec<u32>) {
         out.clear();
         out.resize(self.lru.len(), 0);
         let Some(&first) = blocks.first() else {
             return;
         };
-        // Chains are prefix-closed: only holders of block i can hold block i+1.
+        // Chains are prefix-closed: only holders of position i can hold a later one.
         let mut alive: Vec<usize> = (0..self.lru.len())
             .filter(|&b| self.fresh(first, b, now_ms))
             .collect();
-        for (i, &h) in blocks.iter().enumerate() {
-            if i > 0 {
-                alive.retain(|&b| self.fresh(h, b, now_ms));
+        for &b in &alive {
+            if let Some(m) = out.get_mut(b) {
+                *m = 1;
             }
+        }
+        let last = blocks.len() - 1;
+        let mut prev = 0;
+        for (i, &h) in blocks.iter().enumerate().skip(1) {
             if alive.is_empty() {
                 break;
             }
+            if !sampled(i) && i != last {
+                continue;
+            }
+            alive.retain(|&b| {
+                if self.fresh(h, b, now_ms) {
+                    return true;
+                }
+                // Stopped between two sampled positions: an earlier prompt may end there.
+                if let Some(j) = (prev + 1..i)
+                    .rev()
+                    .find(|&j| blocks.get(j).is_some_and(|&hj| self.fresh(hj, b, now_ms)))
+                {
+                    if let Some(m) = out.get_mut(b) {
+                        *m = (j + 1) as u32;
+                    }
+                }
+                false
+            });
             for &b in &alive {
                 if let Some(m) = out.get_mut(b) {
                     *m = (i + 1) as u32;
                 }
             }
+            prev = i;
         }
     }
 
-    /// Records that `backend` now holds `blocks` (as of `now_ms`).
+    /// Records that `backend` now holds `blocks` (as of `now_ms`): the sampled
+    /// positions and the last block.
     pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
-        for &h in blocks {
-            let k = h ^ salt;
-            match self.map.entry(k) {
+        let last = blocks.len().saturating_sub(1);
+        for (i, &h) in blocks.iter().enumerate() {
+            if !sampled(i) && i != last {
+                continue;
+            }
+            let key = h ^ salt;
+            let span = span(i);
+            match self.map.entry(key) {
                 Entry::Occupied(mut e) => {
                     if now_ms.saturating_sub(*e.get()) < REFRESH_MS {
                         continue;
@@ -167,10 +249,14 @@ impl Index {
                 }
                 Entry::Vacant(e) => {
                     e.insert(now_ms);
-                    lru.live += 1;
+                    lru.live += span as usize;
                 }
             }
-            lru.queue.push_back((k, now_ms));
+            lru.queue.push_back(Rec {
+                key,
+                time: now_ms,
+                span,
+            });
         }
         self.evict(backend, now_ms);
     }
@@ -180,23 +266,23 @@ impl Index {
         let Some(lru) = self.lru.get_mut(backend) else {
             return;
         };
-        while let Some(&(k, t)) = lru.queue.front() {
-            let expired = now_ms.saturating_sub(t) > self.ttl_ms;
+        while let Some(&r) = lru.queue.front() {
+            let expired = now_ms.saturating_sub(r.time) > self.ttl_ms;
             if lru.live <= lru.capacity && !expired {
                 break;
             }
             lru.queue.pop_front();
             // A newer record for this entry is further back: this one is stale.
-            if let Entry::Occupied(e) = self.map.entry(k) {
-                if *e.get() == t {
+            if let Entry::Occupied(e) = self.map.entry(r.key) {
+                if *e.get() == r.time {
                     e.remove();
-                    lru.live -= 1;
+                    lru.live = lru.live.saturating_sub(r.span as usize);
                 }
             }
         }
         if lru.queue.len() > 2 * lru.live + 1024 {
             let map = &self.map;
-            lru.queue.retain(|&(k, t)| map.get(&k) == Some(&t));
+            lru.queue.retain(|r| map.get(&r.key) == Some(&r.time));
         }
     }
 
@@ -334,6 +420,54 @@ mod tests {
         ix.record(&[1, 2], 1, 0);
         assert_eq!(lens(&ix, &[1, 2, 3, 9], 10), vec![3, 2, 0]);
         assert_eq!(lens(&ix, &[7, 2, 3], 10), vec![0, 0, 0]);
+    }
+
+    fn chain(tag: u64, n: usize) -> Vec<u64> {
+        (0..n as u64).map(|i| tag << 32 | i).collect()
+    }
+
+    #[test]
+    fn sampled_positions_cover_every_block_once() {
+        for n in [1, 31, 32, 33, 64, 100, 512, 1024, 2048] {
+            let covered: u32 = (0..n).filter(|&i| sampled(i)).map(span).sum();
+            let last = n - 1;
+            let tail = if sampled(last) { 0 } else { span(last) };
+            assert_eq!(covered + tail, n as u32, "{n}");
+        }
+        assert_eq!((0..512).filter(|&i| sampled(i)).count(), 32 + 16 * 4);
+    }
+
+    #[test]
+    fn a_long_prompt_costs_a_sample_of_entries_but_counts_all_its_blocks() {
+        let mut ix = Index::new(1, 1 << 20, 60_000);
+        ix.record(&chain(1, 512), 0, 0);
+        assert_eq!(ix.len_of(0), 512);
+        assert!(ix.map.len() <= 100, "{}", ix.map.len());
+        assert_eq!(lens(&ix, &chain(1, 512), 1), vec![512]);
+    }
+
+    #[test]
+    fn a_continuation_matches_where_the_earlier_prompt_ended() {
+        let mut ix = Index::new(2, 1 << 20, 60_000);
+        for (b, end) in [(0, 300), (1, 457)] {
+            ix.record(&chain(1, end), b, 0);
+        }
+        // The next turn extends both earlier prompts.
+        let mut next = chain(1, 457);
+        next.extend(chain(2, 90));
+        assert_eq!(lens(&ix, &next, 1), vec![300, 457]);
+    }
+
+    #[test]
+    fn a_shared_prefix_is_rounded_down_by_less_than_a_sixteenth() {
+        let mut ix = Index::new(1, 1 << 20, 60_000);
+        ix.record(&chain(1, 800), 0, 0);
+        for shared in [1, 20, 33, 70, 129, 300, 513, 799] {
+            let mut other = chain(1, shared);
+            other.extend(chain(3, 200));
+            let m = lens(&ix, &other, 1)[0] as usize;
+            assert!(m <= shared && m + shared / 16 >= shared, "{shared}: {m}");
+        }
     }
 
     #[test]
