@@ -156,8 +156,9 @@ def loadgen(args: list[str], targets: list[str], backends: list[str], out: Path,
 
 def decisions(envoys: list[Envoy]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for e in envoys:
-        for k, v in e.stats().items():
+    for i, e in enumerate(envoys):
+        # The filter adds to its counters at each tick: wait for one, once for all gateways.
+        for k, v in (e.stats() if i else e.settled_stats()).items():
             if k.startswith("wasmcustom.warmroute.decision."):
                 try:
                     out[k.removeprefix("wasmcustom.warmroute.decision.")] = \
@@ -494,7 +495,7 @@ def envoy_memory(e: Envoy) -> dict:
     for k in ("allocated", "heap_size", "pageheap_unmapped", "pageheap_free", "total_thread_cache"):
         if k in mem:
             out[f"heap_{k}"] = int(mem[k])
-    for k, v in e.stats().items():
+    for k, v in e.settled_stats().items():
         if ("wasm" in k and ("memory" in k or "active" in k or "created" in k)) or k.startswith("wasmcustom.warmroute.index"):
             try:
                 out[k] = int(v)

@@ -138,6 +138,7 @@ class Envoy:
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     config: dict = field(default_factory=dict)
+    tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
@@ -152,6 +153,7 @@ class Envoy:
             for i, s in enumerate(self.sims)
         ]
         _deep_update(fc, self.filter_overrides)
+        self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
         if not self.with_filter:
@@ -213,8 +215,14 @@ class Envoy:
             out[k] = v
         return out
 
+    def settled_stats(self) -> dict[str, str]:
+        """Stats once every VM's tick has run: the filter adds request counts to Envoy's
+        counters at its tick, not per request."""
+        time.sleep(2 * self.tick_s + 0.1)
+        return self.stats()
+
     def counter(self, name: str) -> int:
-        v = self.stats().get(f"wasmcustom.{name}", "0")
+        v = self.settled_stats().get(f"wasmcustom.{name}", "0")
         try:
             return int(v)
         except ValueError:

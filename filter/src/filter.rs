@@ -6,9 +6,9 @@ use crate::config::Config;
 use crate::host::{Host, Proxy};
 use crate::load::{extract, Delta};
 use crate::openai::{prompt_key, Endpoint};
+use crate::route;
 use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::stats::{Fallback, Stats};
-use crate::{route, telemetry};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
@@ -35,6 +35,14 @@ struct Root {
 }
 
 impl Context for Root {
+    fn on_done(&mut self) -> bool {
+        // The VM is going away (reconfiguration, drain): counts waiting for the tick go now.
+        if let Some(s) = &self.shared {
+            s.stats.flush();
+        }
+        true
+    }
+
     fn on_http_call_response(
         &mut self,
         token: u32,
@@ -77,7 +85,6 @@ impl Context for Root {
             sc
         });
         let now = Proxy.now_ms();
-        let after = router.cfg.metrics.unhealthy_after;
         let name = router
             .cfg
             .backends
@@ -89,10 +96,7 @@ impl Context for Root {
             .health()
             .ok()
             .and_then(|h| h.get(b).map(|x| x.down));
-        match router
-            .shared(&Proxy)
-            .update_health(b, |h| telemetry::record(h, scrape, now, after))
-        {
+        match router.record_scrape(&Proxy, b, scrape, now) {
             Ok(h) if h.down && was_down == Some(false) => {
                 log::warn!(
                     "warmroute: backend {name} out of rotation after {} failed scrapes",
@@ -145,17 +149,18 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let Some(s) = &self.shared else { return };
+        s.stats.flush();
         let mut router = s.router.borrow_mut();
         let now = Proxy.now_ms();
         router.index.expire(now);
-        let shared = router.shared(&Proxy);
-        let health = shared.health().unwrap_or_default();
-        let inflight = shared.inflight().unwrap_or_default();
+        if let Err(e) = router.refresh_health(&Proxy) {
+            log::debug!("warmroute: health not refreshed: {e:?}");
+        }
+        let inflight = router.shared(&Proxy).inflight().unwrap_or_default();
         s.stats.gauges(
             &inflight,
-            &health.iter().map(|h| !h.down).collect::<Vec<_>>(),
+            &router.health().iter().map(|h| !h.down).collect::<Vec<_>>(),
         );
-        router.resize_index(&health);
         let m = router.cfg.metrics.clone();
         if !m.enabled {
             return;
@@ -171,9 +176,7 @@ impl RootContext for Root {
         }
         let due = router.scraper.due(now, m.timeout_ms + m.period_ms);
         for b in due.lost {
-            let _ = router
-                .shared(&Proxy)
-                .update_health(b, |h| telemetry::record(h, None, now, m.unhealthy_after));
+            let _ = router.record_scrape(&Proxy, b, None, now);
             s.stats.scraped(false);
         }
         for b in due.scrape {
@@ -199,9 +202,7 @@ impl RootContext for Root {
                         "warmroute: scrape of {} not dispatched: {e:?}",
                         backend.name
                     );
-                    let _ = router
-                        .shared(&Proxy)
-                        .update_health(b, |h| telemetry::record(h, None, now, m.unhealthy_after));
+                    let _ = router.record_scrape(&Proxy, b, None, now);
                     s.stats.scraped(false);
                 }
             }
@@ -279,7 +280,7 @@ impl Http {
         s.stats.decided(
             routed.decision.reason,
             primary,
-            routed.decision.matched,
+            (routed.decision.matched, routed.blocks),
             routed.host_errors,
             routed.log_gap,
         );

@@ -5,15 +5,16 @@
 //! - **the truth that all workers share** is a *change log* in proxy-wasm
 //!   shared data: a sequence counter, and a ring of slots each holding one
 //!   event "backend b received these block hashes at time t". A writer
-//!   reserves a sequence number with one CAS on the counter and writes its
-//!   event into slot `seq % slots`; nothing else is rewritten, so an append
-//!   costs two small host calls and the event's own bytes, whatever the
-//!   log's size;
+//!   reserves a sequence number with a CAS on the counter and writes its
+//!   event into slot `seq % slots`; nothing else is rewritten, whatever the
+//!   log's size. The counter lives in the ledger ([`crate::shared`]), so the
+//!   reservation rides on the CAS that accounts the request anyway and an
+//!   append costs one host call of its own, the slot write;
 //! - **each VM's replica** ([`Index`]) applies the events it has not seen.
 //!   A longest-prefix lookup is then local memory only: one hash-map probe per
-//!   block, with early exit, and no host call per block — the only host calls
-//!   per request are reading the counter, the slots of events other VMs
-//!   appended since, and the append.
+//!   sampled position, with early exit, and no host call per block — the only
+//!   host calls per request are reading the ledger, the slots of events other
+//!   VMs appended since, and the append.
 //!
 //! ## Forgetting like the backend does
 //! Entries are `(block, backend) → last use`, one flat hash-map slot each

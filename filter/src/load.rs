@@ -262,23 +262,22 @@ pub fn encode_inflight(all: &[InFlight]) -> Vec<u8> {
     out
 }
 
-/// Decodes `n` in-flight records; a mismatched blob (another layout) reads as empty.
-pub fn decode_inflight(bytes: Option<&[u8]>, n: usize) -> Vec<InFlight> {
+/// Decodes `n` in-flight records; None for a blob of another length (another layout).
+pub fn decode_inflight(bytes: &[u8], n: usize) -> Option<Vec<InFlight>> {
     let word = |c: &[u8], at: usize| {
         c.get(at..at + 4)
             .and_then(|w| w.try_into().ok())
             .map_or(0, u32::from_le_bytes)
     };
-    match bytes {
-        Some(b) if b.len() == n * INFLIGHT_LEN => b
+    (bytes.len() == n * INFLIGHT_LEN).then(|| {
+        bytes
             .chunks_exact(INFLIGHT_LEN)
             .map(|c| InFlight {
                 requests: word(c, 0),
                 prefill_blocks: word(c, 4),
             })
-            .collect(),
-        _ => vec![InFlight::default(); n],
-    }
+            .collect()
+    })
 }
 
 /// The load picture of one backend at decision time.

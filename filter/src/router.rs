@@ -2,24 +2,30 @@
 //! policies together. Generic over [`Host`], so the same code runs in Envoy
 //! and in unit tests that put several "VMs" on one in-memory host.
 //!
-//! Per routed request the host calls are: read the log's sequence counter
-//! (8 bytes), read the slots of events other VMs appended since, read
-//! in-flight counts and health, one CAS write of the chosen backend's
-//! in-flight record (request count and prefill blocks together), one CAS
-//! write of the log counter and one slot write — none of them per block,
-//! none of them the size of the log. The CAS writes reuse the reads made to
-//! decide (a second read only after a lost CAS): in Envoy a host call costs
-//! more than deciding on a 1 KB prompt. A streamed response costs one more
-//! update, at its first byte, to take its prefill blocks back.
+//! Per routed request the host calls are: read the ledger (in-flight records
+//! and the index log's head, see [`crate::shared`]), read the slots of events
+//! other VMs appended since, one CAS write of the ledger (the chosen
+//! backend's request count and prefill blocks, and the reservation of this
+//! request's log event) and one slot write — none of them per block, none of
+//! them the size of the log. The CAS reuses the read made to decide (a second
+//! read only after a lost CAS): in Envoy a host call costs more than deciding
+//! on a 1 KB prompt. A streamed response costs one more update, at its first
+//! byte, to take its prefill blocks back.
+//!
+//! Health is not read per request: only scrapes change it, and they run in
+//! the tick of the VM holding the scrape lease, so each VM re-reads it at its
+//! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
+//! writes at once ([`Router::set_health`]). Another VM sees a scrape at most
+//! one tick late, on top of the scrape period it already waits.
 
 use crate::config::{Config, Strategy};
-use crate::host::{Host, HostError, Versioned};
+use crate::host::{Host, HostError};
 use crate::index::Index;
-use crate::load::{backend_loads, Delta, Health, InFlight};
+use crate::load::{backend_loads, Delta, Health, InFlight, Scrape};
 use crate::policy::{mix, Chooser, Decision, RequestKey};
 use crate::prefix::PromptKey;
 use crate::shared::{Keys, Shared};
-use crate::telemetry::Scraper;
+use crate::telemetry::{self, Scraper};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
@@ -65,6 +71,8 @@ pub struct Router {
     /// Scrape bookkeeping (used while this VM holds the lease).
     pub scraper: Scraper,
     matched: Vec<u32>,
+    /// Every backend's health as of this VM's last tick (or its own last scrape).
+    health: Vec<Health>,
 }
 
 fn fleet_id(cfg: &Config) -> (u64, Vec<u64>) {
@@ -99,7 +107,10 @@ impl Router {
         // Start reading the log where it is now: older events describe a past we cannot date.
         let applied_seq = shared.log_next_seq().unwrap_or(0);
         let index = Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms);
-        Router {
+        let health = shared
+            .health()
+            .unwrap_or_else(|_| vec![Health::default(); n]);
+        let mut router = Router {
             keys,
             ids,
             vm_id,
@@ -108,8 +119,11 @@ impl Router {
             requests: 0,
             scraper: Scraper::new(n),
             matched: Vec::with_capacity(n),
+            health: Vec::new(),
             cfg,
-        }
+        };
+        router.set_all_health(health);
+        router
     }
 
     /// Typed access to shared fleet state.
@@ -121,17 +135,15 @@ impl Router {
         }
     }
 
-    /// Applies index events other VMs appended since the last sync; true if
-    /// some were lost (overwritten in the ring before this VM read them).
-    /// Also returns the counter as read, to seed this request's own append.
-    fn sync_index<H: Host>(&mut self, host: &H) -> Result<(bool, Versioned), HostError> {
+    /// Applies index events other VMs appended before `next` (the log head as
+    /// read with the ledger); true if some were lost (overwritten in the ring
+    /// before this VM read them).
+    fn sync_index<H: Host>(&mut self, host: &H, next: u64) -> Result<bool, HostError> {
         let shared = Shared {
             host,
             keys: &self.keys,
             n: self.cfg.backends.len(),
         };
-        let read = shared.read_log_seq()?;
-        let next = read.value;
         let slots = self.keys.log_shape().slots;
         let mut gap = false;
         if next.saturating_sub(self.applied_seq) > slots {
@@ -155,7 +167,7 @@ impl Router {
             }
             self.applied_seq = seq + 1;
         }
-        Ok((gap, read.raw))
+        Ok(gap)
     }
 
     /// Routes one request; never fails (host errors degrade to less information).
@@ -168,33 +180,33 @@ impl Router {
         };
         let now = host.now_ms();
         let n = self.cfg.backends.len();
-        let mut log_gap = false;
-        let mut seq_read = None;
-        if req.key.is_some() {
-            match self.sync_index(host) {
-                Ok((g, raw)) => (log_gap, seq_read) = (g, Some(raw)),
-                Err(e) => note(Err(e)),
+        let read = self.shared(host).read_ledger();
+        let (inflight, ledger_read, log_gap) = match read {
+            Ok(r) => {
+                // Only a request with a prompt looks the index up: only it catches up.
+                let log_gap = match req.key.map(|_| self.sync_index(host, r.value.next_seq)) {
+                    Some(Ok(gap)) => gap,
+                    Some(Err(e)) => {
+                        note(Err(e));
+                        false
+                    }
+                    None => false,
+                };
+                (r.value.inflight, Some(r.raw), log_gap)
             }
-        }
+            Err(e) => {
+                note(Err(e));
+                (vec![InFlight::default(); n], None, false)
+            }
+        };
         let shared = Shared {
             host,
             keys: &self.keys,
             n,
         };
-        let (inflight, inflight_read) = match shared.read_inflight() {
-            Ok(r) => (r.value, Some(r.raw)),
-            Err(e) => {
-                note(Err(e));
-                (vec![InFlight::default(); n], None)
-            }
-        };
-        let health = shared.health().unwrap_or_else(|e| {
-            note(Err(e));
-            vec![Health::default(); n]
-        });
         let loads = backend_loads(
             &inflight,
-            &health,
+            &self.health,
             now,
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
@@ -263,20 +275,22 @@ impl Router {
             prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
                 .unwrap_or(i32::MAX),
         };
-        note(
-            shared
-                .add_inflight_after(inflight_read, primary, held)
-                .map(|_| ()),
-        );
-        if let Some(key) = req.key.filter(|k| !k.blocks.is_empty()) {
-            // Record the whole chain: it refreshes recency of the matched part
-            // and, after a spillover, replicates a hot prefix to the new pod.
-            self.index.record(&key.blocks, primary, now);
-            match shared.append_log_after(seq_read, self.vm_id, primary as u16, &key.blocks, now) {
+        let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
+        match shared.account(ledger_read, primary, held, !chain.is_empty()) {
+            Ok((_, Some(seq))) => {
+                // Record the whole chain: it refreshes recency of the matched part
+                // and, after a spillover, replicates a hot prefix to the new pod.
+                self.index.record(chain, primary, now);
+                note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
                 // Nothing in between to read: skip our own event instead of reading it back.
-                Ok(seq) if seq == self.applied_seq => self.applied_seq = seq + 1,
-                Ok(_) => {}
-                Err(e) => note(Err(e)),
+                if seq == self.applied_seq {
+                    self.applied_seq = seq + 1;
+                }
+            }
+            Ok((_, None)) => {}
+            Err(e) => {
+                note(Err(e));
+                self.index.record(chain, primary, now);
             }
         }
         Routed {
@@ -307,10 +321,50 @@ impl Router {
         }
     }
 
+    /// Every backend's health as this VM routes on it.
+    pub fn health(&self) -> &[Health] {
+        &self.health
+    }
+
+    /// Re-reads every backend's health from shared data (from the tick); on a
+    /// failed read the last known health stays.
+    pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
+        let health = self.shared(host).health()?;
+        self.set_all_health(health);
+        Ok(())
+    }
+
+    /// Records one scrape of `backend` (`None`: it failed) in shared data and,
+    /// at once, in this VM's view. Returns the backend's new health.
+    pub fn record_scrape<H: Host>(
+        &mut self,
+        host: &H,
+        backend: usize,
+        scrape: Option<Scrape>,
+        now: u64,
+    ) -> Result<Health, HostError> {
+        let after = self.cfg.metrics.unhealthy_after;
+        let health = self
+            .shared(host)
+            .update_health(backend, |h| telemetry::record(h, scrape, now, after))?;
+        if let Some(h) = self.health.get_mut(backend) {
+            *h = health;
+        }
+        self.resize_index();
+        Ok(health)
+    }
+
+    fn set_all_health(&mut self, mut health: Vec<Health>) {
+        health.resize(self.cfg.backends.len(), Health::default());
+        self.health = health;
+        self.resize_index();
+    }
+
     /// Sizes the index to each backend's real KV capacity, when known.
-    pub fn resize_index(&mut self, health: &[Health]) {
+    fn resize_index(&mut self) {
         let blocks_per_token = self.cfg.index.bytes_per_token / self.cfg.block_bytes.max(1) as f64;
-        let known: Vec<Option<usize>> = health
+        let known: Vec<Option<usize>> = self
+            .health
             .iter()
             .map(|h| {
                 h.scrape
@@ -473,9 +527,19 @@ mod tests {
     fn index_sizes_to_backend_capacity() {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("cache_aware"), &host);
-        let mut h = vec![Health::default(); 3];
-        h[0].scrape.capacity_tokens = Some(6400);
-        a.resize_index(&h);
+        // This VM's own scrape applies at once.
+        let scrape = |tokens| Scrape {
+            capacity_tokens: Some(tokens),
+            ..Scrape::default()
+        };
+        a.record_scrape(&host, 0, Some(scrape(6400)), 1).unwrap();
         assert_eq!(a.index.capacity(0), 100);
+        // Another VM's scrape reaches this one at its tick.
+        let mut b = Router::new(cfg("cache_aware"), &host);
+        b.record_scrape(&host, 1, Some(scrape(12_800)), 1).unwrap();
+        assert_eq!(a.index.capacity(1), a.index.capacity(2));
+        a.refresh_health(&host).unwrap();
+        assert_eq!(a.index.capacity(1), 200);
+        assert_eq!(a.health()[0].scrape.capacity_tokens, Some(6400));
     }
 }

@@ -4,6 +4,12 @@
 //! the backend addresses: a reconfigured fleet never reads another fleet's
 //! bytes. Updates are read-modify-write with CAS, retried a bounded number of
 //! times (a worker that keeps losing gives up and counts it rather than spin).
+//!
+//! The value every routed request updates is the *ledger*: each backend's
+//! in-flight record and the sequence number the index log's next event gets.
+//! One read of it tells a request both what is in flight and which log
+//! events to apply, and one CAS both accounts the request and reserves its
+//! event's sequence number: two host calls where separate keys took four.
 
 use crate::host::{Host, HostError, Versioned};
 use crate::index::{Event, LogShape};
@@ -17,12 +23,11 @@ pub const MAX_CAS_RETRIES: u32 = 32;
 /// Names of this fleet's shared-data keys.
 #[derive(Debug, Clone)]
 pub struct Keys {
-    inflight: String,
+    ledger: String,
     rotation: String,
     vm_seq: String,
     lease: String,
     health: String,
-    log_seq: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -33,12 +38,11 @@ impl Keys {
         let k = |n: &str| format!("warmroute.{fleet:016x}.{n}");
         let log_shape = LogShape::new(log_bytes);
         Keys {
-            inflight: k("inflight"),
+            ledger: k("ledger"),
             rotation: k("rotation"),
             vm_seq: k("vm_seq"),
             lease: k("lease"),
             health: k("health"),
-            log_seq: k("index_seq"),
             log_slots: (0..log_shape.slots)
                 .map(|i| k(&format!("index_log.{i}")))
                 .collect(),
@@ -103,6 +107,38 @@ pub struct Read<T> {
     pub raw: Versioned,
 }
 
+/// In-flight work per backend and the index log's head, updated together.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Ledger {
+    /// Each backend's in-flight record.
+    pub inflight: Vec<InFlight>,
+    /// Sequence number the next index-log event gets.
+    pub next_seq: u64,
+}
+
+impl Ledger {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = self.next_seq.to_le_bytes().to_vec();
+        out.extend_from_slice(&encode_inflight(&self.inflight));
+        out
+    }
+
+    /// A missing or mismatched blob (another layout, another fleet size) reads as empty.
+    fn decode(bytes: Option<&[u8]>, n: usize) -> Ledger {
+        let parsed = bytes.and_then(|b| {
+            let (head, records) = b.split_at_checked(8)?;
+            Some(Ledger {
+                inflight: decode_inflight(records, n)?,
+                next_seq: u64::from_le_bytes(head.try_into().ok()?),
+            })
+        });
+        parsed.unwrap_or_else(|| Ledger {
+            inflight: vec![InFlight::default(); n],
+            next_seq: 0,
+        })
+    }
+}
+
 fn u64_of(v: &Option<Vec<u8>>) -> u64 {
     v.as_deref()
         .and_then(|b| b.try_into().ok())
@@ -138,37 +174,45 @@ impl<H: Host> Shared<'_, H> {
 
     /// In-flight requests and unanswered prefill per backend, as accounted by every worker.
     pub fn inflight(&self) -> Result<Vec<InFlight>, HostError> {
-        self.read_inflight().map(|r| r.value)
+        self.read_ledger().map(|r| r.value.inflight)
     }
 
-    /// [`Shared::inflight`] with the read that seeds [`Shared::add_inflight_after`].
-    pub fn read_inflight(&self) -> Result<Read<Vec<InFlight>>, HostError> {
-        let raw = self.host.get_shared(&self.keys.inflight)?;
+    /// The ledger, with the read that seeds [`Shared::account`].
+    pub fn read_ledger(&self) -> Result<Read<Ledger>, HostError> {
+        let raw = self.host.get_shared(&self.keys.ledger)?;
         Ok(Read {
-            value: decode_inflight(raw.0.as_deref(), self.n),
+            value: Ledger::decode(raw.0.as_deref(), self.n),
             raw,
         })
     }
 
     /// Adds `delta` to one backend's in-flight record (each field saturating at 0).
     pub fn add_inflight(&self, backend: usize, delta: Delta) -> Result<Vec<InFlight>, HostError> {
-        self.add_inflight_after(None, backend, delta)
+        self.account(None, backend, delta, false)
+            .map(|(ledger, _)| ledger.inflight)
     }
 
-    /// [`Shared::add_inflight`] starting from an earlier read of the counts.
-    pub fn add_inflight_after(
+    /// One CAS on the ledger, starting from `seed` (an earlier read): adds
+    /// `delta` to `backend` and, if `reserve`, takes the next log sequence
+    /// number. Returns the ledger as written and the reserved number.
+    pub fn account(
         &self,
         seed: Option<Versioned>,
         backend: usize,
         delta: Delta,
-    ) -> Result<Vec<InFlight>, HostError> {
+        reserve: bool,
+    ) -> Result<(Ledger, Option<u64>), HostError> {
         let n = self.n;
-        update_after(self.host, &self.keys.inflight, seed, |v| {
-            let mut c = decode_inflight(v.as_deref(), n);
-            if let Some(x) = c.get_mut(backend) {
+        update_after(self.host, &self.keys.ledger, seed, |v| {
+            let mut ledger = Ledger::decode(v.as_deref(), n);
+            if let Some(x) = ledger.inflight.get_mut(backend) {
                 x.apply(delta);
             }
-            (Some(encode_inflight(&c)), c)
+            let seq = reserve.then_some(ledger.next_seq);
+            if reserve {
+                ledger.next_seq = ledger.next_seq.wrapping_add(1);
+            }
+            (Some(ledger.encode()), (ledger, seq))
         })
     }
 
@@ -218,18 +262,9 @@ impl<H: Host> Shared<'_, H> {
         })
     }
 
-    /// Sequence number the next index event gets: cheap to read, tells whether the log moved.
+    /// Sequence number the next index event gets.
     pub fn log_next_seq(&self) -> Result<u64, HostError> {
-        self.read_log_seq().map(|r| r.value)
-    }
-
-    /// [`Shared::log_next_seq`] with the read that seeds [`Shared::append_log_after`].
-    pub fn read_log_seq(&self) -> Result<Read<u64>, HostError> {
-        let raw = self.host.get_shared(&self.keys.log_seq)?;
-        Ok(Read {
-            value: u64_of(&raw.0),
-            raw,
-        })
+        self.read_ledger().map(|r| r.value.next_seq)
     }
 
     /// The event in `seq`'s slot, whichever event that is now (or none).
@@ -238,25 +273,24 @@ impl<H: Host> Shared<'_, H> {
         Ok(v.as_deref().and_then(Event::decode))
     }
 
-    /// Appends an index event: reserves its seq with one CAS on the counter, then
-    /// writes its slot (the seq is ours alone, so unconditionally). Returns the seq.
+    /// Appends an index event outside a request: reserves its seq, then writes its slot.
     pub fn append_log(&self, origin: u64, backend: u16, blocks: &[u64]) -> Result<u64, HostError> {
-        self.append_log_after(None, origin, backend, blocks, self.host.now_ms())
+        let (_, seq) = self.account(None, 0, Delta::default(), true)?;
+        let seq = seq.unwrap_or_default();
+        self.write_event(seq, origin, backend, self.host.now_ms(), blocks)?;
+        Ok(seq)
     }
 
-    /// [`Shared::append_log`] starting from an earlier read of the counter, at `now`.
-    pub fn append_log_after(
+    /// Writes the event of a reserved `seq` into its slot (the seq is ours alone,
+    /// so unconditionally).
+    pub fn write_event(
         &self,
-        seed: Option<Versioned>,
+        seq: u64,
         origin: u64,
         backend: u16,
-        blocks: &[u64],
         now: u64,
-    ) -> Result<u64, HostError> {
-        let seq = update_after(self.host, &self.keys.log_seq, seed, |v| {
-            let next = u64_of(&v);
-            (Some(next.wrapping_add(1).to_le_bytes().to_vec()), next)
-        })?;
+        blocks: &[u64],
+    ) -> Result<(), HostError> {
         let event = Event::encode(
             seq,
             origin,
@@ -265,8 +299,7 @@ impl<H: Host> Shared<'_, H> {
             blocks,
             self.keys.log_shape.slot_bytes,
         );
-        self.host.set_shared(self.keys.slot(seq), &event, None)?;
-        Ok(seq)
+        self.host.set_shared(self.keys.slot(seq), &event, None)
     }
 }
 
@@ -289,12 +322,17 @@ mod tests {
         requests_of(s.inflight().unwrap())
     }
 
-    /// One more request on `backend`, written from the read `seed`; the counts after.
-    fn one_more_after(s: &Shared<'_, MemoryHost>, seed: Versioned, backend: usize) -> Vec<u32> {
-        requests_of(
-            s.add_inflight_after(Some(seed), backend, Delta::requests(1))
-                .unwrap(),
-        )
+    /// One more request on `backend` with a log event, written from the read
+    /// `seed`; the counts after and the event's seq.
+    fn one_more_after(
+        s: &Shared<'_, MemoryHost>,
+        seed: Versioned,
+        backend: usize,
+    ) -> (Vec<u32>, u64) {
+        let (ledger, seq) = s
+            .account(Some(seed), backend, Delta::requests(1), true)
+            .unwrap();
+        (requests_of(ledger.inflight), seq.unwrap())
     }
 
     #[test]
@@ -318,9 +356,8 @@ mod tests {
         );
         assert_eq!((c[0], c[1]), (InFlight::default(), InFlight::default()));
         // A record written in another layout reads as empty, never as garbage.
-        host.set_shared(&keys.inflight, &[1, 0, 0, 0], None)
-            .unwrap();
-        assert_eq!(s.inflight().unwrap(), vec![InFlight::default(); 3]);
+        host.set_shared(&keys.ledger, &[1, 0, 0, 0], None).unwrap();
+        assert_eq!(s.read_ledger().unwrap().value, Ledger::decode(None, 3));
     }
 
     #[test]
@@ -341,26 +378,23 @@ mod tests {
     fn a_stale_seed_costs_a_reread_never_a_lost_update() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
-        // Seeds of keys that do not exist yet carry no CAS token: never trusted.
-        let (absent_counts, absent_seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
+        // A seed of a key that does not exist yet carries no CAS token: never trusted.
+        let absent = s.read_ledger().unwrap();
         s.add_inflight(2, Delta::requests(1)).unwrap();
         s.append_log(9, 0, &[1]).unwrap();
-        assert_eq!(one_more_after(&s, absent_counts.raw, 0), vec![1, 0, 1]);
-        assert_eq!(
-            s.append_log_after(Some(absent_seq.raw), 8, 1, &[2], 5)
-                .unwrap(),
-            1
-        );
-        let (counts, seq) = (s.read_inflight().unwrap(), s.read_log_seq().unwrap());
-        // Another worker moves both keys between this worker's reads and writes.
+        assert_eq!(one_more_after(&s, absent.raw, 0), (vec![1, 0, 1], 1));
+        let seed = s.read_ledger().unwrap();
+        // Another worker moves the ledger between this worker's read and write.
         s.add_inflight(0, Delta::requests(1)).unwrap();
         s.append_log(9, 0, &[3]).unwrap();
-        assert_eq!(one_more_after(&s, counts.raw, 0), vec![3, 0, 1]);
-        assert_eq!(s.append_log_after(Some(seq.raw), 8, 1, &[4], 6).unwrap(), 3);
+        assert_eq!(one_more_after(&s, seed.raw, 0), (vec![3, 0, 1], 3));
         // A current seed applies directly.
-        let counts = s.read_inflight().unwrap();
-        assert_eq!(one_more_after(&s, counts.raw, 1), vec![3, 1, 1]);
-        assert_eq!(s.log_event(3).unwrap().map(|e| e.time_ms), Some(6));
+        let seed = s.read_ledger().unwrap();
+        assert_eq!(seed.value.next_seq, 4);
+        assert_eq!(one_more_after(&s, seed.raw, 1), (vec![3, 1, 1], 4));
+        // Releases never move the log.
+        s.add_inflight(1, -Delta::requests(1)).unwrap();
+        assert_eq!(s.log_next_seq().unwrap(), 5);
     }
 
     #[test]

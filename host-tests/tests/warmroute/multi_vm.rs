@@ -120,7 +120,7 @@ fn inflight_cas_conflict_between_vms_loses_no_update() {
     let b_req: Rc<RefCell<Option<Routed>>> = Rc::new(RefCell::new(None));
     {
         let (b, slot) = (b.clone(), b_req.clone());
-        h.before_shared_set(Some(&a), "inflight", 1, move |_| {
+        h.before_shared_set(Some(&a), "ledger", 1, move |_| {
             *slot.borrow_mut() = Some(chat_request(&b, "from B"));
         });
     }
@@ -177,8 +177,8 @@ fn index_log_cas_conflict_between_vms_loses_no_update() {
     let b_backend = Rc::new(RefCell::new(None));
     {
         let (b, slot) = (b.clone(), b_backend.clone());
-        // The log's one CAS is the reservation of a sequence number on its counter.
-        h.before_shared_set(Some(&a), "index_seq", 1, move |_| {
+        // The log's one CAS reserves a sequence number in the ledger, with the in-flight count.
+        h.before_shared_set(Some(&a), "ledger", 1, move |_| {
             let r = post(&b, "/v1/chat/completions", &conv(2, 1), &[]);
             *slot.borrow_mut() = Some(r.backend());
             r.finish();

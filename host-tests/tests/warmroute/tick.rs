@@ -97,6 +97,8 @@ fn only_one_vm_scrapes_per_period() {
         );
         assert_eq!(targets.len(), 3);
     }
+    // Counts reach Envoy's stat at the next tick.
+    h.tick_all().unwrap();
     assert_eq!(h.metric_value("warmroute.scrape.ok"), Some(24));
     drop(vms);
 }
