@@ -36,9 +36,10 @@ run: build ## Main job: Envoy + 3 simulated backends, same workload via round ro
 test: build lint unit wasm-unit host-tests validate e2e ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e
 	@echo "make test: all suites passed"
 
-lint: ## rustfmt check; clippy (filter for wasm32, -D warnings; workspace); the decision bench still compiles
+lint: ## rustfmt check; clippy (filter for wasm32 with and without the bench's phase timing, -D warnings; workspace); the decision bench still compiles
 	cargo fmt --all --check
 	cargo clippy -p warmroute-filter --target wasm32-wasip1 --release -- -D warnings
+	cargo clippy -p warmroute-filter --target wasm32-wasip1 --release --features phase-timing -- -D warnings
 	cargo clippy --workspace --all-targets -- -D warnings
 	@# Its own workspace, outside `cargo ... --workspace`: an API change would break it unseen.
 	cargo check -q --manifest-path bench/decision/Cargo.toml --target-dir target/bench-decision

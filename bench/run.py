@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -343,6 +344,27 @@ def uniform_args(words: int, requests: int, seed: int) -> list[str]:
             "--requests", str(requests), "--rate", "1000000", "--seed", str(seed)]
 
 
+PHASES_WASM = ROOT / "target" / "bench-phases" / "wasm32-wasip1" / "release" / "warmroute.wasm"
+PHASES_LINE = re.compile(r"warmroute phases: n=(\d+) body_ns=(\d+) parse_ns=(\d+) route_ns=(\d+) header_ns=(\d+)")
+
+
+def build_phases_filter() -> Path:
+    """warmroute built with `phase-timing`: it logs where a request's time goes inside the VM."""
+    subprocess.run(["cargo", "build", "--release", "-q", "--target", "wasm32-wasip1", "-p", "warmroute-filter",
+                    "--features", "phase-timing", "--target-dir", str(ROOT / "target" / "bench-phases")],
+                   check=True, timeout=900, cwd=ROOT)
+    return PHASES_WASM
+
+
+def phase_breakdown(log: Path) -> dict:
+    """Mean µs per phase over every `warmroute phases` line an Envoy log holds."""
+    lines = [tuple(map(int, m.groups())) for m in PHASES_LINE.finditer(log.read_text(errors="replace"))]
+    n = sum(x[0] for x in lines)
+    names = ["body", "parse", "route", "header"]
+    return {"requests": n, **{f"{k}_us": sum(x[0] * x[i + 1] for x in lines) / max(n, 1) / 1000
+                              for i, k in enumerate(names)}}
+
+
 def build_floor_filter() -> Path:
     subprocess.run(["cargo", "build", "--release", "-q", "--target", "wasm32-wasip1",
                     "--manifest-path", str(FLOOR_DIR / "Cargo.toml"),
@@ -367,6 +389,7 @@ def overhead(b: Bench) -> dict:
     Envoy charges any filter that routes on the body, which warmroute cannot go below."""
     print("== cost of the filter", flush=True)
     floor_wasm = build_floor_filter()
+    phases_wasm = build_phases_filter()
     rdir = b.logdir / "overhead"
     rdir.mkdir()
     # 1 KB and 128 KB chat bodies (pseudo-words are ~8.5 bytes with JSON overhead).
@@ -453,6 +476,19 @@ def overhead(b: Bench) -> dict:
                     "cpu_us_per_req_nofilter": median(per["nofilter"]["cpu_load"]),
                 })
                 c = out["compare"][-1]
+                # Where warmroute's time goes inside the VM: a separate pass through the build that
+                # times its phases with the host clock (each lap is a host call, so never in the rounds).
+                pe = Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg, wasm_file=phases_wasm)
+                pe.start(rdir)
+                try:
+                    loadgen(uniform_args(words, lat_n[size] // 4, 55), [f"http://127.0.0.1:{pe.port}"], [],
+                            rdir / f"{size}-{workers}w-phases.json", 120, ["--concurrency", "1"])
+                finally:
+                    pe.stop()
+                c["phases"] = phase_breakdown(rdir / f"envoy-{pe.port}.log")
+                print(f"  {size}-{workers}w inside the VM (mean over {c['phases']['requests']} requests): "
+                      + ", ".join(f"{k} {c['phases'][f'{k}_us']:.0f} us" for k in ("body", "parse", "route", "header")),
+                      flush=True)
                 print(f"  {size}-{workers}w added p50 {c['added_p50_us']:.0f} us (rounds: "
                       f"{', '.join(f'{x:.0f}' for x in added)}); floor {c['floor_added_p50_us']:.0f} us, "
                       f"warmroute over floor {c['over_floor_p50_us']:.0f} us; CPU/req x{c['cpu_per_req_ratio']:.2f} "
@@ -693,6 +729,16 @@ def markdown(res: dict) -> str:
             L.append(f"| {c['size']} | {c['workers']} | {c['added_p50_us']:.0f} | {c['added_p99_us']:.0f} | "
                      f"{c['floor_added_p50_us']:.0f} | {c['over_floor_p50_us']:.0f} | {c['throughput_ratio']:.2f} | "
                      f"{c['cpu_per_req_ratio']:.2f} | {c['floor_cpu_per_req_ratio']:.2f} |")
+        ph = [c for c in ov["compare"] if c.get("phases", {}).get("requests")]
+        if ph:
+            L.append("\nInside the VM (a separate pass through a build with `--features phase-timing`, which reads "
+                     "the host clock between phases; each figure includes about one clock read), mean us per request:\n")
+            L.append("| body | workers | read body | parse + hash | route (shared data, index) | write header |"
+                     "\n|---|---|---|---|---|---|")
+            for c in ph:
+                p_ = c["phases"]
+                L.append(f"| {c['size']} | {c['workers']} | {p_['body_us']:.0f} | {p_['parse_us']:.0f} | "
+                         f"{p_['route_us']:.0f} | {p_['header_us']:.0f} |")
         L.append("\nAdded p50 per round (us): " + "; ".join(
             f"{c['size']} {c['workers']}w: " + ", ".join(f"{x:.0f}" for x in c["added_p50_us_rounds"])
             for c in ov["compare"]) + ".")

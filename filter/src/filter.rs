@@ -6,6 +6,7 @@ use crate::config::Config;
 use crate::host::{Host, Proxy};
 use crate::load::{extract, Delta};
 use crate::openai::{prompt_key, Endpoint};
+use crate::phases::{Laps, Phase};
 use crate::route;
 use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::stats::{Fallback, Stats};
@@ -236,7 +237,7 @@ struct Http {
 
 impl Http {
     /// Decides, writes the routing header, accounts the request.
-    fn route(&mut self, body: Option<&[u8]>, fallback: Option<Fallback>) {
+    fn route(&mut self, body: Option<&[u8]>, fallback: Option<Fallback>, mut laps: Laps) {
         let Some(s) = self.shared.clone() else { return };
         let mut router = s.router.borrow_mut();
         let (block, max_body) = (router.cfg.block_bytes, router.cfg.max_body_bytes);
@@ -261,6 +262,7 @@ impl Http {
             }
             _ => None,
         };
+        laps.lap(Phase::Parse);
         if let Some(w) = why {
             s.stats.fell_back(w);
             log::debug!("warmroute: fallback routing: {}", w.name());
@@ -274,6 +276,7 @@ impl Http {
                 session: self.session.as_deref(),
             },
         );
+        laps.lap(Phase::Route);
         let primary = routed.decision.order.first().copied().unwrap_or(0);
         self.chosen = Some(primary);
         self.held = routed.held;
@@ -289,6 +292,8 @@ impl Http {
                 log::warn!("warmroute: could not set {name}");
             }
         }
+        laps.lap(Phase::Header);
+        laps.done();
         if router.cfg.debug_header {
             let backend = router
                 .cfg
@@ -338,7 +343,7 @@ impl HttpContext for Http {
             .filter(|_| post)
             .and_then(|p| Endpoint::from_path(&p));
         if self.endpoint.is_none() {
-            self.route(None, None);
+            self.route(None, None, Laps::start());
             return Action::Continue;
         }
         let encoded =
@@ -357,7 +362,7 @@ impl HttpContext for Http {
         };
         match fallback {
             Some(f) => {
-                self.route(None, Some(f));
+                self.route(None, Some(f), Laps::start());
                 Action::Continue
             }
             None => {
@@ -378,18 +383,20 @@ impl HttpContext for Http {
             .map_or(0, |s| s.router.borrow().cfg.max_body_bytes);
         if body_size > max {
             self.awaiting_body = false;
-            self.route(None, Some(Fallback::TooLarge));
+            self.route(None, Some(Fallback::TooLarge), Laps::start());
             return Action::Continue;
         }
         if !end_of_stream {
             return Action::Pause;
         }
         self.awaiting_body = false;
+        let mut laps = Laps::start();
         let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, body_size)
             .ok()
             .flatten()
             .unwrap_or_default();
-        self.route(Some(&body), None);
+        laps.lap(Phase::Body);
+        self.route(Some(&body), None, laps);
         Action::Continue
     }
 

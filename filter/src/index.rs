@@ -84,13 +84,33 @@ fn span(i: usize) -> u32 {
     }
 }
 
-/// One recording of an entry, oldest first in its backend's queue.
+/// One recording of an entry, oldest first in its backend's queue: 16 bytes,
+/// like the map slot (a queue holds up to two records per live entry).
 #[derive(Debug, Clone, Copy)]
 struct Rec {
     key: u64,
-    time: u64,
-    /// Blocks it counts for against capacity.
-    span: u32,
+    /// Time (ms) in the high 48 bits, span (blocks it counts for) in the low 16.
+    stamp: u64,
+}
+
+/// Latest time a record can hold (48 bits of ms: the year 10889).
+const TIME_MAX: u64 = (1 << 48) - 1;
+
+impl Rec {
+    fn new(key: u64, time: u64, span: u32) -> Rec {
+        Rec {
+            key,
+            stamp: time << 16 | u64::from(span.min(u16::MAX.into())),
+        }
+    }
+
+    fn time(self) -> u64 {
+        self.stamp >> 16
+    }
+
+    fn span(self) -> usize {
+        (self.stamp & 0xffff) as usize
+    }
 }
 
 #[derive(Debug, Default)]
@@ -234,6 +254,8 @@ impl Index {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
+        // The map and the queue must agree on the time, which a record keeps in 48 bits.
+        let now_ms = now_ms.min(TIME_MAX);
         let last = blocks.len().saturating_sub(1);
         for (i, &h) in blocks.iter().enumerate() {
             if !sampled(i) && i != last {
@@ -253,11 +275,7 @@ impl Index {
                     lru.live += span as usize;
                 }
             }
-            lru.queue.push_back(Rec {
-                key,
-                time: now_ms,
-                span,
-            });
+            lru.queue.push_back(Rec::new(key, now_ms, span));
         }
         self.evict(backend, now_ms);
     }
@@ -268,22 +286,22 @@ impl Index {
             return;
         };
         while let Some(&r) = lru.queue.front() {
-            let expired = now_ms.saturating_sub(r.time) > self.ttl_ms;
+            let expired = now_ms.saturating_sub(r.time()) > self.ttl_ms;
             if lru.live <= lru.capacity && !expired {
                 break;
             }
             lru.queue.pop_front();
             // A newer record for this entry is further back: this one is stale.
             if let Entry::Occupied(e) = self.map.entry(r.key) {
-                if *e.get() == r.time {
+                if *e.get() == r.time() {
                     e.remove();
-                    lru.live = lru.live.saturating_sub(r.span as usize);
+                    lru.live = lru.live.saturating_sub(r.span());
                 }
             }
         }
         if lru.queue.len() > 2 * lru.live + 1024 {
             let map = &self.map;
-            lru.queue.retain(|r| map.get(&r.key) == Some(&r.time));
+            lru.queue.retain(|r| map.get(&r.key) == Some(&r.time()));
         }
     }
 
@@ -469,6 +487,13 @@ mod tests {
             let m = lens(&ix, &other, 1)[0] as usize;
             assert!(m <= shared && m + shared / 16 >= shared, "{shared}: {m}");
         }
+    }
+
+    #[test]
+    fn a_queue_record_is_as_small_as_a_map_slot() {
+        assert_eq!(std::mem::size_of::<Rec>(), 16);
+        let r = Rec::new(7, TIME_MAX, 2048);
+        assert_eq!((r.time(), r.span()), (TIME_MAX, 2048));
     }
 
     #[test]

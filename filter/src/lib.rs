@@ -19,4 +19,6 @@ pub mod telemetry;
 #[cfg(all(target_arch = "wasm32", not(test)))]
 mod filter;
 #[cfg(all(target_arch = "wasm32", not(test)))]
+mod phases;
+#[cfg(all(target_arch = "wasm32", not(test)))]
 mod stats;
