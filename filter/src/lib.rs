@@ -1,7 +1,8 @@
 //! warmroute: KV-cache-aware routing for LLM inference fleets, as a proxy-wasm filter.
 //!
-//! Only `filter` (the proxy-wasm contexts), `stats` and `host::Proxy` call the
-//! host; everything else is plain Rust, unit-tested natively and inside wasm32.
+//! Only `filter` (the proxy-wasm contexts), `stats`, `phases` (a bench-only
+//! build) and `host::Proxy` call the host; everything else is plain Rust,
+//! unit-tested natively and inside wasm32.
 
 pub mod config;
 pub mod host;
