@@ -92,11 +92,8 @@ impl Context for Root {
             .get(b)
             .map(|x| x.name.clone())
             .unwrap_or_default();
-        let was_down = router
-            .shared(&Proxy)
-            .health()
-            .ok()
-            .and_then(|h| h.get(b).map(|x| x.down));
+        // This VM holds the scrape lease, so its own view is the last health written.
+        let was_down = router.health().get(b).map(|x| x.down);
         match router.record_scrape(&Proxy, b, scrape, now) {
             Ok(h) if h.down && was_down == Some(false) => {
                 log::warn!(

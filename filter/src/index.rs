@@ -79,6 +79,11 @@ fn sampled(i: usize) -> bool {
     (i + 1).is_multiple_of(stride(i))
 }
 
+/// Whether the index holds position `i` of a chain whose last position is `last`.
+fn kept(i: usize, last: usize) -> bool {
+    sampled(i) || i == last
+}
+
 /// Blocks an entry at position `i` counts against capacity: a sampled one
 /// stands for its stride, a prompt's last block off the sample for none.
 fn span(i: usize) -> u32 {
@@ -208,25 +213,17 @@ impl Index {
     pub fn match_lengths(&self, blocks: &[u64], now_ms: u64, out: &mut Vec<u32>) {
         out.clear();
         out.resize(self.lru.len(), 0);
-        let Some(&first) = blocks.first() else {
+        let Some(last) = blocks.len().checked_sub(1) else {
             return;
         };
         // Chains are prefix-closed: only holders of position i can hold a later one.
-        let mut alive: Vec<usize> = (0..self.lru.len())
-            .filter(|&b| self.fresh(first, b, now_ms))
-            .collect();
-        for &b in &alive {
-            if let Some(m) = out.get_mut(b) {
-                *m = 1;
-            }
-        }
-        let last = blocks.len() - 1;
+        let mut alive: Vec<usize> = (0..self.lru.len()).collect();
         let mut prev = 0;
-        for (i, &h) in blocks.iter().enumerate().skip(1) {
+        for (i, &h) in blocks.iter().enumerate() {
             if alive.is_empty() {
                 break;
             }
-            if !sampled(i) && i != last {
+            if !kept(i, last) {
                 continue;
             }
             alive.retain(|&b| {
@@ -263,7 +260,7 @@ impl Index {
         let now_ms = now_ms.min(TIME_MAX);
         let last = blocks.len().saturating_sub(1);
         for (i, &h) in blocks.iter().enumerate() {
-            if !sampled(i) && i != last {
+            if !kept(i, last) {
                 continue;
             }
             let key = h ^ salt;

@@ -252,14 +252,17 @@ impl std::ops::Neg for Delta {
 
 const INFLIGHT_LEN: usize = 8;
 
-/// Encodes every backend's in-flight record for shared data.
-pub fn encode_inflight(all: &[InFlight]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(all.len() * INFLIGHT_LEN);
+/// Bytes [`encode_inflight`] writes for `n` backends.
+pub const fn inflight_len(n: usize) -> usize {
+    n * INFLIGHT_LEN
+}
+
+/// Appends every backend's in-flight record, as shared data holds it, to `out`.
+pub fn encode_inflight(all: &[InFlight], out: &mut Vec<u8>) {
     for f in all {
         out.extend_from_slice(&f.requests.to_le_bytes());
         out.extend_from_slice(&f.prefill_blocks.to_le_bytes());
     }
-    out
 }
 
 /// Decodes `n` in-flight records; None for a blob of another length (another layout).
@@ -269,7 +272,7 @@ pub fn decode_inflight(bytes: &[u8], n: usize) -> Option<Vec<InFlight>> {
             .and_then(|w| w.try_into().ok())
             .map_or(0, u32::from_le_bytes)
     };
-    (bytes.len() == n * INFLIGHT_LEN).then(|| {
+    (bytes.len() == inflight_len(n)).then(|| {
         bytes
             .chunks_exact(INFLIGHT_LEN)
             .map(|c| InFlight {

@@ -15,7 +15,7 @@
 //! Health is not read per request: only scrapes change it, and they run in
 //! the tick of the VM holding the scrape lease, so each VM re-reads it at its
 //! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
-//! writes at once ([`Router::set_health`]). Another VM sees a scrape at most
+//! writes at once ([`Router::record_scrape`]). Another VM sees a scrape at most
 //! one tick late, on top of the scrape period it already waits.
 
 use crate::config::{Config, Strategy};
@@ -276,11 +276,13 @@ impl Router {
                 .unwrap_or(i32::MAX),
         };
         let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
+        if !chain.is_empty() {
+            // Record the whole chain: it refreshes recency of the matched part
+            // and, after a spillover, replicates a hot prefix to the new pod.
+            self.index.record(chain, primary, now);
+        }
         match shared.account(ledger_read, primary, held, !chain.is_empty()) {
             Ok((_, Some(seq))) => {
-                // Record the whole chain: it refreshes recency of the matched part
-                // and, after a spillover, replicates a hot prefix to the new pod.
-                self.index.record(chain, primary, now);
                 note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
                 // Nothing in between to read: skip our own event instead of reading it back.
                 if seq == self.applied_seq {
@@ -288,10 +290,7 @@ impl Router {
                 }
             }
             Ok((_, None)) => {}
-            Err(e) => {
-                note(Err(e));
-                self.index.record(chain, primary, now);
-            }
+            Err(e) => note(Err(e)),
         }
         Routed {
             decision,
