@@ -17,7 +17,7 @@ use warmroute::host::MemoryHost;
 use warmroute::openai::{prompt_key, Endpoint};
 use warmroute::router::{Request, Router, ANCHOR_BYTES};
 
-/// Deterministic pseudo-words (~7 bytes with the space, one sim token each).
+/// Deterministic pseudo-words (~7 bytes with the space, one sim token each), in lines.
 fn words(tag: u64, n: usize) -> String {
     let mut s = String::with_capacity(n * 8);
     let mut x = tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -25,8 +25,10 @@ fn words(tag: u64, n: usize) -> String {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
+        // Lines of 12 words, as the load generator writes: real prompts have
+        // line breaks, and text with JSON escapes costs the parser more.
         if i > 0 {
-            s.push(' ');
+            s.push(if i.is_multiple_of(12) { '\n' } else { ' ' });
         }
         s.push_str(&format!("w{:05x}", x & 0xfffff));
     }
