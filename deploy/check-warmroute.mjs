@@ -32,7 +32,7 @@ const ref = JSON.parse(fs.readFileSync(path.join(gen, "pluginconfig.json"), "utf
 const TOP = new Set(["backends", "strategy", "route", "block_bytes", "max_body_bytes", "session_header", "balance",
   "cache_aware", "saturation", "index", "metrics", "debug_header"]);
 const SUB = {
-  route: ["mode", "header", "fallbacks"], balance: ["eps"], cache_aware: ["tie_margin", "min_match_blocks", "prefill_slack_tokens"],
+  route: ["mode", "header", "fallbacks"], balance: ["eps", "warm_min_cap"], cache_aware: ["tie_margin", "min_match_blocks", "prefill_slack_tokens"],
   saturation: ["max_waiting", "max_kv_usage", "max_inflight"], index: ["max_blocks", "ttl_ms", "log_bytes"],
   metrics: ["enabled", "cluster", "path", "period_ms", "timeout_ms", "unhealthy_after", "stale_after_ms",
     "model_name", "names"],

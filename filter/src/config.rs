@@ -108,6 +108,8 @@ struct WireRoute {
 struct WireBalance {
     #[serde(default = "d_eps")]
     eps: f64,
+    #[serde(default = "d_warm_min_cap")]
+    warm_min_cap: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +215,9 @@ fn d_fallbacks() -> usize {
 fn d_eps() -> f64 {
     0.5
 }
+fn d_warm_min_cap() -> u32 {
+    crate::policy::WARM_MIN_CAP
+}
 fn d_tie_margin() -> f64 {
     0.05
 }
@@ -297,7 +302,10 @@ fn default_names() -> WireMetricNames {
     }
 }
 fn default_balance() -> WireBalance {
-    WireBalance { eps: d_eps() }
+    WireBalance {
+        eps: d_eps(),
+        warm_min_cap: d_warm_min_cap(),
+    }
 }
 fn default_cache_aware() -> WireCacheAware {
     WireCacheAware {
@@ -364,6 +372,8 @@ pub struct RouteConfig {
 pub struct PolicyConfig {
     /// Bounded-load slack: cap = ceil((1+eps) * (total+1) / healthy).
     pub eps: f64,
+    /// The bound a backend holding part of the prompt never falls below.
+    pub warm_min_cap: f64,
     /// Scores closer than this are ties, broken by rendezvous order.
     pub tie_margin: f64,
     /// Fewer matched blocks than this count as no match.
@@ -598,6 +608,12 @@ impl TryFrom<WireConfig> for Config {
         };
         let policy = PolicyConfig {
             eps: finite_in_range("balance.eps", w.balance.eps, 0.0, 100.0)?,
+            warm_min_cap: f64::from(in_range(
+                "balance.warm_min_cap",
+                w.balance.warm_min_cap,
+                1,
+                1 << 20,
+            )?),
             tie_margin: finite_in_range(
                 "cache_aware.tie_margin",
                 w.cache_aware.tie_margin,
@@ -807,6 +823,10 @@ mod tests {
         assert_eq!(
             err(&format!("{base}\"balance\":{{\"eps\":-1}}}}")).field,
             "balance.eps"
+        );
+        assert_eq!(
+            err(&format!("{base}\"balance\":{{\"warm_min_cap\":0}}}}")).field,
+            "balance.warm_min_cap"
         );
         assert_eq!(
             err(&format!(

@@ -9,14 +9,30 @@
 //! so ignore the cache for everyone" switch (which, at their defaults, sends a
 //! whole agent workload to one replica).
 //!
+//! At low load the relative bound is tight: with one request in flight on three
+//! pods, `cap` is 1, so a second request for the same pod would leave it while
+//! the others idle. For `cache_aware`, a backend holding part of the prompt
+//! stays eligible up to `warm_min_cap` requests (this one included) whatever
+//! the relative bound: vLLM batches decodes, so a pod running 8 requests
+//! decodes each almost as fast as one, while moving a conversation costs its
+//! whole prefill. Prefill queued there is still weighed (`queued_b`), and real
+//! overload still marks the pod saturated (waiting requests, KV usage).
+//!
 //! ## cache_aware (default)
 //! ```text
 //! ratio_b  = matched_blocks_b / prompt_blocks    (0 unless the match goes past the
 //!                                                  head and reaches min_match_blocks)
 //! queued_b = max(0, prefill_b − min_prefill − slack) / prompt_blocks
-//! score_b  = ratio_b − prefill_weight · queued_b
+//! score_b  = value_b − prefill_weight · queued_b
 //!                    − load_weight · (load_b − min_load) / cap              for b ∈ eligible
+//! value_b  = max(ratio_b, history_blocks / prompt_blocks)  for the owner of a continuation,
+//!            ratio_b otherwise
 //! ```
+//! - a continuation's owner (the backend with the longest match) is taken to
+//!   hold the whole conversation so far. Behind several gateway replicas this
+//!   index misses the turns the others sent, and would otherwise see a 30%
+//!   match where the pod holds 90%, and give the conversation up for a small
+//!   load difference. On one gateway the index holds the history already.
 //! - `prefill_b` (see `load`) is the prompt blocks already sent to b and not yet
 //!   answered: vLLM prefills in arrival order, so that is how long this prompt's
 //!   first token waits there. Both terms are in units of this prompt, so a pod
@@ -54,6 +70,7 @@
 //! | parameter      | default | why |
 //! |----------------|---------|-----|
 //! | `eps`          | 0.5     | Envoy's bounded-load default (hash_balance_factor 150): tighter bounds spill conversations at loads a vLLM pod does not feel |
+//! | `warm_min_cap` | 8       | agent bench, 3 replicas: at 1 (the relative bound alone) 10-15 spillovers and 81-84% hit rate; at 8, 1-2 and 86% (the single-replica reference: 86.7%); 16 did no better |
 //! | `prefill_weight` | 0.5   | a leaving request's prefill delays others too (see above) |
 //! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
 //! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
@@ -74,6 +91,10 @@
 
 use crate::config::{PolicyConfig, Strategy};
 use crate::load::BackendLoad;
+
+/// Default `balance.warm_min_cap`: in-flight requests (this one included) a
+/// backend holding part of the prompt may run before the relative bound applies.
+pub const WARM_MIN_CAP: u32 = 8;
 
 /// Weight of load against cache share in `cache_aware` scores.
 pub const LOAD_WEIGHT: f64 = 0.5;
@@ -305,10 +326,13 @@ impl Chooser<'_> {
             }
         };
         let order = rendezvous(req.anchor, self.ids, healthy.iter().copied());
+        // A pod holding part of the prompt keeps it up to `warm_min_cap` requests
+        // even when the relative bound is lower (see the module doc).
+        let warm_cap = cap.max(self.cfg.warm_min_cap);
         let eligible: Vec<usize> = order
             .iter()
             .copied()
-            .filter(|&b| self.eligible(b, cap))
+            .filter(|&b| self.eligible(b, if ratio(b) > 0.0 { warm_cap } else { cap }))
             .collect();
         // The backend believed to hold the longest prefix, whatever its load.
         let owner = order
@@ -369,8 +393,22 @@ impl Chooser<'_> {
             .iter()
             .map(|&b| self.loads[b].load)
             .fold(f64::INFINITY, f64::min);
+        // A continuation's owner is taken to hold the whole history: behind gateway
+        // replicas, the turns others sent there are missing from this index.
+        let history = if req.continuation {
+            req.history_blocks.min(req.blocks) as f64 / blocks
+        } else {
+            0.0
+        };
+        let value = |b: usize| {
+            if Some(b) == owner {
+                ratio(b).max(history)
+            } else {
+                ratio(b)
+            }
+        };
         let score = |b: usize| {
-            ratio(b) - queued(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0)
+            value(b) - queued(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0)
         };
         let best = eligible
             .iter()
@@ -469,6 +507,61 @@ mod tests {
         );
         assert_ne!(d.order[0], 0);
         assert_eq!(d.reason, Reason::Spillover);
+    }
+
+    #[test]
+    fn a_warm_pod_keeps_its_conversation_below_the_warm_floor() {
+        // total 2 over 3 → cap = ceil(1.5·3/3) = 2: the relative bound alone would
+        // send the third request on pod 0 to a cold pod while the others idle.
+        let l = loads(&[2.0, 0.0, 0.0]);
+        let warm = RequestKey {
+            matched: &[9, 0, 0],
+            blocks: 10,
+            anchor: 5,
+            ..Default::default()
+        };
+        let d = pick(Strategy::CacheAware, &l, warm);
+        assert_eq!((d.order[0], d.reason), (0, Reason::CacheHit));
+        // A cold prompt still gets the relative bound.
+        for anchor in 0..20 {
+            let cold = RequestKey {
+                matched: &[0, 0, 0],
+                anchor,
+                ..warm
+            };
+            assert_ne!(pick(Strategy::CacheAware, &l, cold).order[0], 0);
+        }
+        // At the floor, the warm pod is over the bound too.
+        let full = loads(&[8.0, 0.0, 0.0]);
+        assert_eq!(
+            pick(Strategy::CacheAware, &full, warm).reason,
+            Reason::Spillover
+        );
+    }
+
+    #[test]
+    fn a_continuation_stays_where_its_history_is_though_this_index_saw_part_of_it() {
+        // This gateway saw 3 of the 9 history blocks go to pod 0 (other gateway
+        // replicas sent the rest). cap = ceil(1.5·5/3) = 3, load term 0.5·4/3.
+        let l = loads(&[4.0, 0.0, 0.0]);
+        let partial = RequestKey {
+            matched: &[3, 0, 0],
+            blocks: 10,
+            anchor: 5,
+            ..Default::default()
+        };
+        let continuation = RequestKey {
+            continuation: true,
+            history_blocks: 9,
+            ..partial
+        };
+        let d = pick(Strategy::CacheAware, &l, continuation);
+        assert_eq!((d.order[0], d.reason), (0, Reason::CacheHit));
+        // A new prompt with the same partial match is not worth that load.
+        assert_eq!(
+            pick(Strategy::CacheAware, &l, partial).reason,
+            Reason::Spillover
+        );
     }
 
     #[test]
