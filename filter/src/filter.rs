@@ -37,9 +37,12 @@ struct Root {
 
 impl Context for Root {
     fn on_done(&mut self) -> bool {
-        // The VM is going away (reconfiguration, drain): counts waiting for the tick go now.
+        // The VM is going away (reconfiguration, drain): what waits for the tick goes now.
         if let Some(s) = &self.shared {
             s.stats.flush();
+            if let Err(e) = s.router.borrow_mut().flush_releases(&Proxy) {
+                log::warn!("warmroute: in-flight releases lost at shutdown: {e:?}");
+            }
         }
         true
     }
@@ -149,6 +152,10 @@ impl RootContext for Root {
         let Some(s) = &self.shared else { return };
         s.stats.flush();
         let mut router = s.router.borrow_mut();
+        // Before the gauges below read the ledger.
+        if let Err(e) = router.flush_releases(&Proxy) {
+            log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
+        }
         let now = Proxy.now_ms();
         router.index.expire(now);
         if let Err(e) = router.refresh_health(&Proxy) {
@@ -411,9 +418,7 @@ impl HttpContext for Http {
         // queue behind it. A response that ends here is released whole in on_log.
         if body_size > 0 && !end_of_stream && self.held.prefill_blocks > 0 {
             if let (Some(s), Some(b)) = (&self.shared, self.chosen) {
-                if let Err(e) = s.router.borrow().prefilled(&Proxy, b, &mut self.held) {
-                    log::debug!("warmroute: prefill release lost: {e:?}");
-                }
+                s.router.borrow_mut().prefilled(b, &mut self.held);
             }
         }
         Action::Continue
@@ -443,8 +448,8 @@ impl HttpContext for Http {
             .and_then(|v| v.parse().ok())
             .filter(|_| !reset);
         s.stats.finished(status);
-        if let Err(e) = s.router.borrow().release(&Proxy, b, self.held) {
-            log::debug!("warmroute: in-flight release lost: {e:?}");
+        if let Err(e) = s.router.borrow_mut().release(&Proxy, b, self.held) {
+            log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
         }
     }
 }

@@ -240,6 +240,13 @@ impl Delta {
     }
 }
 
+impl std::ops::AddAssign for Delta {
+    fn add_assign(&mut self, d: Delta) {
+        self.requests = self.requests.saturating_add(d.requests);
+        self.prefill_blocks = self.prefill_blocks.saturating_add(d.prefill_blocks);
+    }
+}
+
 impl std::ops::Neg for Delta {
     type Output = Delta;
     fn neg(self) -> Delta {

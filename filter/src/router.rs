@@ -9,8 +9,10 @@
 //! request's log event) and one slot write — none of them per block, none of
 //! them the size of the log. The CAS reuses the read made to decide (a second
 //! read only after a lost CAS): in Envoy a host call costs more than deciding
-//! on a 1 KB prompt. A streamed response costs one more update, at its first
-//! byte, to take its prefill blocks back.
+//! on a 1 KB prompt. Releases (a request's end, a streamed response's first
+//! byte giving its prefill blocks back) make no host call while the VM has
+//! other requests open: they wait for the next ledger write (see
+//! [`Router::release`]).
 //!
 //! Health is not read per request: only scrapes change it, and they run in
 //! the tick of the VM holding the scrape lease, so each VM re-reads it at its
@@ -73,6 +75,11 @@ pub struct Router {
     matched: Vec<u32>,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
+    /// What this VM's ended requests gave back, per backend, that the ledger
+    /// does not know yet: the next request's ledger write carries it (or the tick).
+    unreleased: Vec<Delta>,
+    /// Requests this VM routed that have not ended.
+    open_requests: u32,
 }
 
 fn fleet_id(cfg: &Config) -> (u64, Vec<u64>) {
@@ -120,6 +127,8 @@ impl Router {
             scraper: Scraper::new(n),
             matched: Vec::with_capacity(n),
             health: Vec::new(),
+            unreleased: vec![Delta::default(); n],
+            open_requests: 0,
             cfg,
         };
         router.set_all_health(health);
@@ -181,7 +190,7 @@ impl Router {
         let now = host.now_ms();
         let n = self.cfg.backends.len();
         let read = self.shared(host).read_ledger();
-        let (inflight, ledger_read, log_gap) = match read {
+        let (mut inflight, ledger_read, log_gap) = match read {
             Ok(r) => {
                 // Only a request with a prompt looks the index up: only it catches up.
                 let log_gap = match req.key.map(|_| self.sync_index(host, r.value.next_seq)) {
@@ -199,6 +208,10 @@ impl Router {
                 (vec![InFlight::default(); n], None, false)
             }
         };
+        // This VM's own ended requests are gone already, though the ledger has not heard.
+        for (f, d) in inflight.iter_mut().zip(&self.unreleased) {
+            f.apply(*d);
+        }
         let shared = Shared {
             host,
             keys: &self.keys,
@@ -281,7 +294,19 @@ impl Router {
             // and, after a spillover, replicates a hot prefix to the new pod.
             self.index.record(chain, primary, now);
         }
-        match shared.account(ledger_read, primary, held, !chain.is_empty()) {
+        self.open_requests = self.open_requests.saturating_add(1);
+        // One write accounts this request and carries the releases waiting for it.
+        if let Some(d) = self.unreleased.get_mut(primary) {
+            *d += held;
+        }
+        let accounted = shared.account(ledger_read, &self.unreleased, !chain.is_empty());
+        if accounted.is_ok() {
+            self.unreleased.fill(Delta::default());
+        } else if let Some(d) = self.unreleased.get_mut(primary) {
+            // Not accounted: nothing to carry for this request (its release saturates at 0).
+            *d += -held;
+        }
+        match accounted {
             Ok((_, Some(seq))) => {
                 note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
                 // Nothing in between to read: skip our own event instead of reading it back.
@@ -302,22 +327,52 @@ impl Router {
     }
 
     /// Takes back what a routed request still holds on `backend` when it ends.
-    pub fn release<H: Host>(&self, host: &H, backend: usize, held: Delta) -> Result<(), HostError> {
-        self.shared(host).add_inflight(backend, -held).map(|_| ())
+    ///
+    /// While this VM has other requests open, no host call: the next routed
+    /// request carries the release in the ledger write it makes anyway, or
+    /// the last open request's end, or the tick ([`Router::flush_releases`]).
+    /// This VM routes on the release at once; the others see it that much
+    /// later, which over-counts load only while this worker is busy anyway.
+    /// An idle worker writes at once: at low load one phantom request is
+    /// enough to tip a bounded-load decision on another worker.
+    pub fn release<H: Host>(
+        &mut self,
+        host: &H,
+        backend: usize,
+        held: Delta,
+    ) -> Result<(), HostError> {
+        self.open_requests = self.open_requests.saturating_sub(1);
+        self.defer(backend, held);
+        if self.open_requests == 0 {
+            self.flush_releases(host)
+        } else {
+            Ok(())
+        }
     }
 
     /// The first response byte arrived, so the prompt is prefilled: takes its
-    /// prefill blocks out of `held`, and out of the queue others wait behind.
-    pub fn prefilled<H: Host>(
-        &self,
-        host: &H,
-        backend: usize,
-        held: &mut Delta,
-    ) -> Result<(), HostError> {
-        match std::mem::take(&mut held.prefill_blocks) {
-            0 => Ok(()),
-            blocks => self.release(host, backend, Delta::prefill(blocks)),
+    /// prefill blocks out of `held`, and out of the queue others wait behind
+    /// (no host call: the request is still open, see [`Router::release`]).
+    pub fn prefilled(&mut self, backend: usize, held: &mut Delta) {
+        let blocks = std::mem::take(&mut held.prefill_blocks);
+        self.defer(backend, Delta::prefill(blocks));
+    }
+
+    fn defer(&mut self, backend: usize, held: Delta) {
+        if let Some(d) = self.unreleased.get_mut(backend) {
+            *d += -held;
         }
+    }
+
+    /// Writes the releases no routed request has carried yet (from the tick,
+    /// and when the VM stops).
+    pub fn flush_releases<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
+        if self.unreleased.iter().all(|d| *d == Delta::default()) {
+            return Ok(());
+        }
+        self.shared(host).account(None, &self.unreleased, false)?;
+        self.unreleased.fill(Delta::default());
+        Ok(())
     }
 
     /// Every backend's health as this VM routes on it.
@@ -458,9 +513,26 @@ mod tests {
             vec![0, 1, 2],
             "least_request spreads in-flight work"
         );
-        for p in picks {
-            a.release(&host, p, Delta::requests(1)).unwrap();
-        }
+        let requests = |a: &Router| -> Vec<u32> {
+            let inflight = a.shared(&host).inflight().unwrap();
+            inflight.iter().map(|f| f.requests).collect()
+        };
+        // While others are open, a release waits for this VM's next ledger write...
+        a.release(&host, picks[0], Delta::requests(1)).unwrap();
+        assert_eq!(requests(&a), vec![1, 1, 1]);
+        let next = a.route(&host, &Request::default()).decision.order[0];
+        assert_eq!(next, picks[0], "this VM routes on its own release at once");
+        assert_eq!(requests(&a), vec![1, 1, 1]);
+        // ... or for the tick...
+        a.release(&host, picks[1], Delta::requests(1)).unwrap();
+        a.flush_releases(&host).unwrap();
+        let mut left = vec![1, 1, 1];
+        left[picks[1]] = 0;
+        assert_eq!(requests(&a), left);
+        // ... and the last open request's end writes everything.
+        a.release(&host, picks[2], Delta::requests(1)).unwrap();
+        assert_eq!(requests(&a), left);
+        a.release(&host, next, Delta::requests(1)).unwrap();
         assert_eq!(
             a.shared(&host).inflight().unwrap(),
             vec![InFlight::default(); 3]
@@ -488,8 +560,10 @@ mod tests {
         assert_eq!(first.held.prefill_blocks as u32, first.blocks);
         // Turn 1's answer started: its prefill no longer holds anyone up.
         let mut held = first.held;
-        a.prefilled(&host, b, &mut held).unwrap();
+        a.prefilled(b, &mut held);
         assert_eq!(held, Delta::requests(1));
+        // Open requests wait for a write: here the tick's.
+        a.flush_releases(&host).unwrap();
         let held = a.shared(&host).inflight().unwrap()[b];
         assert_eq!((held.requests, held.prefill_blocks), (1, 0));
         // Done (with 3 pods and 1 request in flight the load bound would move turn 2).

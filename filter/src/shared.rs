@@ -190,26 +190,31 @@ impl<H: Host> Shared<'_, H> {
     }
 
     /// Adds `delta` to one backend's in-flight record (each field saturating at 0).
+    #[cfg(test)]
     pub fn add_inflight(&self, backend: usize, delta: Delta) -> Result<Vec<InFlight>, HostError> {
-        self.account(None, backend, delta, false)
+        let mut deltas = vec![Delta::default(); self.n];
+        if let Some(d) = deltas.get_mut(backend) {
+            *d = delta;
+        }
+        self.account(None, &deltas, false)
             .map(|(ledger, _)| ledger.inflight)
     }
 
     /// One CAS on the ledger, starting from `seed` (an earlier read): adds
-    /// `delta` to `backend` and, if `reserve`, takes the next log sequence
-    /// number. Returns the ledger as written and the reserved number.
+    /// `deltas[b]` to backend `b`'s record (each field saturating at 0) and,
+    /// if `reserve`, takes the next log sequence number. Returns the ledger
+    /// as written and the reserved number.
     pub fn account(
         &self,
         seed: Option<Versioned>,
-        backend: usize,
-        delta: Delta,
+        deltas: &[Delta],
         reserve: bool,
     ) -> Result<(Ledger, Option<u64>), HostError> {
         let n = self.n;
         update_after(self.host, &self.keys.ledger, seed, |v| {
             let mut ledger = Ledger::decode(v.as_deref(), n);
-            if let Some(x) = ledger.inflight.get_mut(backend) {
-                x.apply(delta);
+            for (x, d) in ledger.inflight.iter_mut().zip(deltas) {
+                x.apply(*d);
             }
             let seq = reserve.then_some(ledger.next_seq);
             if reserve {
@@ -280,7 +285,7 @@ impl<H: Host> Shared<'_, H> {
     /// slot (requests reserve in their own ledger CAS; tests append directly).
     #[cfg(test)]
     pub fn append_log(&self, origin: u64, backend: u16, blocks: &[u64]) -> Result<u64, HostError> {
-        let (_, seq) = self.account(None, 0, Delta::default(), true)?;
+        let (_, seq) = self.account(None, &[], true)?;
         let seq = seq.unwrap_or_default();
         self.write_event(seq, origin, backend, self.host.now_ms(), blocks)?;
         Ok(seq)
@@ -334,9 +339,9 @@ mod tests {
         seed: Versioned,
         backend: usize,
     ) -> (Vec<u32>, u64) {
-        let (ledger, seq) = s
-            .account(Some(seed), backend, Delta::requests(1), true)
-            .unwrap();
+        let mut deltas = vec![Delta::default(); s.n];
+        deltas[backend] = Delta::requests(1);
+        let (ledger, seq) = s.account(Some(seed), &deltas, true).unwrap();
         (requests_of(ledger.inflight), seq.unwrap())
     }
 
