@@ -4,8 +4,10 @@
 
 Sections (all by default): agent conversation chat uniform (routing quality, 3 replicas,
 every router + the single-replica reference), scale8 (8 replicas), gateways (3 Envoys in
-front of one fleet), overhead (filter cost vs no filter, instant backend), memory (100k
-distinct prefixes), decision (native decision-time curve, bench/decision).
+front of one fleet), reruns (the pairs behind the targets nearest their limits, twice more:
+those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
+backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision).
+A full run takes about 22 minutes on 2 cores.
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
@@ -127,6 +129,15 @@ ROUTERS = {
 QUICK_ROUTERS = ["envoy_round_robin", "envoy_least_request", "warmroute_cache_aware"]
 
 
+# The pairs behind the targets nearest their limits, re-run by the `reruns` section.
+RERUN_PAIRS = [("conversation", "envoy_round_robin", 1), ("conversation", "warmroute_cache_aware", 1),
+               ("uniform", "envoy_least_request", 1), ("uniform", "warmroute_cache_aware", 1),
+               ("agent", "warmroute_cache_aware", 1), ("agent", "warmroute_cache_aware", 3),
+               ("conversation", "warmroute_cache_aware", 3),
+               ("chat", "warmroute_cache_aware", 1), ("chat", "warmroute_cache_aware", 3)]
+RERUNS = 2
+
+
 # ------------------------------------------------------------------ helpers
 
 def proc_cpu_s(pid: int) -> float:
@@ -183,6 +194,8 @@ class Bench:
         self.quick = quick
         self.logdir = logdir
         self.rows: list[dict] = []
+        # Rows of the target re-runs, one list per re-run (see `reruns`).
+        self.reruns: list[list[dict]] = []
         self.extra: dict = {}
         self.n = 0
 
@@ -194,7 +207,7 @@ class Bench:
 
     def quality(self, workload: str, router: str, replicas: int = 3, gateways: int = 1,
                 args: list[str] | None = None, capacity: int | None = None, scale: float = TIME_SCALE,
-                label: str | None = None) -> dict:
+                label: str | None = None, rerun: int = 0) -> dict:
         base_args, base_cap = self.wl(workload)
         args = args or base_args
         capacity = capacity or base_cap
@@ -214,7 +227,11 @@ class Bench:
         row = row_from(rep, workload=workload, router=label or router, replicas=replicas, gateways=gateways,
                        kv_capacity_tokens=capacity, time_scale=scale, envoy_cpu_s=round(envoy_cpu, 2),
                        decisions=dec)
-        self.rows.append(row)
+        if rerun:
+            row["rerun"] = rerun
+            self.reruns[rerun - 1].append(row)
+        else:
+            self.rows.append(row)
         hr = row["hit_rate"]
         print(f"  {workload:12s} {row['router']:28s} {replicas}r {gateways}g  hit {hr if hr is None else round(hr, 3)}"
               f"  ttft p95 {(row['ttft_ms'] or {}).get('p95', 0):8.0f}  e2e mean {(row['e2e_ms'] or {}).get('mean', 0):8.0f}"
@@ -256,6 +273,19 @@ class Bench:
         print("== 3 gateways", flush=True)
         for workload in (["agent"] if self.quick else ["agent", "conversation", "chat"]):
             self.quality(workload, "warmroute_cache_aware", gateways=3)
+
+    def reruns_section(self, n: int = RERUNS) -> None:
+        """Runs the pairs behind the targets nearest their limits `n` more times.
+
+        One run of a pair scatters by about ±5% on this machine (conversation TTFT P95
+        ratio 0.54-0.65x, 3-gateway agent ratio 0.94-1.0x, uniform's worst figure
+        1.01-1.06x over one session), as much as the distance to those limits; a
+        target is then the median of the pair's ratios over the main run and these."""
+        print(f"== target re-runs ({n} more of each pair)", flush=True)
+        for i in range(1, n + 1):
+            self.reruns.append([])
+            for workload, router, gateways in RERUN_PAIRS:
+                self.quality(workload, router, gateways=gateways, rerun=i)
 
 
 # ------------------------------------------------------------------ cost of the filter
@@ -612,12 +642,24 @@ def g(r, *path):
     return v
 
 
-def targets(rows: list[dict], ov: dict | None) -> list[dict]:
+def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None = None) -> list[dict]:
     out = []
 
     def check(name, measured, limit, ok):
         out.append({"target": name, "measured": measured, "limit": limit,
                     "result": "n/a" if ok is None else ("PASS" if ok else "FAIL")})
+
+    def over_runs(fn):
+        """fn(rows) -> (ratio, detail) or None, over the main run and each re-run of its pair:
+        the median ratio, and a note of every run's (the main run's detail first)."""
+        runs = [r for r in [fn(rows)] + [fn(rr) for rr in (reruns or [])] if r is not None]
+        if not runs:
+            return None
+        m = median([v for v, _ in runs])
+        if len(runs) == 1:
+            return m, f"{m:.3f}x ({runs[0][1]})"
+        each = ", ".join(f"{v:.3f}" for v, _ in runs)
+        return m, f"{m:.3f}x median of {len(runs)} paired runs ({each}); first run {runs[0][1]}"
 
     ca, rr, ref = (find(rows, "agent", "warmroute_cache_aware"), find(rows, "agent", "envoy_round_robin"),
                    find(rows, "agent", "reference_1_replica_3x", replicas=1))
@@ -628,12 +670,21 @@ def targets(rows: list[dict], ov: dict | None) -> list[dict]:
         p = g(ca, "step_ms", "p95") / g(rr, "step_ms", "p95")
         check("agent: mean step latency <= 0.6x Envoy round robin", f"{m:.2f}x ({g(ca, 'step_ms', 'mean'):.0f} vs {g(rr, 'step_ms', 'mean'):.0f} ms)", "<= 0.60x", m <= 0.6)
         check("agent: P95 step latency <= 0.4x Envoy round robin", f"{p:.2f}x ({g(ca, 'step_ms', 'p95'):.0f} vs {g(rr, 'step_ms', 'p95'):.0f} ms)", "<= 0.40x", p <= 0.4)
-    ca, rr = find(rows, "conversation", "warmroute_cache_aware"), find(rows, "conversation", "envoy_round_robin")
-    if ca and rr:
-        p = g(ca, "ttft_ms", "p95") / g(rr, "ttft_ms", "p95")
-        check("conversation: cache_aware TTFT P95 <= 0.6x round robin", f"{p:.2f}x ({g(ca, 'ttft_ms', 'p95'):.0f} vs {g(rr, 'ttft_ms', 'p95'):.0f} ms)", "<= 0.60x", p <= 0.6)
-    ca, lr = find(rows, "uniform", "warmroute_cache_aware"), find(rows, "uniform", "envoy_least_request")
-    if ca and lr:
+    def conversation_p95(rs):
+        ca, rr = find(rs, "conversation", "warmroute_cache_aware"), find(rs, "conversation", "envoy_round_robin")
+        if ca and rr:
+            return (g(ca, "ttft_ms", "p95") / g(rr, "ttft_ms", "p95"),
+                    f"{g(ca, 'ttft_ms', 'p95'):.0f} vs {g(rr, 'ttft_ms', 'p95'):.0f} ms")
+        return None
+
+    r = over_runs(conversation_p95)
+    if r:
+        check("conversation: cache_aware TTFT P95 <= 0.6x round robin", r[1], "<= 0.60x", r[0] <= 0.6)
+
+    def uniform_worst(rs):
+        ca, lr = find(rs, "uniform", "warmroute_cache_aware"), find(rs, "uniform", "envoy_least_request")
+        if not (ca and lr):
+            return None
         worst = []
         for path in [("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p95"), ("ttft_ms", "p99"),
                      ("e2e_ms", "mean"), ("e2e_ms", "p95"), ("runtime_s",)]:
@@ -641,16 +692,26 @@ def targets(rows: list[dict], ov: dict | None) -> list[dict]:
             if a is not None and b_:
                 worst.append((a / b_, ".".join(path)))
         w = max(worst)
-        check("uniform: every figure of cache_aware within 5% of least request (Envoy's)",
-              f"worst {w[1]} {w[0]:.3f}x", "<= 1.05x", w[0] <= 1.05)
+        return w[0], f"worst {w[1]}"
+
+    r = over_runs(uniform_worst)
+    if r:
+        check("uniform: every figure of cache_aware within 5% of least request (Envoy's)", r[1], "<= 1.05x",
+              r[0] <= 1.05)
     for workload in ("agent", "conversation", "chat"):
-        three = find(rows, workload, "warmroute_cache_aware", gateways=3)
-        one = three and next((r for r in rows if r["workload"] == workload and r["router"] == "warmroute_cache_aware"
-                              and r["replicas"] == 3 and r["gateways"] == 1
-                              and r.get("kv_capacity_tokens") == three.get("kv_capacity_tokens")), None)
-        if one and three and one["hit_rate"]:
-            r = three["hit_rate"] / one["hit_rate"]
-            check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", f"{r:.3f}x ({three['hit_rate']:.3f} vs {one['hit_rate']:.3f})", ">= 0.95x", r >= 0.95)
+        def gateway_ratio(rs, workload=workload):
+            three = find(rs, workload, "warmroute_cache_aware", gateways=3)
+            one = three and next((r for r in rs if r["workload"] == workload and r["router"] == "warmroute_cache_aware"
+                                  and r["replicas"] == 3 and r["gateways"] == 1
+                                  and r.get("kv_capacity_tokens") == three.get("kv_capacity_tokens")), None)
+            if one and three and one["hit_rate"]:
+                return (three["hit_rate"] / one["hit_rate"],
+                        f"{three['hit_rate']:.3f} vs {one['hit_rate']:.3f}")
+            return None
+
+        r = over_runs(gateway_ratio)
+        if r:
+            check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", r[1], ">= 0.95x", r[0] >= 0.95)
     if ov:
         for c in ov["compare"]:
             lim = 50 if c["size"] == "1KB" else 150
@@ -706,6 +767,19 @@ def markdown(res: dict) -> str:
                 L.append(f"- {r['workload']} / {r['router']} / {r['replicas']}r / {r['gateways']}g: "
                          + ", ".join(f"{k}={v}" for k, v in r["decisions"].items()))
             L.append("")
+    reruns = [r for rr in res.get("reruns") or [] for r in rr]
+    if reruns:
+        L.append("### Target re-runs\n")
+        L.append("The pairs behind the targets nearest their limits, run again after the sections above; "
+                 "those targets are the median ratio over the main run and these.\n")
+        L.append("| re-run | workload | router | gw | hit rate | TTFT mean | TTFT p95 | e2e mean | e2e p95 | runtime s |")
+        L.append("|" + "---|" * 10)
+        for r in reruns:
+            L.append(f"| {r['rerun']} | {r['workload']} | {r['router']} | {r['gateways']} | "
+                     f"{fmt(r['hit_rate'] and r['hit_rate'] * 100, 1)}% | {fmt(g(r, 'ttft_ms', 'mean'), 1)} | "
+                     f"{fmt(g(r, 'ttft_ms', 'p95'))} | {fmt(g(r, 'e2e_ms', 'mean'))} | {fmt(g(r, 'e2e_ms', 'p95'))} | "
+                     f"{fmt(r['runtime_s'], 1)} |")
+        L.append("")
     ov = res.get("overhead")
     if ov:
         L.append("## Cost of the filter (same Envoy binary and config, same instant backend, with vs without the wasm filter)\n")
@@ -893,7 +967,8 @@ def plot(res: dict, path: Path) -> None:
 
 # ------------------------------------------------------------------ main
 
-SECTIONS = ["agent", "conversation", "chat", "uniform", "scale8", "gateways", "overhead", "memory", "decision"]
+SECTIONS = ["agent", "conversation", "chat", "uniform", "scale8", "gateways", "reruns", "overhead", "memory",
+            "decision"]
 
 
 def main() -> int:
@@ -909,7 +984,7 @@ def main() -> int:
     if a.report_only:
         out = Path(a.out)
         res = json.loads((out / "latest.json").read_text())
-        res["targets"] = targets(res["quality"], res.get("overhead"))
+        res["targets"] = targets(res["quality"], res.get("overhead"), res.get("reruns"))
         notes_file = HERE / "notes.md"
         res["notes"] = [notes_file.read_text()] if notes_file.exists() and not res["quick"] else []
         (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
@@ -943,6 +1018,8 @@ def main() -> int:
                 b.scale8()
             elif s == "gateways":
                 b.gateways()
+            elif s == "reruns":
+                b.reruns_section()
             elif s == "overhead":
                 ov = overhead(b)
             elif s == "memory":
@@ -950,7 +1027,7 @@ def main() -> int:
             elif s == "decision":
                 dc = decision_curve(b)
     finally:
-        res.update({"quality": b.rows, "overhead": ov, "memory": mem, "decision": dc,
+        res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "wall_s": time.time() - t0})
         if a.merge and (out / "latest.json").exists():
             old = json.loads((out / "latest.json").read_text())
@@ -958,6 +1035,8 @@ def main() -> int:
             res["quality"] = [r for r in old.get("quality", []) if row_key(r) not in new_keys] + b.rows
             order = {w: i for i, w in enumerate(WORKLOADS)}
             res["quality"].sort(key=lambda r: (r["replicas"] == 8, r["gateways"] > 1, order.get(r["workload"], 9)))
+            if not res["reruns"] and old.get("reruns"):
+                res["reruns"] = old["reruns"]
             for k in ("overhead", "memory", "decision", "lru"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
@@ -968,7 +1047,7 @@ def main() -> int:
             lim = int(WORKLOADS["conversation"]["quick" if a.quick else "args"][2])
             cap = WORKLOADS["conversation"]["quick_capacity" if a.quick else "capacity"]
             res["lru"] = {str(c): lru_hit_rate(c, lim) for c in sorted({400_000, cap, 3 * cap, 10**9})}
-        res["targets"] = targets(res["quality"], res.get("overhead"))
+        res["targets"] = targets(res["quality"], res.get("overhead"), res.get("reruns"))
         notes_file = HERE / "notes.md"
         res["notes"] = [notes_file.read_text()] if notes_file.exists() and not a.quick else []
         (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
