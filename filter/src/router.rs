@@ -303,9 +303,15 @@ impl Router {
         if accounted.is_ok() {
             self.unreleased.fill(Delta::default());
         } else if let Some(d) = self.unreleased.get_mut(primary) {
-            // Not accounted: nothing to carry for this request (its release saturates at 0).
             *d += -held;
         }
+        // A request the ledger never heard of holds nothing there: its release must
+        // not take back another request's share.
+        let held = if accounted.is_ok() {
+            held
+        } else {
+            Delta::default()
+        };
         match accounted {
             Ok((_, Some(seq))) => {
                 note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
@@ -533,6 +539,30 @@ mod tests {
         a.release(&host, picks[2], Delta::requests(1)).unwrap();
         assert_eq!(requests(&a), left);
         a.release(&host, next, Delta::requests(1)).unwrap();
+        assert_eq!(
+            a.shared(&host).inflight().unwrap(),
+            vec![InFlight::default(); 3]
+        );
+    }
+
+    #[test]
+    fn a_request_the_ledger_never_heard_of_releases_nothing() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("least_request"), &host);
+        let first = a.route(&host, &Request::default());
+        assert_eq!(first.held, Delta::requests(1));
+        // Every CAS of the next request's ledger write loses.
+        host.inject_conflicts.set(crate::shared::MAX_CAS_RETRIES);
+        let lost = a.route(&host, &Request::default());
+        assert_eq!((lost.held, lost.host_errors), (Delta::default(), 1));
+        a.release(&host, lost.decision.order[0], lost.held).unwrap();
+        let inflight = a.shared(&host).inflight().unwrap();
+        assert_eq!(
+            inflight[first.decision.order[0]].requests, 1,
+            "{inflight:?}"
+        );
+        a.release(&host, first.decision.order[0], first.held)
+            .unwrap();
         assert_eq!(
             a.shared(&host).inflight().unwrap(),
             vec![InFlight::default(); 3]
