@@ -299,30 +299,26 @@ impl Router {
         if let Some(d) = self.unreleased.get_mut(primary) {
             *d += held;
         }
-        let accounted = shared.account(ledger_read, &self.unreleased, !chain.is_empty());
-        if accounted.is_ok() {
-            self.unreleased.fill(Delta::default());
-        } else if let Some(d) = self.unreleased.get_mut(primary) {
-            *d += -held;
-        }
-        // A request the ledger never heard of holds nothing there: its release must
-        // not take back another request's share.
-        let held = if accounted.is_ok() {
-            held
-        } else {
-            Delta::default()
-        };
-        match accounted {
-            Ok((_, Some(seq))) => {
-                note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
-                // Nothing in between to read: skip our own event instead of reading it back.
-                if seq == self.applied_seq {
-                    self.applied_seq = seq + 1;
+        let held = match shared.account(ledger_read, &self.unreleased, !chain.is_empty()) {
+            Ok((_, reserved)) => {
+                self.unreleased.fill(Delta::default());
+                if let Some(seq) = reserved {
+                    note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
+                    // Nothing in between to read: skip our own event instead of reading it back.
+                    if seq == self.applied_seq {
+                        self.applied_seq = seq + 1;
+                    }
                 }
+                held
             }
-            Ok((_, None)) => {}
-            Err(e) => note(Err(e)),
-        }
+            Err(e) => {
+                note(Err(e));
+                self.defer(primary, held);
+                // A request the ledger never heard of holds nothing there: its release
+                // must not take back another request's share.
+                Delta::default()
+            }
+        };
         Routed {
             decision,
             blocks,
