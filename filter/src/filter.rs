@@ -84,7 +84,7 @@ impl Context for Root {
         s.stats.scraped(scrape.is_some());
         // What the scrape counts of this gateway's own traffic (see `load`).
         let scrape = scrape.map(|mut sc| {
-            let inflight = router.shared(&Proxy).inflight().unwrap_or_default();
+            let inflight = router.inflight(&Proxy).unwrap_or_default();
             sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
             sc
         });
@@ -161,7 +161,7 @@ impl RootContext for Root {
         if let Err(e) = router.refresh_health(&Proxy) {
             log::debug!("warmroute: health not refreshed: {e:?}");
         }
-        let inflight = router.shared(&Proxy).inflight().unwrap_or_default();
+        let inflight = router.inflight(&Proxy).unwrap_or_default();
         s.stats.gauges(
             &inflight,
             &router.health().iter().map(|h| !h.down).collect::<Vec<_>>(),

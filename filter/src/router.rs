@@ -208,10 +208,7 @@ impl Router {
                 (vec![InFlight::default(); n], None, false)
             }
         };
-        // This VM's own ended requests are gone already, though the ledger has not heard.
-        for (f, d) in inflight.iter_mut().zip(&self.unreleased) {
-            f.apply(*d);
-        }
+        self.apply_unreleased(&mut inflight);
         let shared = Shared {
             host,
             keys: &self.keys,
@@ -358,6 +355,21 @@ impl Router {
     pub fn prefilled(&mut self, backend: usize, held: &mut Delta) {
         let blocks = std::mem::take(&mut held.prefill_blocks);
         self.defer(backend, Delta::prefill(blocks));
+    }
+
+    /// What this gateway has in flight per backend: the ledger, less the
+    /// releases this VM has not written yet.
+    pub fn inflight<H: Host>(&self, host: &H) -> Result<Vec<InFlight>, HostError> {
+        let mut inflight = self.shared(host).inflight()?;
+        self.apply_unreleased(&mut inflight);
+        Ok(inflight)
+    }
+
+    /// This VM's own ended requests are gone already, though the ledger has not heard.
+    fn apply_unreleased(&self, inflight: &mut [InFlight]) {
+        for (f, d) in inflight.iter_mut().zip(&self.unreleased) {
+            f.apply(*d);
+        }
     }
 
     fn defer(&mut self, backend: usize, held: Delta) {
@@ -522,6 +534,16 @@ mod tests {
         // While others are open, a release waits for this VM's next ledger write...
         a.release(&host, picks[0], Delta::requests(1)).unwrap();
         assert_eq!(requests(&a), vec![1, 1, 1]);
+        // ... though this VM counts it at once.
+        let mut own = vec![1, 1, 1];
+        own[picks[0]] = 0;
+        let seen: Vec<u32> = a
+            .inflight(&host)
+            .unwrap()
+            .iter()
+            .map(|f| f.requests)
+            .collect();
+        assert_eq!(seen, own);
         let next = a.route(&host, &Request::default()).decision.order[0];
         assert_eq!(next, picks[0], "this VM routes on its own release at once");
         assert_eq!(requests(&a), vec![1, 1, 1]);
