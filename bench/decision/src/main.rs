@@ -5,17 +5,17 @@
 //! its blocks) and `Router::route` (+ `release`) over an index warmed with
 //! earlier turns of the same conversations, so lookups hit real chains.
 //! The host is `MemoryHost` (shared data in a HashMap): Envoy's shared-data calls
-//! cost more, which the through-Envoy overhead measurement (bench/run.py) covers.
+//! cost more, which the through-Envoy overhead measurement (bench/overhead.py) covers.
 //!
 //! Output: one JSON object per line: {"axis", "backends", "prompt_tokens",
 //! "body_bytes", "parse_us", "route_us", "total_us"} (medians over repetitions).
 
 use std::time::Instant;
 
-use warmroute::config::Config;
-use warmroute::host::MemoryHost;
-use warmroute::openai::{prompt_key, Endpoint};
-use warmroute::router::{Request, Router, ANCHOR_BYTES};
+use warmroute_core::config::Config;
+use warmroute_core::openai::{prompt_key, Endpoint};
+use warmroute_core::router::{Request, Router, ANCHOR_BYTES};
+use warmroute_core::testing::MemoryHost;
 
 /// Deterministic pseudo-words (~7 bytes with the space, one sim token each), in lines.
 fn words(tag: u64, n: usize) -> String {

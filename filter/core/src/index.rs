@@ -3,13 +3,9 @@
 //! ## Shape
 //! Every Envoy worker runs its own VM, so the index lives twice:
 //! - **the truth that all workers share** is a *change log* in proxy-wasm
-//!   shared data: a sequence counter, and a ring of slots each holding one
-//!   event "backend b received these block hashes at time t". A writer
-//!   reserves a sequence number with a CAS on the counter and writes its
-//!   event into slot `seq % slots`; nothing else is rewritten, whatever the
-//!   log's size. The counter lives in the ledger ([`crate::shared`]), so the
-//!   reservation rides on the CAS that accounts the request anyway and an
-//!   append costs one host call of its own, the slot write;
+//!   shared data ([`crate::index_log`]): a ring of events "backend b
+//!   received these block hashes at time t", appended at one slot write per
+//!   routed request;
 //! - **each VM's replica** ([`Index`]) applies the events it has not seen.
 //!   A longest-prefix lookup is then local memory only: one hash-map probe per
 //!   sampled position, with early exit, and no host call per block — the only
@@ -31,7 +27,7 @@
 //! |--------------|---------|-----|
 //! | `max_blocks` | 262 144 | × 256 B blocks ≈ 64 MB of prompt ≈ 16M tokens: more than 3 H100 replicas hold |
 //! | `ttl_ms`     | 600 000 | an idle conversation's blocks are likely evicted within minutes on a busy pod |
-//! | `log_bytes`  | 1 MiB   | shared-data budget of the log: `log_bytes / 16 KiB` slots (16..1024) of `log_bytes / slots` bytes; the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt (16 KiB ≈ 2k blocks ≈ 128k tokens) |
+//! | `log_bytes`  | 1 MiB   | shared-data budget of the log ([`crate::index_log`]): the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt |
 //!
 //! ## Sampled positions
 //! A chain's hash at block `i` names the whole prefix up to `i`, so the index
@@ -150,7 +146,7 @@ impl Index {
         let mut ix = Index {
             map: HashMap::new(),
             salts: (0..backends as u64)
-                .map(|b| crate::policy::mix(b ^ 0x1de5_a17e))
+                .map(|b| crate::hash::mix(b ^ 0x1de5_a17e))
                 .collect(),
             lru: (0..backends).map(|_| Lru::default()).collect(),
             max_blocks,
@@ -315,113 +311,6 @@ impl Index {
     }
 }
 
-/// One change: `backend` received `blocks` at `time_ms`, seen by VM `origin`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    /// Position in the log.
-    pub seq: u64,
-    /// VM that appended it (it applied the event itself already).
-    pub origin: u64,
-    /// Backend index.
-    pub backend: u16,
-    /// Host time of the routing decision.
-    pub time_ms: u64,
-    /// Block hashes now held.
-    pub blocks: Vec<u64>,
-}
-
-const EVENT_VERSION: u8 = 2;
-const EVENT_HEADER: usize = 1 + 8 + 8 + 2 + 8 + 4;
-/// Slot size the ring aims for.
-const SLOT_TARGET: usize = 16 << 10;
-
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
-}
-
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    b.get(at..at + 2)?.try_into().ok().map(u16::from_le_bytes)
-}
-
-/// Geometry of the shared change log for a `log_bytes` budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogShape {
-    /// Number of slots in the ring.
-    pub slots: u64,
-    /// Largest encoded event a slot holds.
-    pub slot_bytes: usize,
-}
-
-impl LogShape {
-    /// Splits `log_bytes` into 16..1024 slots of about 16 KiB.
-    pub fn new(log_bytes: usize) -> LogShape {
-        let slots = (log_bytes / SLOT_TARGET).clamp(16, 1024);
-        LogShape {
-            slots: slots as u64,
-            slot_bytes: (log_bytes / slots).max(EVENT_HEADER + 8),
-        }
-    }
-
-    /// The slot that event `seq` lives in.
-    pub fn slot(&self, seq: u64) -> u64 {
-        seq % self.slots.max(1)
-    }
-}
-
-impl Event {
-    /// Encodes the event for one slot; a chain longer than `max_bytes` keeps its head
-    /// (the part other requests are most likely to share).
-    pub fn encode(
-        seq: u64,
-        origin: u64,
-        backend: u16,
-        time_ms: u64,
-        blocks: &[u64],
-        max_bytes: usize,
-    ) -> Vec<u8> {
-        let room = max_bytes.saturating_sub(EVENT_HEADER) / 8;
-        let blocks = &blocks[..blocks.len().min(room)];
-        let mut out = Vec::with_capacity(EVENT_HEADER + blocks.len() * 8);
-        out.push(EVENT_VERSION);
-        out.extend_from_slice(&seq.to_le_bytes());
-        out.extend_from_slice(&origin.to_le_bytes());
-        out.extend_from_slice(&backend.to_le_bytes());
-        out.extend_from_slice(&time_ms.to_le_bytes());
-        out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-        for h in blocks {
-            out.extend_from_slice(&h.to_le_bytes());
-        }
-        out
-    }
-
-    /// Decodes a slot; garbage (another version, truncation) reads as no event,
-    /// which only makes the index forget, never misroute.
-    pub fn decode(b: &[u8]) -> Option<Event> {
-        if *b.first()? != EVENT_VERSION {
-            return None;
-        }
-        let n = u32_at(b, 27)? as usize;
-        let body = b.get(EVENT_HEADER..)?;
-        if body.len() != n.checked_mul(8)? {
-            return None;
-        }
-        Some(Event {
-            seq: u64_at(b, 1)?,
-            origin: u64_at(b, 9)?,
-            backend: u16_at(b, 17)?,
-            time_ms: u64_at(b, 19)?,
-            blocks: body
-                .chunks_exact(8)
-                .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-                .collect(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,58 +442,5 @@ mod tests {
         ix.set_capacities(&[Some(10_000), None]);
         assert!(ix.capacity(0) + ix.capacity(1) <= 2048);
         assert!(ix.capacity(0) > ix.capacity(1));
-    }
-
-    #[test]
-    fn event_round_trip() {
-        let bytes = Event::encode(9, 7, 2, 1234, &[1, 2, 3], 4096);
-        assert_eq!(
-            Event::decode(&bytes),
-            Some(Event {
-                seq: 9,
-                origin: 7,
-                backend: 2,
-                time_ms: 1234,
-                blocks: vec![1, 2, 3]
-            })
-        );
-    }
-
-    #[test]
-    fn oversized_event_keeps_its_head() {
-        let blocks: Vec<u64> = (0..10_000).collect();
-        let bytes = Event::encode(1, 1, 0, 0, &blocks, 4096);
-        assert!(bytes.len() <= 4096);
-        let ev = Event::decode(&bytes).unwrap();
-        assert_eq!(ev.blocks[..3], [0, 1, 2]);
-        assert!(ev.blocks.len() > 400);
-    }
-
-    #[test]
-    fn garbage_slots_read_as_no_event() {
-        for junk in [vec![], vec![9u8; 40], vec![2u8, 0, 0], {
-            let mut v = Event::encode(1, 1, 0, 0, &[1, 2, 3], 4096);
-            v.truncate(v.len() - 3);
-            v
-        }] {
-            assert_eq!(Event::decode(&junk), None);
-        }
-    }
-
-    #[test]
-    fn log_shape_fits_the_budget() {
-        for bytes in [4096, 65_536, 262_144, 1 << 20, 64 << 20] {
-            let s = LogShape::new(bytes);
-            assert!((16..=1024).contains(&s.slots), "{s:?}");
-            assert!(s.slots as usize * s.slot_bytes <= bytes.max(16 * (EVENT_HEADER + 8)));
-        }
-        assert_eq!(
-            LogShape::new(1 << 20),
-            LogShape {
-                slots: 64,
-                slot_bytes: 16384
-            }
-        );
-        assert_eq!(LogShape::new(1 << 20).slot(130), 2);
     }
 }

@@ -1,15 +1,11 @@
-//! The companion tick's scrape state machine (pure; the glue does the callouts).
+//! When each backend's `/metrics` is due: the tick's scrape state machine.
 //!
 //! Per backend: idle → pending(token, since) → idle. Every reply, failure or
 //! timeout clears `pending`; a reply that never comes (lost callout) is given
 //! up after `timeout + period` and counted as a failure, so the backend is
 //! scraped again on a later tick. One VM per Envoy holds a lease in shared
 //! data and is the only one that scrapes; the others only read the snapshot.
-//!
-//! Health: `unhealthy_after` consecutive failures take a backend out of
-//! rotation (for every strategy); one good scrape brings it back.
-
-use crate::load::{Health, Scrape};
+//! What a reply does to health is [`crate::health`]'s job.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pending {
@@ -19,7 +15,7 @@ struct Pending {
 
 /// Scrape bookkeeping of one VM.
 #[derive(Debug, Clone, Default)]
-pub struct Scraper {
+pub struct Scheduler {
     pending: Vec<Option<Pending>>,
 }
 
@@ -32,10 +28,10 @@ pub struct Due {
     pub lost: Vec<usize>,
 }
 
-impl Scraper {
+impl Scheduler {
     /// Bookkeeping for `n` backends.
-    pub fn new(n: usize) -> Scraper {
-        Scraper {
+    pub fn new(n: usize) -> Scheduler {
+        Scheduler {
             pending: vec![None; n],
         }
     }
@@ -83,24 +79,6 @@ impl Scraper {
     }
 }
 
-/// Folds one scrape outcome into a backend's health.
-pub fn record(h: &mut Health, outcome: Option<Scrape>, now_ms: u64, unhealthy_after: u32) {
-    match outcome {
-        Some(s) => {
-            h.scrape = s;
-            h.scraped_ms = now_ms.max(1);
-            h.failures = 0;
-            h.down = false;
-        }
-        None => {
-            h.failures = h.failures.saturating_add(1);
-            if h.failures >= unhealthy_after {
-                h.down = true;
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,7 +87,7 @@ mod tests {
 
     #[test]
     fn pending_blocks_rescrape_until_reply_or_loss() {
-        let mut s = Scraper::new(2);
+        let mut s = Scheduler::new(2);
         assert_eq!(s.due(0, 900).scrape, vec![0, 1]);
         s.dispatched(0, 7, 0);
         s.dispatched(1, 8, 0);
@@ -119,25 +97,5 @@ mod tests {
         let d = s.due(1000, 900);
         assert_eq!(d.scrape, vec![0, 1]);
         assert_eq!(d.lost, vec![1]);
-    }
-
-    #[test]
-    fn failures_take_a_backend_down_and_a_good_scrape_brings_it_back() {
-        let mut h = Health::default();
-        record(&mut h, None, 10, 2);
-        assert!(!h.down);
-        record(&mut h, None, 20, 2);
-        assert!(h.down);
-        record(
-            &mut h,
-            Some(Scrape {
-                running: 1.0,
-                ..Scrape::default()
-            }),
-            30,
-            2,
-        );
-        assert!(!h.down);
-        assert_eq!((h.failures, h.scraped_ms, h.scrape.running), (0, 30, 1.0));
     }
 }

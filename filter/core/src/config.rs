@@ -92,254 +92,188 @@ struct WireBackend {
     metrics_path: Option<String>,
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
+// The wire structs below take every missing field from their `Default`: each
+// default is declared once, there, and documented in the README's table.
+
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 struct WireRoute {
-    #[serde(default)]
     mode: RouteMode,
-    #[serde(default)]
     header: Option<String>,
-    #[serde(default = "d_fallbacks")]
     fallbacks: usize,
 }
 
+impl Default for WireRoute {
+    fn default() -> Self {
+        WireRoute {
+            mode: RouteMode::default(),
+            header: None,
+            fallbacks: 2,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireBalance {
-    #[serde(default = "d_eps")]
     eps: f64,
-    #[serde(default = "d_warm_min_cap")]
     warm_min_cap: u32,
 }
 
+impl Default for WireBalance {
+    fn default() -> Self {
+        // warm_min_cap: see `policy`'s parameter table.
+        WireBalance {
+            eps: 0.5,
+            warm_min_cap: 8,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireCacheAware {
-    #[serde(default = "d_tie_margin")]
     tie_margin: f64,
-    #[serde(default = "d_min_match_blocks")]
     min_match_blocks: u32,
-    #[serde(default = "d_prefill_slack_tokens")]
     prefill_slack_tokens: u32,
 }
 
+impl Default for WireCacheAware {
+    fn default() -> Self {
+        WireCacheAware {
+            tie_margin: 0.05,
+            min_match_blocks: 1,
+            prefill_slack_tokens: 8192,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireSaturation {
-    #[serde(default = "d_max_waiting")]
     max_waiting: f64,
-    #[serde(default = "d_max_kv_usage")]
     max_kv_usage: f64,
-    #[serde(default)]
     max_inflight: u32,
 }
 
+impl Default for WireSaturation {
+    fn default() -> Self {
+        WireSaturation {
+            max_waiting: 4.0,
+            max_kv_usage: 0.98,
+            max_inflight: 0,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireIndex {
-    #[serde(default = "d_max_blocks")]
     max_blocks: usize,
-    #[serde(default = "d_ttl_ms")]
     ttl_ms: u64,
-    #[serde(default = "d_log_bytes")]
     log_bytes: usize,
-    #[serde(default = "d_bytes_per_token")]
     bytes_per_token: f64,
 }
 
+impl Default for WireIndex {
+    fn default() -> Self {
+        WireIndex {
+            max_blocks: 262_144,
+            ttl_ms: 600_000,
+            log_bytes: 1 << 20,
+            bytes_per_token: 4.0,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireMetricNames {
-    #[serde(default = "d_running")]
     running: Vec<String>,
-    #[serde(default = "d_waiting")]
     waiting: Vec<String>,
-    #[serde(default = "d_kv_usage")]
     kv_usage: Vec<String>,
 }
 
+impl Default for WireMetricNames {
+    fn default() -> Self {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect();
+        WireMetricNames {
+            running: names(&["vllm:num_requests_running", "sglang:num_running_reqs"]),
+            waiting: names(&["vllm:num_requests_waiting", "sglang:num_queue_reqs"]),
+            kv_usage: names(&[
+                "vllm:kv_cache_usage_perc",
+                "vllm:gpu_cache_usage_perc",
+                "sglang:token_usage",
+            ]),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireMetrics {
-    #[serde(default = "d_true")]
     enabled: bool,
-    #[serde(default = "d_cluster")]
     cluster: String,
-    #[serde(default = "d_path")]
     path: String,
-    #[serde(default = "d_period_ms")]
     period_ms: u64,
-    #[serde(default = "d_timeout_ms")]
     timeout_ms: u64,
-    #[serde(default = "d_unhealthy_after")]
     unhealthy_after: u32,
-    #[serde(default = "d_stale_after_ms")]
     stale_after_ms: u64,
-    #[serde(default)]
     model_name: Option<String>,
-    #[serde(default = "default_names")]
     names: WireMetricNames,
 }
 
+impl Default for WireMetrics {
+    fn default() -> Self {
+        WireMetrics {
+            enabled: true,
+            cluster: "pool".into(),
+            path: "/metrics".into(),
+            period_ms: 500,
+            timeout_ms: 400,
+            unhealthy_after: 2,
+            stale_after_ms: 2000,
+            model_name: None,
+            names: WireMetricNames::default(),
+        }
+    }
+}
+
+/// `backends` has no useful default: an empty list is rejected by validation,
+/// which names the field.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 struct WireConfig {
     backends: Vec<WireBackend>,
-    #[serde(default)]
     strategy: Strategy,
-    #[serde(default)]
     route: WireRoute,
-    #[serde(default = "d_block_bytes")]
     block_bytes: usize,
-    #[serde(default = "d_max_body_bytes")]
     max_body_bytes: usize,
-    #[serde(default = "d_session_header")]
     session_header: String,
-    #[serde(default = "default_balance")]
     balance: WireBalance,
-    #[serde(default = "default_cache_aware")]
     cache_aware: WireCacheAware,
-    #[serde(default = "default_saturation")]
     saturation: WireSaturation,
-    #[serde(default = "default_index")]
     index: WireIndex,
-    #[serde(default = "default_metrics")]
     metrics: WireMetrics,
-    #[serde(default)]
     debug_header: bool,
 }
 
-fn d_fallbacks() -> usize {
-    2
-}
-fn d_eps() -> f64 {
-    0.5
-}
-fn d_warm_min_cap() -> u32 {
-    crate::policy::WARM_MIN_CAP
-}
-fn d_tie_margin() -> f64 {
-    0.05
-}
-fn d_min_match_blocks() -> u32 {
-    1
-}
-fn d_prefill_slack_tokens() -> u32 {
-    8192
-}
-fn d_max_waiting() -> f64 {
-    4.0
-}
-fn d_max_kv_usage() -> f64 {
-    0.98
-}
-fn d_max_blocks() -> usize {
-    262_144
-}
-fn d_ttl_ms() -> u64 {
-    600_000
-}
-fn d_log_bytes() -> usize {
-    1 << 20
-}
-fn d_bytes_per_token() -> f64 {
-    4.0
-}
-fn d_running() -> Vec<String> {
-    vec![
-        "vllm:num_requests_running".into(),
-        "sglang:num_running_reqs".into(),
-    ]
-}
-fn d_waiting() -> Vec<String> {
-    vec![
-        "vllm:num_requests_waiting".into(),
-        "sglang:num_queue_reqs".into(),
-    ]
-}
-fn d_kv_usage() -> Vec<String> {
-    vec![
-        "vllm:kv_cache_usage_perc".into(),
-        "vllm:gpu_cache_usage_perc".into(),
-        "sglang:token_usage".into(),
-    ]
-}
-fn d_true() -> bool {
-    true
-}
-fn d_cluster() -> String {
-    "pool".into()
-}
-fn d_path() -> String {
-    "/metrics".into()
-}
-fn d_period_ms() -> u64 {
-    500
-}
-fn d_timeout_ms() -> u64 {
-    400
-}
-fn d_unhealthy_after() -> u32 {
-    2
-}
-fn d_stale_after_ms() -> u64 {
-    2000
-}
-fn d_block_bytes() -> usize {
-    256
-}
-fn d_max_body_bytes() -> usize {
-    8 * 1024 * 1024
-}
-fn d_session_header() -> String {
-    "x-session-id".into()
-}
-fn default_names() -> WireMetricNames {
-    WireMetricNames {
-        running: d_running(),
-        waiting: d_waiting(),
-        kv_usage: d_kv_usage(),
-    }
-}
-fn default_balance() -> WireBalance {
-    WireBalance {
-        eps: d_eps(),
-        warm_min_cap: d_warm_min_cap(),
-    }
-}
-fn default_cache_aware() -> WireCacheAware {
-    WireCacheAware {
-        tie_margin: d_tie_margin(),
-        min_match_blocks: d_min_match_blocks(),
-        prefill_slack_tokens: d_prefill_slack_tokens(),
-    }
-}
-fn default_saturation() -> WireSaturation {
-    WireSaturation {
-        max_waiting: d_max_waiting(),
-        max_kv_usage: d_max_kv_usage(),
-        max_inflight: 0,
-    }
-}
-fn default_index() -> WireIndex {
-    WireIndex {
-        max_blocks: d_max_blocks(),
-        ttl_ms: d_ttl_ms(),
-        log_bytes: d_log_bytes(),
-        bytes_per_token: d_bytes_per_token(),
-    }
-}
-fn default_metrics() -> WireMetrics {
-    WireMetrics {
-        enabled: true,
-        cluster: d_cluster(),
-        path: d_path(),
-        period_ms: d_period_ms(),
-        timeout_ms: d_timeout_ms(),
-        unhealthy_after: d_unhealthy_after(),
-        stale_after_ms: d_stale_after_ms(),
-        model_name: None,
-        names: default_names(),
+impl Default for WireConfig {
+    fn default() -> Self {
+        WireConfig {
+            backends: Vec::new(),
+            strategy: Strategy::default(),
+            route: WireRoute::default(),
+            block_bytes: 256,
+            max_body_bytes: 8 * 1024 * 1024,
+            session_header: "x-session-id".into(),
+            balance: WireBalance::default(),
+            cache_aware: WireCacheAware::default(),
+            saturation: WireSaturation::default(),
+            index: WireIndex::default(),
+            metrics: WireMetrics::default(),
+            debug_header: false,
+        }
     }
 }
 
@@ -725,11 +659,6 @@ impl Config {
             )
         })?;
         Config::try_from(wire)
-    }
-
-    /// Index of the backend with this name.
-    pub fn backend_index(&self, name: &str) -> Option<usize> {
-        self.backends.iter().position(|b| b.name == name)
     }
 }
 

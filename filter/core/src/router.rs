@@ -21,13 +21,16 @@
 //! one tick late, on top of the scrape period it already waits.
 
 use crate::config::{Config, Strategy};
-use crate::host::{Host, HostError};
+use crate::hash::{address_id, mix, session_hash};
+use crate::health::Health;
+use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
-use crate::load::{backend_loads, Delta, Health, InFlight, Scrape};
-use crate::policy::{mix, Chooser, Decision, RequestKey};
+use crate::inflight::{Delta, InFlight};
+use crate::load::{backend_loads, BackendLoad};
+use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
-use crate::shared::{Keys, Shared};
-use crate::telemetry::{self, Scraper};
+use crate::scrape::Scrape;
+use crate::store::{Keys, Store};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
@@ -59,19 +62,17 @@ pub struct Routed {
 
 /// Per-VM routing state.
 pub struct Router {
-    /// The validated configuration.
-    pub cfg: Config,
+    cfg: Config,
     keys: Keys,
+    /// Each backend's rendezvous id (its address, hashed).
     ids: Vec<u64>,
     /// Fleet-unique id of this VM.
-    pub vm_id: u64,
+    vm_id: u64,
     /// This VM's replica of the prefix index.
-    pub index: Index,
+    index: Index,
     /// Next log event this VM has not applied.
     applied_seq: u64,
     requests: u64,
-    /// Scrape bookkeeping (used while this VM holds the lease).
-    pub scraper: Scraper,
     matched: Vec<u32>,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
@@ -82,39 +83,45 @@ pub struct Router {
     open_requests: u32,
 }
 
-fn fleet_id(cfg: &Config) -> (u64, Vec<u64>) {
-    let ids: Vec<u64> = cfg
-        .backends
-        .iter()
-        .map(|b| {
-            b.address
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325u64, |h, c| mix(h ^ c as u64))
-        })
-        .collect();
+/// What a request saw of the fleet before deciding.
+struct Observed {
+    loads: Vec<BackendLoad>,
+    /// The ledger as read, to seed the accounting CAS.
+    ledger: Option<Versioned>,
+    log_gap: bool,
+    host_errors: u32,
+    now: u64,
+}
+
+/// The fleet's identity: the shared-data key space of everything this
+/// configuration's VMs share. The block size and the log's geometry are part
+/// of it: VMs of another shape must not read each other's records.
+fn fleet_id(cfg: &Config, ids: &[u64]) -> u64 {
     let fleet = ids.iter().fold(cfg.block_bytes as u64, |h, &i| mix(h ^ i));
-    // The log's geometry is part of the key space: VMs on another shape must not read it.
-    let fleet = mix(fleet ^ cfg.index.log_bytes as u64);
-    (fleet, ids)
+    mix(fleet ^ cfg.index.log_bytes as u64)
 }
 
 impl Router {
     /// A router for `cfg`; takes a fleet-unique VM id from shared data.
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
-        let (fleet, ids) = fleet_id(&cfg);
-        let keys = Keys::new(fleet, cfg.index.log_bytes);
+        let ids: Vec<u64> = cfg
+            .backends
+            .iter()
+            .map(|b| address_id(&b.address))
+            .collect();
+        let keys = Keys::new(fleet_id(&cfg, &ids), cfg.index.log_bytes);
         let n = cfg.backends.len();
-        let shared = Shared {
+        let store = Store {
             host,
             keys: &keys,
             n,
         };
         // Without shared data an id from the clock still keeps VMs apart.
-        let vm_id = shared.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
+        let vm_id = store.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
         // Start reading the log where it is now: older events describe a past we cannot date.
-        let applied_seq = shared.log_next_seq().unwrap_or(0);
+        let applied_seq = store.log_next_seq().unwrap_or(0);
         let index = Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms);
-        let health = shared
+        let health = store
             .health()
             .unwrap_or_else(|_| vec![Health::default(); n]);
         let mut router = Router {
@@ -124,7 +131,6 @@ impl Router {
             index,
             applied_seq,
             requests: 0,
-            scraper: Scraper::new(n),
             matched: Vec::with_capacity(n),
             health: Vec::new(),
             unreleased: vec![Delta::default(); n],
@@ -135,9 +141,19 @@ impl Router {
         router
     }
 
+    /// The validated configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// This VM's fleet-unique id.
+    pub fn vm_id(&self) -> u64 {
+        self.vm_id
+    }
+
     /// Typed access to shared fleet state.
-    pub fn shared<'h, H: Host>(&'h self, host: &'h H) -> Shared<'h, H> {
-        Shared {
+    pub fn store<'h, H: Host>(&'h self, host: &'h H) -> Store<'h, H> {
+        Store {
             host,
             keys: &self.keys,
             n: self.cfg.backends.len(),
@@ -148,7 +164,7 @@ impl Router {
     /// read with the ledger); true if some were lost (overwritten in the ring
     /// before this VM read them).
     fn sync_index<H: Host>(&mut self, host: &H, next: u64) -> Result<bool, HostError> {
-        let shared = Shared {
+        let store = Store {
             host,
             keys: &self.keys,
             n: self.cfg.backends.len(),
@@ -161,7 +177,7 @@ impl Router {
         }
         while self.applied_seq < next {
             let seq = self.applied_seq;
-            match shared.log_event(seq)? {
+            match store.log_event(seq)? {
                 Some(ev) if ev.seq == seq => {
                     if ev.origin != self.vm_id {
                         self.index
@@ -181,39 +197,36 @@ impl Router {
 
     /// Routes one request; never fails (host errors degrade to less information).
     pub fn route<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
-        let mut host_errors = 0u32;
-        let mut note = |r: Result<(), HostError>| {
-            if r.is_err() {
-                host_errors += 1;
-            }
-        };
+        let mut seen = self.observe(host, req.key.is_some());
+        let (decision, blocks) = self.decide(host, req, &mut seen);
+        self.commit(host, req, decision, blocks, seen)
+    }
+
+    /// Reads the ledger (and, for a request with a prompt, the index events
+    /// other VMs appended since) into this request's load picture.
+    fn observe<H: Host>(&mut self, host: &H, with_prompt: bool) -> Observed {
         let now = host.now_ms();
         let n = self.cfg.backends.len();
-        let read = self.shared(host).read_ledger();
-        let (mut inflight, ledger_read, log_gap) = match read {
+        let mut host_errors = 0;
+        let (mut inflight, ledger, log_gap) = match self.store(host).read_ledger() {
             Ok(r) => {
                 // Only a request with a prompt looks the index up: only it catches up.
-                let log_gap = match req.key.map(|_| self.sync_index(host, r.value.next_seq)) {
-                    Some(Ok(gap)) => gap,
-                    Some(Err(e)) => {
-                        note(Err(e));
+                let log_gap = if with_prompt {
+                    self.sync_index(host, r.value.next_seq).unwrap_or_else(|_| {
+                        host_errors += 1;
                         false
-                    }
-                    None => false,
+                    })
+                } else {
+                    false
                 };
                 (r.value.inflight, Some(r.raw), log_gap)
             }
-            Err(e) => {
-                note(Err(e));
+            Err(_) => {
+                host_errors += 1;
                 (vec![InFlight::default(); n], None, false)
             }
         };
         self.apply_unreleased(&mut inflight);
-        let shared = Shared {
-            host,
-            keys: &self.keys,
-            n,
-        };
         let loads = backend_loads(
             &inflight,
             &self.health,
@@ -221,16 +234,32 @@ impl Router {
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
         );
+        Observed {
+            loads,
+            ledger,
+            log_gap,
+            host_errors,
+            now,
+        }
+    }
+
+    /// Runs the configured strategy; returns the decision and the prompt's full blocks.
+    fn decide<H: Host>(
+        &mut self,
+        host: &H,
+        req: &Request<'_>,
+        seen: &mut Observed,
+    ) -> (Decision, u32) {
         self.requests = self.requests.wrapping_add(1);
-        let random = mix(now ^ self.vm_id.rotate_left(32) ^ self.requests);
+        let random = mix(seen.now ^ self.vm_id.rotate_left(32) ^ self.requests);
         let needs_rotation = match self.cfg.strategy {
             Strategy::RoundRobin => true,
             Strategy::StickySession => req.session.is_none(),
             _ => false,
         };
         let rotation = if needs_rotation {
-            shared.next_rotation().unwrap_or_else(|e| {
-                note(Err(e));
+            self.store(host).next_rotation().unwrap_or_else(|_| {
+                seen.host_errors += 1;
                 random
             })
         } else {
@@ -238,32 +267,37 @@ impl Router {
         };
         let chooser = Chooser {
             cfg: &self.cfg.policy,
-            loads: &loads,
+            loads: &seen.loads,
             ids: &self.ids,
             fallbacks: self.cfg.route.fallbacks,
         };
+        let block = self.cfg.block_bytes.max(1);
         let (decision, blocks) = match req.key {
             Some(key) => {
                 self.index
-                    .match_lengths(&key.blocks, now, &mut self.matched);
+                    .match_lengths(&key.blocks, seen.now, &mut self.matched);
                 let rk = RequestKey {
                     anchor: key.anchor,
                     matched: &self.matched,
                     blocks: key.blocks.len() as u32,
-                    head_blocks: (key.anchor_offset / self.cfg.block_bytes.max(1)) as u32,
+                    head_blocks: (key.anchor_offset / block) as u32,
                     continuation: key.continuation,
-                    history_blocks: (key.history_bytes / self.cfg.block_bytes.max(1)) as u32,
+                    history_blocks: (key.history_bytes / block) as u32,
                     session: req.session.map(session_hash),
                     rotation,
                     random,
                 };
-                let strategy = self.cfg.strategy;
-                (chooser.choose(strategy, &rk), key.blocks.len() as u32)
+                (
+                    chooser.choose(self.cfg.strategy, &rk),
+                    key.blocks.len() as u32,
+                )
             }
-            None if self.cfg.strategy == Strategy::StickySession
-                || self.cfg.strategy == Strategy::RoundRobin =>
+            // These strategies do not need the body: apply them as configured.
+            None if matches!(
+                self.cfg.strategy,
+                Strategy::StickySession | Strategy::RoundRobin
+            ) =>
             {
-                // These strategies do not need the body: apply them as configured.
                 let rk = RequestKey {
                     session: req.session.map(session_hash),
                     rotation,
@@ -277,8 +311,23 @@ impl Router {
         let decision = decision.unwrap_or(Decision {
             order: vec![0],
             matched: 0,
-            reason: crate::policy::Reason::Fallback,
+            reason: Reason::Fallback,
         });
+        (decision, blocks)
+    }
+
+    /// Records the prompt on the chosen backend and accounts the request: one
+    /// ledger CAS (carrying the releases waiting for it and reserving the log
+    /// event) and one slot write.
+    fn commit<H: Host>(
+        &mut self,
+        host: &H,
+        req: &Request<'_>,
+        decision: Decision,
+        blocks: u32,
+        seen: Observed,
+    ) -> Routed {
+        let mut host_errors = seen.host_errors;
         let primary = decision.order.first().copied().unwrap_or(0);
         let held = Delta {
             requests: 1,
@@ -289,18 +338,24 @@ impl Router {
         if !chain.is_empty() {
             // Record the whole chain: it refreshes recency of the matched part
             // and, after a spillover, replicates a hot prefix to the new pod.
-            self.index.record(chain, primary, now);
+            self.index.record(chain, primary, seen.now);
         }
         self.open_requests = self.open_requests.saturating_add(1);
-        // One write accounts this request and carries the releases waiting for it.
         if let Some(d) = self.unreleased.get_mut(primary) {
             *d += held;
         }
-        let held = match shared.account(ledger_read, &self.unreleased, !chain.is_empty()) {
+        let store = Store {
+            host,
+            keys: &self.keys,
+            n: self.cfg.backends.len(),
+        };
+        let held = match store.account(seen.ledger, &self.unreleased, !chain.is_empty()) {
             Ok((_, reserved)) => {
                 self.unreleased.fill(Delta::default());
                 if let Some(seq) = reserved {
-                    note(shared.write_event(seq, self.vm_id, primary as u16, now, chain));
+                    let written =
+                        store.write_event(seq, self.vm_id, primary as u16, seen.now, chain);
+                    host_errors += u32::from(written.is_err());
                     // Nothing in between to read: skip our own event instead of reading it back.
                     if seq == self.applied_seq {
                         self.applied_seq = seq + 1;
@@ -308,8 +363,8 @@ impl Router {
                 }
                 held
             }
-            Err(e) => {
-                note(Err(e));
+            Err(_) => {
+                host_errors += 1;
                 self.defer(primary, held);
                 // A request the ledger never heard of holds nothing there: its release
                 // must not take back another request's share.
@@ -321,7 +376,7 @@ impl Router {
             blocks,
             held,
             host_errors,
-            log_gap,
+            log_gap: seen.log_gap,
         }
     }
 
@@ -360,7 +415,7 @@ impl Router {
     /// What this gateway has in flight per backend: the ledger, less the
     /// releases this VM has not written yet.
     pub fn inflight<H: Host>(&self, host: &H) -> Result<Vec<InFlight>, HostError> {
-        let mut inflight = self.shared(host).inflight()?;
+        let mut inflight = self.store(host).inflight()?;
         self.apply_unreleased(&mut inflight);
         Ok(inflight)
     }
@@ -384,9 +439,14 @@ impl Router {
         if self.unreleased.iter().all(|d| *d == Delta::default()) {
             return Ok(());
         }
-        self.shared(host).account(None, &self.unreleased, false)?;
+        self.store(host).account(None, &self.unreleased, false)?;
         self.unreleased.fill(Delta::default());
         Ok(())
+    }
+
+    /// Drops index entries idle past the TTL (from the tick).
+    pub fn expire(&mut self, now_ms: u64) {
+        self.index.expire(now_ms);
     }
 
     /// Every backend's health as this VM routes on it.
@@ -397,7 +457,7 @@ impl Router {
     /// Re-reads every backend's health from shared data (from the tick); on a
     /// failed read the last known health stays.
     pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
-        let health = self.shared(host).health()?;
+        let health = self.store(host).health()?;
         self.set_all_health(health);
         Ok(())
     }
@@ -413,8 +473,8 @@ impl Router {
     ) -> Result<Health, HostError> {
         let after = self.cfg.metrics.unhealthy_after;
         let health = self
-            .shared(host)
-            .update_health(backend, |h| telemetry::record(h, scrape, now, after))?;
+            .store(host)
+            .update_health(backend, |h| h.record(scrape, now, after))?;
         if let Some(h) = self.health.get_mut(backend) {
             *h = health;
         }
@@ -444,16 +504,11 @@ impl Router {
     }
 }
 
-/// Session ids hash with the same stable function as everything else.
-pub fn session_hash(s: &str) -> u64 {
-    s.bytes().fold(0x5e55_1011u64, |h, c| mix(h ^ c as u64))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::MemoryHost;
     use crate::openai::{prompt_key, Endpoint};
+    use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -481,7 +536,7 @@ mod tests {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("cache_aware"), &host);
         let mut b = Router::new(cfg("cache_aware"), &host);
-        assert_ne!(a.vm_id, b.vm_id);
+        assert_ne!(a.vm_id(), b.vm_id());
         let sys = "x".repeat(4000);
         let answer = "y".repeat(3000);
         let turn1 = chat(&[("system", &sys), ("user", "q1")]);
@@ -528,7 +583,7 @@ mod tests {
             "least_request spreads in-flight work"
         );
         let requests = |a: &Router| -> Vec<u32> {
-            let inflight = a.shared(&host).inflight().unwrap();
+            let inflight = a.store(&host).inflight().unwrap();
             inflight.iter().map(|f| f.requests).collect()
         };
         // While others are open, a release waits for this VM's next ledger write...
@@ -558,7 +613,7 @@ mod tests {
         assert_eq!(requests(&a), left);
         a.release(&host, next, Delta::requests(1)).unwrap();
         assert_eq!(
-            a.shared(&host).inflight().unwrap(),
+            a.store(&host).inflight().unwrap(),
             vec![InFlight::default(); 3]
         );
     }
@@ -570,11 +625,11 @@ mod tests {
         let first = a.route(&host, &Request::default());
         assert_eq!(first.held, Delta::requests(1));
         // Every CAS of the next request's ledger write loses.
-        host.inject_conflicts.set(crate::shared::MAX_CAS_RETRIES);
+        host.inject_conflicts.set(crate::store::MAX_CAS_RETRIES);
         let lost = a.route(&host, &Request::default());
         assert_eq!((lost.held, lost.host_errors), (Delta::default(), 1));
         a.release(&host, lost.decision.order[0], lost.held).unwrap();
-        let inflight = a.shared(&host).inflight().unwrap();
+        let inflight = a.store(&host).inflight().unwrap();
         assert_eq!(
             inflight[first.decision.order[0]].requests, 1,
             "{inflight:?}"
@@ -582,7 +637,7 @@ mod tests {
         a.release(&host, first.decision.order[0], first.held)
             .unwrap();
         assert_eq!(
-            a.shared(&host).inflight().unwrap(),
+            a.store(&host).inflight().unwrap(),
             vec![InFlight::default(); 3]
         );
     }
@@ -612,7 +667,7 @@ mod tests {
         assert_eq!(held, Delta::requests(1));
         // Open requests wait for a write: here the tick's.
         a.flush_releases(&host).unwrap();
-        let held = a.shared(&host).inflight().unwrap()[b];
+        let held = a.store(&host).inflight().unwrap()[b];
         assert_eq!((held.requests, held.prefill_blocks), (1, 0));
         // Done (with 3 pods and 1 request in flight the load bound would move turn 2).
         a.release(&host, b, Delta::requests(1)).unwrap();
@@ -623,7 +678,7 @@ mod tests {
             second.held.prefill_blocks as u32,
             second.blocks - second.decision.matched
         );
-        let held = a.shared(&host).inflight().unwrap()[b];
+        let held = a.store(&host).inflight().unwrap()[b];
         assert_eq!(
             (held.requests, held.prefill_blocks),
             (1, second.held.prefill_blocks as u32)

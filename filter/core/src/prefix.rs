@@ -26,16 +26,13 @@
 //! | parameter     | default | why |
 //! |---------------|---------|-----|
 //! | `block_bytes` | 256     | ≈ 64 tokens: fine enough to see a shared system prompt, coarse enough that a 128k-token prompt is ~2k hashes |
-//! | SEED          | `0x7772_6d72` | fixed: hashes must agree across VMs, restarts and gateway replicas |
+//! | `hash::SEED`  | `0x7772_6d72` | fixed: hashes must agree across VMs, restarts and gateway replicas |
 //!
 //! Cost: one murmur3 pass over the prompt bytes plus 8 bytes per block. The
 //! block is hashed in place behind the previous hash (`buf = le64(h_i) ‖ block_i`),
 //! with `mur3`'s slice-based murmur3: the `murmur3` crate's `Read`-based API,
 //! same function and outputs, is 3-5x slower per byte (measured natively on a
 //! 100 KB prompt), and hashing is most of a large request's cost in the filter.
-
-/// Fixed murmur3 seed ("wrmr"): hashes must be stable across processes.
-pub const SEED: u32 = 0x7772_6d72;
 
 /// The routing key of one request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -55,10 +52,7 @@ pub struct PromptKey {
     pub history_bytes: usize,
 }
 
-/// Low 64 bits of murmur3_x64_128 of `bytes`.
-fn murmur(bytes: &[u8]) -> u64 {
-    mur3::murmurhash3_x64_128(bytes, SEED).0
-}
+use crate::hash::murmur;
 
 /// Bytes in front of each block in the hash buffer: the previous hash.
 const PREV: usize = 8;
@@ -239,15 +233,25 @@ mod tests {
     }
 
     #[test]
-    fn hashes_are_stable_across_builds() {
-        // Pinned: gateways of different versions must agree on placement.
-        let k = key(4, &[b"abcd"]);
-        assert_eq!(k.blocks[0], key(4, &[b"abcd"]).blocks[0]);
-        // murmur3_x64_128 itself (low half), not a look-alike: the reference
-        // implementation's value for "hello" with seed 0 is cbd8a7b341bd9b02 5b1e906a48ae1d19.
+    fn chains_match_an_independent_implementation() {
+        // Gateways of different versions must agree on placement, so the chain is
+        // pinned to values computed outside Rust (Python's mmh3):
+        // h_0 = mmh3.hash64(model + b"\0" + salt, SEED)[0], then
+        // h_{i+1} = mmh3.hash64(le64(h_i) + block_i, SEED)[0].
         assert_eq!(
-            mur3::murmurhash3_x64_128(b"hello", 0).0,
-            0xcbd8_a7b3_41bd_9b02
+            key(4, &[b"abcdefghijklmnop"]).blocks,
+            vec![
+                0xa0f9_1bc8_23cb_8833,
+                0x92f1_6182_2d58_8ea2,
+                0x58c9_e7b6_1eb4_164d,
+                0x1a30_c127_310d_6ef5
+            ]
+        );
+        let mut salted = PrefixHasher::new(4, 64, b"m", Some(b"tenant"));
+        salted.feed(b"abcdefgh");
+        assert_eq!(
+            salted.finish().blocks,
+            vec![0xe022_3586_7271_2208, 0x9d08_5b74_26be_4da4]
         );
     }
 

@@ -11,12 +11,11 @@
 //! events to apply, and one CAS both accounts the request and reserves its
 //! event's sequence number: two host calls where separate keys took four.
 
+use crate::codec::{self, put, Reader};
+use crate::health::{decode_health, encode_health, Health};
 use crate::host::{Host, HostError, Versioned};
-use crate::index::{Event, LogShape};
-use crate::load::{
-    decode_health, decode_inflight, encode_health, encode_inflight, inflight_len, Delta, Health,
-    InFlight,
-};
+use crate::index_log::{Event, LogShape};
+use crate::inflight::{decode_inflight, encode_inflight, inflight_len, Delta, InFlight};
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
@@ -121,7 +120,7 @@ impl Ledger {
     fn encode(&self) -> Vec<u8> {
         // One allocation: this runs in every request's CAS.
         let mut out = Vec::with_capacity(8 + inflight_len(self.inflight.len()));
-        out.extend_from_slice(&self.next_seq.to_le_bytes());
+        put(&mut out, self.next_seq);
         encode_inflight(&self.inflight, &mut out);
         out
     }
@@ -129,10 +128,11 @@ impl Ledger {
     /// A missing or mismatched blob (another layout, another fleet size) reads as empty.
     fn decode(bytes: Option<&[u8]>, n: usize) -> Ledger {
         let parsed = bytes.and_then(|b| {
-            let (head, records) = b.split_at_checked(8)?;
+            let mut r = Reader::new(b);
+            let next_seq = r.get()?;
             Some(Ledger {
-                inflight: decode_inflight(records, n)?,
-                next_seq: u64::from_le_bytes(head.try_into().ok()?),
+                inflight: decode_inflight(r.rest(), n)?,
+                next_seq,
             })
         });
         parsed.unwrap_or_else(|| Ledger {
@@ -142,14 +142,8 @@ impl Ledger {
     }
 }
 
-fn u64_of(v: &Option<Vec<u8>>) -> u64 {
-    v.as_deref()
-        .and_then(|b| b.try_into().ok())
-        .map_or(0, u64::from_le_bytes)
-}
-
 /// Typed access to the shared fleet state.
-pub struct Shared<'h, H: Host> {
+pub struct Store<'h, H: Host> {
     /// The host.
     pub host: &'h H,
     /// Key names.
@@ -158,11 +152,11 @@ pub struct Shared<'h, H: Host> {
     pub n: usize,
 }
 
-impl<H: Host> Shared<'_, H> {
+impl<H: Host> Store<'_, H> {
     /// A fleet-unique id for this VM (its lease identity and log origin).
     pub fn new_vm_id(&self) -> Result<u64, HostError> {
         update(self.host, &self.keys.vm_seq, |v| {
-            let next = u64_of(&v) + 1;
+            let next = codec::u64_value(v.as_deref()) + 1;
             (Some(next.to_le_bytes().to_vec()), next)
         })
     }
@@ -170,7 +164,7 @@ impl<H: Host> Shared<'_, H> {
     /// The next value of the round-robin rotation shared by all workers.
     pub fn next_rotation(&self) -> Result<u64, HostError> {
         update(self.host, &self.keys.rotation, |v| {
-            let cur = u64_of(&v);
+            let cur = codec::u64_value(v.as_deref());
             (Some(cur.wrapping_add(1).to_le_bytes().to_vec()), cur)
         })
     }
@@ -180,24 +174,13 @@ impl<H: Host> Shared<'_, H> {
         self.read_ledger().map(|r| r.value.inflight)
     }
 
-    /// The ledger, with the read that seeds [`Shared::account`].
+    /// The ledger, with the read that seeds [`Store::account`].
     pub fn read_ledger(&self) -> Result<Read<Ledger>, HostError> {
         let raw = self.host.get_shared(&self.keys.ledger)?;
         Ok(Read {
             value: Ledger::decode(raw.0.as_deref(), self.n),
             raw,
         })
-    }
-
-    /// Adds `delta` to one backend's in-flight record (each field saturating at 0).
-    #[cfg(test)]
-    pub fn add_inflight(&self, backend: usize, delta: Delta) -> Result<Vec<InFlight>, HostError> {
-        let mut deltas = vec![Delta::default(); self.n];
-        if let Some(d) = deltas.get_mut(backend) {
-            *d = delta;
-        }
-        self.account(None, &deltas, false)
-            .map(|(ledger, _)| ledger.inflight)
     }
 
     /// One CAS on the ledger, starting from `seed` (an earlier read): adds
@@ -251,18 +234,12 @@ impl<H: Host> Shared<'_, H> {
     pub fn try_lease(&self, me: u64, ttl_ms: u64) -> Result<bool, HostError> {
         let now = self.host.now_ms();
         update(self.host, &self.keys.lease, |v| {
-            let b = v.unwrap_or_default();
-            let holder = b
-                .get(0..8)
-                .and_then(|s| s.try_into().ok())
-                .map_or(0, u64::from_le_bytes);
-            let expiry = b
-                .get(8..16)
-                .and_then(|s| s.try_into().ok())
-                .map_or(0, u64::from_le_bytes);
+            let mut r = Reader::new(v.as_deref().unwrap_or_default());
+            let (holder, expiry) = (r.get().unwrap_or(0u64), r.get().unwrap_or(0u64));
             if holder == me || holder == 0 || expiry < now {
-                let mut new = me.to_le_bytes().to_vec();
-                new.extend_from_slice(&(now + ttl_ms).to_le_bytes());
+                let mut new = Vec::with_capacity(16);
+                put(&mut new, me);
+                put(&mut new, now + ttl_ms);
                 (Some(new), true)
             } else {
                 (None, false)
@@ -279,16 +256,6 @@ impl<H: Host> Shared<'_, H> {
     pub fn log_event(&self, seq: u64) -> Result<Option<Event>, HostError> {
         let v = self.host.get_shared(self.keys.slot(seq))?.0;
         Ok(v.as_deref().and_then(Event::decode))
-    }
-
-    /// Appends an index event outside a request: reserves its seq, then writes its
-    /// slot (requests reserve in their own ledger CAS; tests append directly).
-    #[cfg(test)]
-    pub fn append_log(&self, origin: u64, backend: u16, blocks: &[u64]) -> Result<u64, HostError> {
-        let (_, seq) = self.account(None, &[], true)?;
-        let seq = seq.unwrap_or_default();
-        self.write_event(seq, origin, backend, self.host.now_ms(), blocks)?;
-        Ok(seq)
     }
 
     /// Writes the event of a reserved `seq` into its slot (the seq is ours alone,
@@ -316,26 +283,51 @@ impl<H: Host> Shared<'_, H> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::MemoryHost;
+    use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn shared<'a>(host: &'a MemoryHost, keys: &'a Keys) -> Shared<'a, MemoryHost> {
-        Shared { host, keys, n: 3 }
+    fn shared<'a>(host: &'a MemoryHost, keys: &'a Keys) -> Store<'a, MemoryHost> {
+        Store { host, keys, n: 3 }
+    }
+
+    /// Adds `delta` to one backend's in-flight record, outside a request.
+    fn add_inflight(
+        s: &Store<'_, MemoryHost>,
+        backend: usize,
+        delta: Delta,
+    ) -> Result<Vec<InFlight>, HostError> {
+        let mut deltas = vec![Delta::default(); s.n];
+        deltas[backend] = delta;
+        s.account(None, &deltas, false)
+            .map(|(ledger, _)| ledger.inflight)
+    }
+
+    /// Appends an index event outside a request: reserves its seq, then writes its slot.
+    fn append_log(
+        s: &Store<'_, MemoryHost>,
+        origin: u64,
+        backend: u16,
+        blocks: &[u64],
+    ) -> Result<u64, HostError> {
+        let (_, seq) = s.account(None, &[], true)?;
+        let seq = seq.unwrap_or_default();
+        s.write_event(seq, origin, backend, s.host.now_ms(), blocks)?;
+        Ok(seq)
     }
 
     fn requests_of(c: Vec<InFlight>) -> Vec<u32> {
         c.iter().map(|c| c.requests).collect()
     }
 
-    fn requests(s: &Shared<'_, MemoryHost>) -> Vec<u32> {
+    fn requests(s: &Store<'_, MemoryHost>) -> Vec<u32> {
         requests_of(s.inflight().unwrap())
     }
 
     /// One more request on `backend` with a log event, written from the read
     /// `seed`; the counts after and the event's seq.
     fn one_more_after(
-        s: &Shared<'_, MemoryHost>,
+        s: &Store<'_, MemoryHost>,
         seed: Versioned,
         backend: usize,
     ) -> (Vec<u32>, u64) {
@@ -353,10 +345,10 @@ mod tests {
             requests: 1,
             prefill_blocks: 40,
         };
-        s.add_inflight(2, sent).unwrap();
-        s.add_inflight(2, sent).unwrap();
+        add_inflight(&s, 2, sent).unwrap();
+        add_inflight(&s, 2, sent).unwrap();
         // The first answer byte of one request: its prefill is done, the request is not.
-        let c = s.add_inflight(2, Delta::prefill(-40)).unwrap();
+        let c = add_inflight(&s, 2, Delta::prefill(-40)).unwrap();
         assert_eq!(
             c[2],
             InFlight {
@@ -374,13 +366,13 @@ mod tests {
     fn inflight_counts_survive_conflicts() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
-        s.add_inflight(1, Delta::requests(1)).unwrap();
+        add_inflight(&s, 1, Delta::requests(1)).unwrap();
         host.inject_conflicts.set(5);
-        s.add_inflight(1, Delta::requests(1)).unwrap();
-        s.add_inflight(2, Delta::requests(1)).unwrap();
-        s.add_inflight(1, Delta::requests(-1)).unwrap();
+        add_inflight(&s, 1, Delta::requests(1)).unwrap();
+        add_inflight(&s, 2, Delta::requests(1)).unwrap();
+        add_inflight(&s, 1, Delta::requests(-1)).unwrap();
         assert_eq!(requests(&s), vec![0, 1, 1]);
-        s.add_inflight(0, Delta::requests(-1)).unwrap();
+        add_inflight(&s, 0, Delta::requests(-1)).unwrap();
         assert_eq!(requests(&s), vec![0, 1, 1], "never below zero");
     }
 
@@ -390,20 +382,20 @@ mod tests {
         let s = shared(&host, &keys);
         // A seed of a key that does not exist yet carries no CAS token: never trusted.
         let absent = s.read_ledger().unwrap();
-        s.add_inflight(2, Delta::requests(1)).unwrap();
-        s.append_log(9, 0, &[1]).unwrap();
+        add_inflight(&s, 2, Delta::requests(1)).unwrap();
+        append_log(&s, 9, 0, &[1]).unwrap();
         assert_eq!(one_more_after(&s, absent.raw, 0), (vec![1, 0, 1], 1));
         let seed = s.read_ledger().unwrap();
         // Another worker moves the ledger between this worker's read and write.
-        s.add_inflight(0, Delta::requests(1)).unwrap();
-        s.append_log(9, 0, &[3]).unwrap();
+        add_inflight(&s, 0, Delta::requests(1)).unwrap();
+        append_log(&s, 9, 0, &[3]).unwrap();
         assert_eq!(one_more_after(&s, seed.raw, 0), (vec![3, 0, 1], 3));
         // A current seed applies directly.
         let seed = s.read_ledger().unwrap();
         assert_eq!(seed.value.next_seq, 4);
         assert_eq!(one_more_after(&s, seed.raw, 1), (vec![3, 1, 1], 4));
         // Releases never move the log.
-        s.add_inflight(1, -Delta::requests(1)).unwrap();
+        add_inflight(&s, 1, -Delta::requests(1)).unwrap();
         assert_eq!(s.log_next_seq().unwrap(), 5);
     }
 
@@ -411,10 +403,10 @@ mod tests {
     fn endless_conflicts_give_up() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
-        s.add_inflight(0, Delta::requests(1)).unwrap();
+        add_inflight(&s, 0, Delta::requests(1)).unwrap();
         host.inject_conflicts.set(1000);
         assert_eq!(
-            s.add_inflight(0, Delta::requests(1)),
+            add_inflight(&s, 0, Delta::requests(1)),
             Err(HostError::CasMismatch)
         );
     }
@@ -450,10 +442,10 @@ mod tests {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         assert_eq!(s.log_next_seq().unwrap(), 0);
-        assert_eq!(s.append_log(7, 2, &[1, 2, 3]).unwrap(), 0);
+        assert_eq!(append_log(&s, 7, 2, &[1, 2, 3]).unwrap(), 0);
         host.inject_conflicts.set(3);
         assert_eq!(
-            s.append_log(8, 1, &[4]).unwrap(),
+            append_log(&s, 8, 1, &[4]).unwrap(),
             1,
             "a lost CAS retries, never reuses a seq"
         );
@@ -465,7 +457,7 @@ mod tests {
         );
         // The ring wraps: seq 16 overwrites seq 0's slot.
         for i in 2..=16 {
-            s.append_log(9, 0, &[i]).unwrap();
+            append_log(&s, 9, 0, &[i]).unwrap();
         }
         assert_eq!(s.log_event(0).unwrap().map(|e| e.seq), Some(16));
     }

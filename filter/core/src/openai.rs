@@ -56,16 +56,6 @@ pub enum ParseError {
     Shape,
 }
 
-impl ParseError {
-    /// Stable name used in stats.
-    pub fn name(self) -> &'static str {
-        match self {
-            ParseError::NotJson => "not_json",
-            ParseError::Shape => "bad_shape",
-        }
-    }
-}
-
 #[derive(Deserialize)]
 struct Message<'a> {
     #[serde(borrow)]
@@ -355,6 +345,23 @@ mod tests {
     fn chat(messages: &str) -> PromptKey {
         let body = format!(r#"{{"model":"m","messages":{messages}}}"#);
         prompt_key(Endpoint::Chat, body.as_bytes(), 16, 4096).unwrap()
+    }
+
+    #[test]
+    fn a_chat_key_matches_an_independent_implementation() {
+        // Canonical bytes RS role US content per message (RS = 0x1e, US = 0x1f),
+        // chained with Python's mmh3 as in `prefix`'s reference test.
+        let body = br#"{"model":"m","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Hello there, how are you today?"}]}"#;
+        let k = prompt_key(Endpoint::Chat, body, 16, 2048).unwrap();
+        assert_eq!(k.total_bytes, 59);
+        assert_eq!(
+            k.blocks,
+            vec![
+                0x5594_095a_a1ab_6daf,
+                0x55ee_c20b_1098_adf9,
+                0xb8c0_92ec_52fa_446d
+            ]
+        );
     }
 
     #[test]

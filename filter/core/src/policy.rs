@@ -90,11 +90,8 @@
 //! Cost: O(backends · log backends) per decision.
 
 use crate::config::{PolicyConfig, Strategy};
+use crate::hash::rendezvous;
 use crate::load::BackendLoad;
-
-/// Default `balance.warm_min_cap`: in-flight requests (this one included) a
-/// backend holding part of the prompt may run before the relative bound applies.
-pub const WARM_MIN_CAP: u32 = 8;
 
 /// Weight of load against cache share in `cache_aware` scores.
 pub const LOAD_WEIGHT: f64 = 0.5;
@@ -171,23 +168,6 @@ pub struct Decision {
     pub matched: u32,
     /// Why the primary was chosen.
     pub reason: Reason,
-}
-
-/// splitmix64: a fast, well-mixed 64-bit finaliser.
-pub fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-/// Backends sorted by rendezvous (highest random weight) order for `key`.
-pub fn rendezvous(key: u64, ids: &[u64], among: impl Iterator<Item = usize>) -> Vec<usize> {
-    let mut v: Vec<(u64, usize)> = among
-        .map(|b| (mix(key ^ ids.get(b).copied().unwrap_or(b as u64)), b))
-        .collect();
-    v.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    v.into_iter().map(|(_, b)| b).collect()
 }
 
 /// Decides where one request goes.

@@ -9,11 +9,9 @@
 //! routing decision itself on a short prompt.
 
 use crate::config::Config;
-use crate::load::InFlight;
+use crate::host::{Host, MetricKind};
+use crate::inflight::InFlight;
 use crate::policy::Reason;
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MetricType;
-use std::cell::Cell;
 
 /// Why a request was routed without reading its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,40 +63,36 @@ const REASONS: [Reason; 8] = [
 /// Response classes counted per strategy.
 const OUTCOMES: [&str; 4] = ["2xx", "4xx", "5xx", "reset"];
 
-fn define(kind: MetricType, name: &str) -> Option<u32> {
-    hostcalls::define_metric(kind, name).ok()
-}
-
 /// An Envoy counter whose increments wait in the VM until [`Counter::flush`].
 #[derive(Debug, Default)]
 struct Counter {
     /// None when the stat failed to define: its counts are dropped.
     id: Option<u32>,
-    pending: Cell<i64>,
+    pending: i64,
 }
 
 impl Counter {
-    fn new(name: String) -> Counter {
+    fn new(host: &impl Host, name: String) -> Counter {
         Counter {
-            id: define(MetricType::Counter, &name),
-            pending: Cell::new(0),
+            id: host.define_metric(MetricKind::Counter, &name),
+            pending: 0,
         }
     }
 
-    fn add(&self, by: i64) {
-        self.pending.set(self.pending.get().saturating_add(by));
+    fn add(&mut self, by: i64) {
+        self.pending = self.pending.saturating_add(by);
     }
 
-    fn flush(&self) {
-        let by = self.pending.replace(0);
+    fn flush(&mut self, host: &impl Host) {
+        let by = std::mem::take(&mut self.pending);
         if let (Some(id), true) = (self.id, by != 0) {
-            let _ = hostcalls::increment_metric(id, by);
+            host.increment_metric(id, by);
         }
     }
 }
 
-fn add_at(counters: &[Counter], i: usize, by: i64) {
-    if let Some(c) = counters.get(i) {
+fn add_at(counters: &mut [Counter], i: usize, by: i64) {
+    if let Some(c) = counters.get_mut(i) {
         c.add(by);
     }
 }
@@ -121,56 +115,62 @@ pub struct Stats {
     log_gaps: Counter,
 }
 
-fn set(id: Option<u32>, v: u64) {
+fn set(host: &impl Host, id: Option<u32>, v: u64) {
     if let Some(id) = id {
-        let _ = hostcalls::record_metric(id, v);
+        host.record_metric(id, v);
     }
 }
 
 impl Stats {
     /// Defines every stat for this configuration.
-    pub fn define(cfg: &Config) -> Stats {
+    pub fn define(cfg: &Config, host: &impl Host) -> Stats {
         let strategy = cfg.strategy.name();
-        let per_backend = |kind: MetricType, what: &str| {
+        let gauges = |what: &str| {
             cfg.backends
                 .iter()
-                .map(|b| define(kind, &format!("warmroute.backend.{}.{what}", b.name)))
+                .map(|b| {
+                    host.define_metric(
+                        MetricKind::Gauge,
+                        &format!("warmroute.backend.{}.{what}", b.name),
+                    )
+                })
                 .collect()
         };
+        let counter = |name: String| Counter::new(host, name);
         Stats {
             decisions: REASONS
                 .iter()
-                .map(|r| Counter::new(format!("warmroute.decision.{}", r.name())))
+                .map(|r| counter(format!("warmroute.decision.{}", r.name())))
                 .collect(),
             fallbacks: Fallback::ALL
                 .iter()
-                .map(|f| Counter::new(format!("warmroute.fallback.{}", f.name())))
+                .map(|f| counter(format!("warmroute.fallback.{}", f.name())))
                 .collect(),
             outcomes: OUTCOMES
                 .iter()
-                .map(|o| Counter::new(format!("warmroute.requests.{strategy}.{o}")))
+                .map(|o| counter(format!("warmroute.requests.{strategy}.{o}")))
                 .collect(),
-            passthrough: Counter::new("warmroute.passthrough".into()),
-            prompt_blocks: Counter::new("warmroute.prompt_blocks".into()),
-            matched_blocks: Counter::new("warmroute.matched_blocks".into()),
+            passthrough: counter("warmroute.passthrough".into()),
+            prompt_blocks: counter("warmroute.prompt_blocks".into()),
+            matched_blocks: counter("warmroute.matched_blocks".into()),
             chosen: cfg
                 .backends
                 .iter()
-                .map(|b| Counter::new(format!("warmroute.backend.{}.chosen", b.name)))
+                .map(|b| counter(format!("warmroute.backend.{}.chosen", b.name)))
                 .collect(),
-            inflight: per_backend(MetricType::Gauge, "inflight"),
-            prefill: per_backend(MetricType::Gauge, "prefill_blocks"),
-            healthy: per_backend(MetricType::Gauge, "healthy"),
-            scrape_ok: Counter::new("warmroute.scrape.ok".into()),
-            scrape_failed: Counter::new("warmroute.scrape.failed".into()),
-            host_errors: Counter::new("warmroute.host_errors".into()),
-            log_gaps: Counter::new("warmroute.index.log_gaps".into()),
+            inflight: gauges("inflight"),
+            prefill: gauges("prefill_blocks"),
+            healthy: gauges("healthy"),
+            scrape_ok: counter("warmroute.scrape.ok".into()),
+            scrape_failed: counter("warmroute.scrape.failed".into()),
+            host_errors: counter("warmroute.host_errors".into()),
+            log_gaps: counter("warmroute.index.log_gaps".into()),
         }
     }
 
     /// One routing decision: `matched` of the prompt's `blocks` were cached on the chosen pod.
     pub fn decided(
-        &self,
+        &mut self,
         reason: Reason,
         backend: usize,
         (matched, blocks): (u32, u32),
@@ -178,9 +178,9 @@ impl Stats {
         log_gap: bool,
     ) {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
-            add_at(&self.decisions, i, 1);
+            add_at(&mut self.decisions, i, 1);
         }
-        add_at(&self.chosen, backend, 1);
+        add_at(&mut self.chosen, backend, 1);
         self.prompt_blocks.add(blocks.into());
         self.matched_blocks.add(matched.min(blocks).into());
         self.host_errors.add(host_errors.into());
@@ -188,30 +188,30 @@ impl Stats {
     }
 
     /// A request whose prompt could not be read.
-    pub fn fell_back(&self, why: Fallback) {
+    pub fn fell_back(&mut self, why: Fallback) {
         if let Some(i) = Fallback::ALL.iter().position(|f| *f == why) {
-            add_at(&self.fallbacks, i, 1);
+            add_at(&mut self.fallbacks, i, 1);
         }
     }
 
     /// A request to a non-inference path.
-    pub fn passed_through(&self) {
+    pub fn passed_through(&mut self) {
         self.passthrough.add(1);
     }
 
     /// How a routed request ended; `status` is the response `:status`, if any.
-    pub fn finished(&self, status: Option<u32>) {
+    pub fn finished(&mut self, status: Option<u32>) {
         let i = match status {
             Some(200..=399) => 0,
             Some(400..=499) => 1,
             Some(_) => 2,
             None => 3,
         };
-        add_at(&self.outcomes, i, 1);
+        add_at(&mut self.outcomes, i, 1);
     }
 
     /// A scrape result.
-    pub fn scraped(&self, ok: bool) {
+    pub fn scraped(&mut self, ok: bool) {
         if ok {
             self.scrape_ok.add(1);
         } else {
@@ -220,40 +220,45 @@ impl Stats {
     }
 
     /// Adds every counter's pending increments to Envoy's stats.
-    pub fn flush(&self) {
+    pub fn flush(&mut self, host: &impl Host) {
         let lists = [
-            &self.decisions,
-            &self.fallbacks,
-            &self.outcomes,
-            &self.chosen,
+            &mut self.decisions,
+            &mut self.fallbacks,
+            &mut self.outcomes,
+            &mut self.chosen,
         ];
         let singles = [
-            &self.passthrough,
-            &self.prompt_blocks,
-            &self.matched_blocks,
-            &self.scrape_ok,
-            &self.scrape_failed,
-            &self.host_errors,
-            &self.log_gaps,
+            &mut self.passthrough,
+            &mut self.prompt_blocks,
+            &mut self.matched_blocks,
+            &mut self.scrape_ok,
+            &mut self.scrape_failed,
+            &mut self.host_errors,
+            &mut self.log_gaps,
         ];
         lists
             .into_iter()
             .flatten()
             .chain(singles)
-            .for_each(Counter::flush);
+            .for_each(|c| c.flush(host));
     }
 
     /// Refreshes per-backend gauges.
-    pub fn gauges(&self, inflight: &[InFlight], healthy: &[bool]) {
+    pub fn gauges(&self, host: &impl Host, inflight: &[InFlight], healthy: &[bool]) {
         for (b, v) in inflight.iter().enumerate() {
-            set(self.inflight.get(b).copied().flatten(), v.requests as u64);
             set(
+                host,
+                self.inflight.get(b).copied().flatten(),
+                v.requests as u64,
+            );
+            set(
+                host,
                 self.prefill.get(b).copied().flatten(),
                 v.prefill_blocks as u64,
             );
         }
         for (b, &h) in healthy.iter().enumerate() {
-            set(self.healthy.get(b).copied().flatten(), h as u64);
+            set(host, self.healthy.get(b).copied().flatten(), h as u64);
         }
     }
 }

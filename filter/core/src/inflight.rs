@@ -1,0 +1,105 @@
+//! What this gateway has sent each backend and not seen answered, as every
+//! worker VM accounts it in the ledger ([`crate::store`]).
+//!
+//! ```text
+//! route:       requests += 1, prefill_blocks += prompt blocks − matched blocks
+//! first byte:  prefill_blocks −= that request's share (the prompt is prefilled)
+//! end:         requests −= 1 (and any prefill not yet given back)
+//! ```
+//! Changes travel as [`Delta`]s and saturate at 0, so a release that arrives
+//! twice or for a request the ledger never heard of cannot drive a count
+//! negative. Each record is two little-endian `u32` ([`crate::codec`]).
+
+use crate::codec::{put, Reader};
+
+/// What this gateway's workers sent one backend and have not seen answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InFlight {
+    /// Requests not finished.
+    pub requests: u32,
+    /// Prompt blocks not yet prefilled (released at the first response byte).
+    pub prefill_blocks: u32,
+}
+
+impl InFlight {
+    /// Adds `d`, each field saturating at 0.
+    pub fn apply(&mut self, d: Delta) {
+        self.requests = self.requests.saturating_add_signed(d.requests);
+        self.prefill_blocks = self.prefill_blocks.saturating_add_signed(d.prefill_blocks);
+    }
+}
+
+/// A change to one backend's [`InFlight`] record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Delta {
+    /// Change in requests.
+    pub requests: i32,
+    /// Change in prompt blocks waiting for prefill.
+    pub prefill_blocks: i32,
+}
+
+impl Delta {
+    /// One more or one fewer request, and nothing else.
+    pub const fn requests(requests: i32) -> Delta {
+        Delta {
+            requests,
+            prefill_blocks: 0,
+        }
+    }
+
+    /// Prompt blocks waiting for prefill, and nothing else.
+    pub const fn prefill(prefill_blocks: i32) -> Delta {
+        Delta {
+            requests: 0,
+            prefill_blocks,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Delta {
+    fn add_assign(&mut self, d: Delta) {
+        self.requests = self.requests.saturating_add(d.requests);
+        self.prefill_blocks = self.prefill_blocks.saturating_add(d.prefill_blocks);
+    }
+}
+
+impl std::ops::Neg for Delta {
+    type Output = Delta;
+    fn neg(self) -> Delta {
+        Delta {
+            requests: -self.requests,
+            prefill_blocks: -self.prefill_blocks,
+        }
+    }
+}
+
+const INFLIGHT_LEN: usize = 8;
+
+/// Bytes [`encode_inflight`] writes for `n` backends.
+pub const fn inflight_len(n: usize) -> usize {
+    n * INFLIGHT_LEN
+}
+
+/// Appends every backend's in-flight record, as shared data holds it, to `out`.
+pub fn encode_inflight(all: &[InFlight], out: &mut Vec<u8>) {
+    for f in all {
+        put(out, f.requests);
+        put(out, f.prefill_blocks);
+    }
+}
+
+/// Decodes `n` in-flight records; None for a blob of another length (another layout).
+pub fn decode_inflight(bytes: &[u8], n: usize) -> Option<Vec<InFlight>> {
+    if bytes.len() != inflight_len(n) {
+        return None;
+    }
+    let mut r = Reader::new(bytes);
+    (0..n)
+        .map(|_| {
+            Some(InFlight {
+                requests: r.get()?,
+                prefill_blocks: r.get()?,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,152 @@
+//! Per-backend load: scraped metrics, health, and the filter's own in-flight count.
+//!
+//! ## How load is weighed (used by every load-aware strategy)
+//! ```text
+//! load_b      = inflight_b + max(0, running_b + waiting_b − own_b)   (scrape fresh)
+//!             = inflight_b                                          (no fresh scrape)
+//! saturated_b = waiting_b >= max_waiting  ∨  kv_usage_b >= max_kv_usage
+//!               ∨ (max_inflight > 0 ∧ inflight_b >= max_inflight)
+//! prefill_b   = prompt blocks this gateway sent to b whose first answer byte
+//!               has not come back yet (minus what b was believed to hold)
+//! ```
+//! `prefill_b` is the queue a new prompt's prefill waits behind: vLLM
+//! prefills in arrival order, so a pod holding one unanswered 30k-token prompt
+//! answers a short one later than a pod holding three short ones, though its
+//! request count is lower. Counted by the filter alone: no server exports it.
+//!
+//! `own_b` is this gateway's in-flight count when the scrape answered: what
+//! the scrape says beyond it is other gateways' traffic. This gateway's own
+//! share is always its current count, never a scrape's: a scrape taken while
+//! a conversation's previous turn ran would otherwise count that finished turn
+//! for a whole scrape period and push the next turn off its pod.
+//! In-flight counts react instantly (between scrapes); scraped running+waiting
+//! also see traffic from other gateway replicas. A queue (`waiting > 0`) means
+//! the server already hit `max_num_seqs` or its KV capacity, so it counts as
+//! saturation, not just load. A snapshot older than `stale_after_ms` is
+//! ignored: no metrics degrades to in-flight accounting, never to an outage.
+
+use crate::config::PolicyConfig;
+use crate::health::Health;
+use crate::inflight::InFlight;
+
+/// The load picture of one backend at decision time.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct BackendLoad {
+    /// In rotation.
+    pub healthy: bool,
+    /// Requests, per the formula at the top of this module.
+    pub load: f64,
+    /// Not eligible for cache affinity or bounded-load placement.
+    pub saturated: bool,
+    /// Prompt blocks queued for prefill ahead of a new request.
+    pub prefill: f64,
+}
+
+/// Combines in-flight counts and health into per-backend load.
+pub fn backend_loads(
+    inflight: &[InFlight],
+    health: &[Health],
+    now_ms: u64,
+    stale_after_ms: u64,
+    policy: &PolicyConfig,
+) -> Vec<BackendLoad> {
+    inflight
+        .iter()
+        .enumerate()
+        .map(|(b, f)| {
+            let h = health.get(b).copied().unwrap_or_default();
+            let fresh = h.scraped_ms > 0 && now_ms.saturating_sub(h.scraped_ms) <= stale_after_ms;
+            let inf = f.requests as f64;
+            let (load, sat) = if fresh {
+                let s = h.scrape;
+                (
+                    inf + (s.running + s.waiting - s.own_inflight as f64).max(0.0),
+                    s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE)
+                        || s.kv_usage >= policy.max_kv_usage,
+                )
+            } else {
+                (inf, false)
+            };
+            BackendLoad {
+                healthy: !h.down,
+                load,
+                saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
+                prefill: f.prefill_blocks as f64,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::scrape::Scrape;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn cfg() -> Config {
+        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#)
+            .unwrap()
+    }
+
+    #[test]
+    fn stale_scrapes_are_ignored_and_queues_saturate() {
+        let c = cfg();
+        let busy = Health {
+            scraped_ms: 1000,
+            scrape: Scrape {
+                running: 10.0,
+                waiting: 6.0,
+                own_inflight: 1,
+                ..Scrape::default()
+            },
+            ..Health::default()
+        };
+        let one = InFlight {
+            requests: 1,
+            prefill_blocks: 7,
+        };
+        let at = |now| {
+            backend_loads(
+                &[one, one],
+                &[busy, Health::default()],
+                now,
+                2000,
+                &c.policy,
+            )
+        };
+        let l = at(1500);
+        assert_eq!(l[0].load, 16.0);
+        assert!(l[0].saturated);
+        assert_eq!((l[1].load, l[1].prefill), (1.0, 7.0));
+        let stale = at(5000);
+        assert_eq!(stale[0].load, 1.0);
+        assert!(!stale[0].saturated);
+    }
+
+    #[test]
+    fn a_scrape_counts_only_other_gateways_traffic() {
+        let c = cfg();
+        // Scraped while this gateway's request ran there; that request has ended since.
+        let scraped = |running: f64| Health {
+            scraped_ms: 1000,
+            scrape: Scrape {
+                running,
+                own_inflight: 1,
+                ..Scrape::default()
+            },
+            ..Health::default()
+        };
+        let idle = InFlight::default();
+        let l = backend_loads(
+            &[idle, idle],
+            &[scraped(1.0), scraped(4.0)],
+            1100,
+            2000,
+            &c.policy,
+        );
+        assert_eq!(l[0].load, 0.0, "our finished request is not load");
+        assert_eq!(l[1].load, 3.0, "three requests from other gateways are");
+    }
+}

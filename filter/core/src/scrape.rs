@@ -1,0 +1,134 @@
+//! One backend's `/metrics` reply → a [`Scrape`]: the gauges the load formula
+//! ([`crate::load`]) and the index's sizing use.
+//!
+//! For each quantity the configured names are tried in order and the first
+//! one present wins (vLLM's current name before its older one, then
+//! SGLang's); a metric with several label sets (one per model) is summed, or
+//! only the configured `model_name` is taken. Values are clamped to their
+//! meaning (counts ≥ 0, usage in 0..1, NaN and ±Inf read as 0): a hostile or
+//! broken `/metrics` can make a pod look busy or idle, never break routing.
+//! KV capacity comes from `vllm:cache_config_info`'s labels
+//! (`num_gpu_blocks × block_size` tokens).
+
+use crate::config::MetricNames;
+use crate::prometheus::{self, Sample};
+
+/// What one scrape of a backend said.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Scrape {
+    /// Requests in the running batch.
+    pub running: f64,
+    /// Requests queued.
+    pub waiting: f64,
+    /// KV cache usage, 0..1.
+    pub kv_usage: f64,
+    /// KV capacity in tokens, from `vllm:cache_config_info`.
+    pub capacity_tokens: Option<u64>,
+    /// This gateway's in-flight requests on the backend when the scrape answered.
+    pub own_inflight: u32,
+}
+
+/// The first configured name present wins; label sets are summed (or the
+/// largest taken, with `max`), or only the configured `model_name` is taken.
+fn pick(samples: &[Sample<'_>], names: &[String], model: Option<&str>, max: bool) -> Option<f64> {
+    names.iter().find_map(|n| {
+        let mut found = None;
+        for s in samples.iter().filter(|s| s.name == n) {
+            if let Some(m) = model {
+                if s.label("model_name").as_deref() != Some(m) {
+                    continue;
+                }
+            }
+            let v = if s.value.is_finite() { s.value } else { 0.0 };
+            found = Some(match found {
+                None => v,
+                Some(f) if max => f64::max(f, v),
+                Some(f) => f + v,
+            });
+        }
+        found
+    })
+}
+
+/// Extracts a [`Scrape`] from Prometheus text.
+pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
+    let mut samples = Vec::new();
+    prometheus::parse(text, |s| {
+        if s.name == "vllm:cache_config_info" || names_contain(names, s.name) {
+            samples.push(s)
+        }
+    });
+    let capacity_tokens = samples
+        .iter()
+        .find(|s| s.name == "vllm:cache_config_info")
+        .and_then(|s| {
+            let blocks: u64 = s.label("num_gpu_blocks")?.parse().ok()?;
+            let size: u64 = s.label("block_size")?.parse().ok()?;
+            blocks.checked_mul(size)
+        });
+    Scrape {
+        running: pick(&samples, &names.running, model, false)
+            .unwrap_or(0.0)
+            .max(0.0),
+        waiting: pick(&samples, &names.waiting, model, false)
+            .unwrap_or(0.0)
+            .max(0.0),
+        kv_usage: pick(&samples, &names.kv_usage, model, true)
+            .unwrap_or(0.0)
+            .clamp(0.0, 1.0),
+        capacity_tokens,
+        own_inflight: 0,
+    }
+}
+
+fn names_contain(names: &MetricNames, n: &str) -> bool {
+    [&names.running, &names.waiting, &names.kv_usage]
+        .iter()
+        .any(|l| l.iter().any(|x| x == n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn names() -> MetricNames {
+        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#)
+            .unwrap()
+            .metrics
+            .names
+    }
+
+    #[test]
+    fn extracts_vllm_and_sums_label_sets() {
+        let names = names();
+        let text = "vllm:num_requests_running{model_name=\"a\"} 3\nvllm:num_requests_running{model_name=\"b\"} 4\n\
+vllm:num_requests_waiting{model_name=\"a\"} 1\nvllm:gpu_cache_usage_perc{model_name=\"a\"} 0.5\n\
+vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1.0\n\
+vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_total{model_name=\"a\"} 40\n";
+        let s = extract(text, &names, None);
+        assert_eq!((s.running, s.waiting, s.kv_usage), (7.0, 1.0, 0.5));
+        assert_eq!(s.capacity_tokens, Some(16_000));
+        let only_b = extract(text, &names, Some("b"));
+        assert_eq!(only_b.running, 4.0);
+    }
+
+    #[test]
+    fn extracts_sglang_and_newer_name_wins() {
+        let names = names();
+        let s = extract(
+            "sglang:num_running_reqs 2\nsglang:num_queue_reqs 5\nsglang:token_usage 0.9\n",
+            &names,
+            None,
+        );
+        assert_eq!((s.running, s.waiting, s.kv_usage), (2.0, 5.0, 0.9));
+        let both = extract(
+            "vllm:kv_cache_usage_perc 0.2\nvllm:gpu_cache_usage_perc 0.7\n",
+            &names,
+            None,
+        );
+        assert_eq!(both.kv_usage, 0.2);
+    }
+}

@@ -1,0 +1,718 @@
+//! One worker VM's verbs: everything a proxy-wasm callback does, behind the
+//! [`Host`] trait, so the whole flow (headers → body → decision → response →
+//! log, the tick and its scrapes) runs natively in unit tests against
+//! [`crate::testing::MemoryHost`] and, unchanged, in Envoy.
+//!
+//! ```text
+//! on_request_headers  strip client routing headers; an inference POST pauses for its body
+//! on_request_body     at end of stream: parse → prompt key → Router::route → routing header
+//! on_response_body    first streamed byte: the prompt is prefilled (queue released)
+//! on_log              the request ends: its in-flight share is released
+//! tick                flush stats and releases, expire the index, re-read health;
+//!                     the lease holder dispatches the scrapes that are due
+//! on_scrape           a scrape reply (or failure) → health, shared with every VM
+//! ```
+//! A body that cannot be read (too large, compressed, not JSON, another
+//! shape) is still routed, by the load-only fallback, and proxied unchanged.
+//! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
+
+use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
+use crate::host::{Callout, Host};
+use crate::inflight::Delta;
+use crate::openai::{prompt_key, Endpoint, ParseError};
+use crate::phases::{Laps, Phase};
+use crate::router::{Request, Router, ANCHOR_BYTES};
+use crate::scheduler::Scheduler;
+use crate::scrape::extract;
+use crate::stats::{Fallback, Stats};
+use crate::steering;
+
+/// Response header carrying the decision when `debug_header` is on.
+pub const DEBUG_HEADER: &str = "x-warmroute";
+
+/// What the glue tells Envoy after a request callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Go on (the route is decided, or the request is not routed by us).
+    Continue,
+    /// Hold the request until more of the body arrives.
+    Pause,
+}
+
+/// One HTTP exchange's state between callbacks.
+#[derive(Debug, Default)]
+pub struct Exchange {
+    endpoint: Option<Endpoint>,
+    session: Option<String>,
+    awaiting_body: bool,
+    /// The backend this request was routed to.
+    chosen: Option<usize>,
+    /// What this request holds on `chosen` until released.
+    held: Delta,
+    debug: Option<String>,
+    response_done: bool,
+}
+
+/// One worker VM: its router, its stats, and (while it holds the lease) the scrapes.
+pub struct Worker {
+    router: Router,
+    stats: Stats,
+    scheduler: Scheduler,
+}
+
+impl Worker {
+    /// Parses and validates the plugin configuration and starts a worker:
+    /// defines its stats and sets the tick period.
+    pub fn configure<H: Host>(host: &H, config: &[u8]) -> Result<Worker, ConfigError> {
+        let cfg = Config::parse(config)?;
+        log::info!(
+            "warmroute: {} backends, strategy {}, route mode {:?} ({})",
+            cfg.backends.len(),
+            cfg.strategy.name(),
+            cfg.route.mode,
+            cfg.route.header
+        );
+        // The tick also ages the index out, so it runs even without scraping.
+        if host.set_tick_period_ms(cfg.metrics.period_ms).is_err() {
+            log::warn!("warmroute: could not set the tick period; metrics will not be scraped");
+        }
+        let stats = Stats::define(&cfg, host);
+        let scheduler = Scheduler::new(cfg.backends.len());
+        Ok(Worker {
+            router: Router::new(cfg, host),
+            stats,
+            scheduler,
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        self.router.config()
+    }
+
+    /// The routing state (for tests and benches that look inside).
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// Request headers: strips client routing headers, reads the session, and
+    /// either routes at once (no body to read) or pauses for the body.
+    pub fn on_request_headers<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        end_of_stream: bool,
+    ) -> Step {
+        // One host call for every header read here: each call crosses the VM boundary
+        // (and back, for the host to allocate the answer), which costs more than a scan.
+        let headers = host.request_headers();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| String::from_utf8_lossy(v))
+        };
+        let cfg = self.router.config();
+        for h in steering::forbidden_client_headers(cfg) {
+            if header(h).is_some() {
+                let _ = host.set_request_header(h, None);
+            }
+        }
+        ex.session = header(&cfg.session_header).map(|v| v.into_owned());
+        let max_body = cfg.max_body_bytes;
+        let post = header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));
+        ex.endpoint = header(":path")
+            .filter(|_| post)
+            .and_then(|p| Endpoint::from_path(&p));
+        if ex.endpoint.is_none() {
+            self.route(host, ex, None, None, Laps::start(host));
+            return Step::Continue;
+        }
+        let encoded =
+            header("content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
+        let too_large = header("content-length")
+            .and_then(|l| l.trim().parse::<usize>().ok())
+            .is_some_and(|l| l > max_body);
+        let fallback = if end_of_stream {
+            Some(Fallback::NoBody)
+        } else if encoded {
+            Some(Fallback::Compressed)
+        } else if too_large {
+            Some(Fallback::TooLarge)
+        } else {
+            None
+        };
+        match fallback {
+            Some(f) => {
+                self.route(host, ex, None, Some(f), Laps::start(host));
+                Step::Continue
+            }
+            None => {
+                // Hold the route until the body is read (needs allow_on_headers_stop_iteration).
+                ex.awaiting_body = true;
+                Step::Pause
+            }
+        }
+    }
+
+    /// A request body chunk: at end of stream the body is read and routed.
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Step {
+        if !ex.awaiting_body {
+            return Step::Continue;
+        }
+        if body_size > self.router.config().max_body_bytes {
+            ex.awaiting_body = false;
+            self.route(host, ex, None, Some(Fallback::TooLarge), Laps::start(host));
+            return Step::Continue;
+        }
+        if !end_of_stream {
+            return Step::Pause;
+        }
+        ex.awaiting_body = false;
+        let mut laps = Laps::start(host);
+        let body = host.request_body(body_size).unwrap_or_default();
+        laps.lap(host, Phase::Body);
+        self.route(host, ex, Some(&body), None, laps);
+        Step::Continue
+    }
+
+    /// Decides, writes the routing header, accounts the request.
+    fn route<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        body: Option<&[u8]>,
+        fallback: Option<Fallback>,
+        mut laps: Laps,
+    ) {
+        let cfg = self.router.config();
+        let mut why = fallback;
+        let key = match (ex.endpoint, body) {
+            (Some(e), Some(b)) if b.len() <= cfg.max_body_bytes => {
+                match prompt_key(e, b, cfg.block_bytes, ANCHOR_BYTES) {
+                    Ok(k) => Some(k),
+                    Err(ParseError::NotJson) => {
+                        why = Some(Fallback::NotJson);
+                        None
+                    }
+                    Err(ParseError::Shape) => {
+                        why = Some(Fallback::BadShape);
+                        None
+                    }
+                }
+            }
+            (Some(_), Some(_)) => {
+                why = Some(Fallback::TooLarge);
+                None
+            }
+            _ => None,
+        };
+        laps.lap(host, Phase::Parse);
+        if let Some(w) = why {
+            self.stats.fell_back(w);
+            log::debug!("warmroute: fallback routing: {}", w.name());
+        } else if ex.endpoint.is_none() {
+            self.stats.passed_through();
+        }
+        let routed = self.router.route(
+            host,
+            &Request {
+                key: key.as_ref(),
+                session: ex.session.as_deref(),
+            },
+        );
+        laps.lap(host, Phase::Route);
+        let primary = routed.decision.order.first().copied().unwrap_or(0);
+        ex.chosen = Some(primary);
+        ex.held = routed.held;
+        self.stats.decided(
+            routed.decision.reason,
+            primary,
+            (routed.decision.matched, routed.blocks),
+            routed.host_errors,
+            routed.log_gap,
+        );
+        let cfg = self.router.config();
+        if let Some((name, value)) = steering::route_header(cfg, &routed.decision.order) {
+            if host.set_request_header(name, Some(&value)).is_err() {
+                log::warn!("warmroute: could not set {name}");
+            }
+        }
+        laps.lap(host, Phase::Header);
+        laps.done();
+        if cfg.debug_header {
+            let backend = cfg.backends.get(primary).map_or("", |b| b.name.as_str());
+            ex.debug = Some(format!(
+                "backend={backend};match={}/{};reason={}{}",
+                routed.decision.matched,
+                routed.blocks,
+                routed.decision.reason.name(),
+                why.map(|w| format!(";fallback={}", w.name()))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+
+    /// Response headers: adds the debug header when configured.
+    pub fn on_response_headers<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        end_of_stream: bool,
+    ) {
+        ex.response_done = end_of_stream;
+        if let Some(d) = &ex.debug {
+            let _ = host.add_response_header(DEBUG_HEADER, d);
+        }
+    }
+
+    /// A response body chunk: the first streamed byte means the prompt is
+    /// prefilled, so others stop queueing behind it. A response that ends
+    /// here is released whole in [`Worker::on_log`].
+    pub fn on_response_body(&mut self, ex: &mut Exchange, body_size: usize, end_of_stream: bool) {
+        ex.response_done |= end_of_stream;
+        if body_size > 0 && !end_of_stream && ex.held.prefill_blocks > 0 {
+            if let Some(b) = ex.chosen {
+                self.router.prefilled(b, &mut ex.held);
+            }
+        }
+    }
+
+    /// The exchange is over (every outcome): counts it and releases what it held.
+    pub fn on_log<H: Host>(&mut self, host: &H, ex: &mut Exchange) {
+        let Some(b) = ex.chosen.take() else { return };
+        // A stream reset after the headers still has a :status; Envoy's details tell the
+        // truth. A response whose last byte passed this filter was not reset upstream,
+        // which spares most requests that host call.
+        let reset = !ex.response_done
+            && host
+                .response_details()
+                .is_some_and(|d| d.contains("reset") || d.contains("disconnect"));
+        let status = host
+            .response_status()
+            .and_then(|v| v.parse().ok())
+            .filter(|_| !reset);
+        self.stats.finished(status);
+        let held = std::mem::take(&mut ex.held);
+        if let Err(e) = self.router.release(host, b, held) {
+            log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
+        }
+    }
+
+    /// The root context's tick: flushes stats and pending releases, ages the
+    /// index, re-reads health, refreshes the gauges and, in the VM holding
+    /// the scrape lease, dispatches the scrapes that are due.
+    pub fn tick<H: Host>(&mut self, host: &H) {
+        self.stats.flush(host);
+        // Before the gauges below read the ledger.
+        if let Err(e) = self.router.flush_releases(host) {
+            log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
+        }
+        let now = host.now_ms();
+        self.router.expire(now);
+        if let Err(e) = self.router.refresh_health(host) {
+            log::debug!("warmroute: health not refreshed: {e:?}");
+        }
+        let inflight = self.router.inflight(host).unwrap_or_default();
+        let healthy: Vec<bool> = self.router.health().iter().map(|h| !h.down).collect();
+        self.stats.gauges(host, &inflight, &healthy);
+        self.scrape(host, now);
+    }
+
+    /// Takes or renews the scrape lease and dispatches what is due.
+    fn scrape<H: Host>(&mut self, host: &H, now: u64) {
+        let m = &self.router.config().metrics;
+        if !m.enabled {
+            return;
+        }
+        let (ttl, lost_after) = (3 * m.period_ms, m.timeout_ms + m.period_ms);
+        let vm = self.router.vm_id();
+        if !self.router.store(host).try_lease(vm, ttl).unwrap_or(false) {
+            self.scheduler.reset();
+            return;
+        }
+        let due = self.scheduler.due(now, lost_after);
+        for b in due.lost {
+            self.scrape_failed(host, b, now);
+        }
+        for b in due.scrape {
+            let cfg = self.router.config();
+            let Some(backend) = cfg.backends.get(b) else {
+                continue;
+            };
+            let call = Callout {
+                cluster: &cfg.metrics.cluster,
+                headers: vec![
+                    (":method", "GET"),
+                    (":path", &backend.metrics_path),
+                    (":authority", &backend.host),
+                    (ENDPOINT_HEADER, &backend.address),
+                ],
+                timeout_ms: cfg.metrics.timeout_ms,
+            };
+            match host.dispatch(&call) {
+                Ok(token) => self.scheduler.dispatched(b, token, now),
+                Err(e) => {
+                    log::debug!(
+                        "warmroute: scrape of {} not dispatched: {e:?}",
+                        backend.name
+                    );
+                    self.scrape_failed(host, b, now);
+                }
+            }
+        }
+    }
+
+    fn scrape_failed<H: Host>(&mut self, host: &H, backend: usize, now: u64) {
+        let _ = self.router.record_scrape(host, backend, None, now);
+        self.stats.scraped(false);
+    }
+
+    /// A callout reply (`num_headers == 0`: Envoy failed or timed it out).
+    pub fn on_scrape<H: Host>(
+        &mut self,
+        host: &H,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+    ) {
+        let Some(b) = self.scheduler.completed(token) else {
+            return;
+        };
+        let status = (num_headers > 0).then(|| host.callout_status()).flatten();
+        let cfg = &self.router.config().metrics;
+        let scrape = match status.as_deref() {
+            Some("200") => host.callout_body(body_size).map(|body| {
+                extract(
+                    &String::from_utf8_lossy(&body),
+                    &cfg.names,
+                    cfg.model_name.as_deref(),
+                )
+            }),
+            _ => None,
+        };
+        self.stats.scraped(scrape.is_some());
+        // What the scrape counts of this gateway's own traffic (see `load`).
+        let scrape = scrape.map(|mut sc| {
+            let inflight = self.router.inflight(host).unwrap_or_default();
+            sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
+            sc
+        });
+        let now = host.now_ms();
+        // This VM holds the scrape lease, so its own view is the last health written.
+        let was_down = self.router.health().get(b).map(|x| x.down);
+        let result = self.router.record_scrape(host, b, scrape, now);
+        let name = self
+            .router
+            .config()
+            .backends
+            .get(b)
+            .map_or("", |x| x.name.as_str());
+        match result {
+            Ok(h) if h.down && was_down == Some(false) => {
+                log::warn!(
+                    "warmroute: backend {name} out of rotation after {} failed scrapes",
+                    h.failures
+                )
+            }
+            Ok(h) if !h.down && was_down == Some(true) => {
+                log::info!("warmroute: backend {name} back in rotation")
+            }
+            Ok(_) => {}
+            Err(e) => log::debug!("warmroute: health update for {name} lost: {e:?}"),
+        }
+    }
+
+    /// The VM is going away (reconfiguration, drain): what waits for the tick goes now.
+    pub fn on_done<H: Host>(&mut self, host: &H) {
+        self.stats.flush(host);
+        if let Err(e) = self.router.flush_releases(host) {
+            log::warn!("warmroute: in-flight releases lost at shutdown: {e:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{MemoryHost, Reply, TestExchange};
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const CONFIG: &str = r#"{"backends":[
+        {"name":"a","address":"127.0.0.1:1"},
+        {"name":"b","address":"127.0.0.1:2"},
+        {"name":"c","address":"127.0.0.1:3"}],
+        "metrics":{"period_ms":500,"timeout_ms":400,"unhealthy_after":2}}"#;
+
+    const METRICS: &str = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n\
+vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"1000\"} 1\n";
+
+    fn worker(host: &MemoryHost) -> Worker {
+        Worker::configure(host, CONFIG.as_bytes()).unwrap()
+    }
+
+    fn chat_body(user: &str) -> Vec<u8> {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"{user}"}}]}}"#,
+            "s".repeat(600)
+        )
+        .into_bytes()
+    }
+
+    /// Drives one request through the callbacks up to the routing decision.
+    fn send(w: &mut Worker, host: &MemoryHost, headers: &[(&str, &str)], body: &[u8]) -> Exchange {
+        *host.exchange.borrow_mut() = TestExchange::request(headers, body);
+        let mut ex = Exchange::default();
+        if w.on_request_headers(host, &mut ex, body.is_empty()) == Step::Pause {
+            assert_eq!(
+                w.on_request_body(host, &mut ex, body.len() / 2, false),
+                Step::Pause
+            );
+            assert_eq!(
+                w.on_request_body(host, &mut ex, body.len(), true),
+                Step::Continue
+            );
+        }
+        ex
+    }
+
+    fn chat_headers() -> Vec<(&'static str, &'static str)> {
+        vec![
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+        ]
+    }
+
+    fn routed_to(host: &MemoryHost) -> Option<String> {
+        host.exchange.borrow().header(ENDPOINT_HEADER)
+    }
+
+    fn inflight(w: &Worker, host: &MemoryHost) -> Vec<u32> {
+        w.router
+            .store(host)
+            .inflight()
+            .unwrap()
+            .iter()
+            .map(|f| f.requests)
+            .collect()
+    }
+
+    /// Answers every callout dispatched since the last call with `reply`.
+    fn answer(w: &mut Worker, host: &MemoryHost, reply: impl Fn(&str) -> Reply) {
+        for c in host.take_callouts() {
+            let r = reply(c.header(ENDPOINT_HEADER).unwrap_or_default());
+            let (headers, size) = (usize::from(r.status.is_some()), r.body.len());
+            *host.reply.borrow_mut() = r;
+            w.on_scrape(host, c.token, headers, size);
+        }
+    }
+
+    fn ok(body: &str) -> Reply {
+        Reply {
+            status: Some("200".into()),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_request_is_routed_through_the_callbacks() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let mut headers = chat_headers();
+        // A client's own routing header is never what Envoy sees.
+        headers.push((ENDPOINT_HEADER, "10.9.9.9:80"));
+        let body = chat_body("hello");
+        let mut ex = send(&mut w, &host, &headers, &body);
+        let dest = routed_to(&host).unwrap();
+        assert!(dest.starts_with("127.0.0.1:"), "{dest}");
+        assert!(!dest.contains("10.9.9.9"));
+        assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 1);
+        host.exchange.borrow_mut().status = Some("200".into());
+        w.on_response_headers(&host, &mut ex, false);
+        w.on_response_body(&mut ex, 10, false);
+        w.on_response_body(&mut ex, 0, true);
+        w.on_log(&host, &mut ex);
+        assert_eq!(
+            inflight(&w, &host),
+            vec![0, 0, 0],
+            "the only open request wrote its release"
+        );
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.requests.cache_aware.2xx"), Some(1));
+        assert_eq!(host.metric("warmroute.decision.placed"), Some(1));
+    }
+
+    #[test]
+    fn an_unreadable_body_is_still_routed() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let mut ex = send(&mut w, &host, &chat_headers(), b"{not json");
+        assert!(routed_to(&host).is_some());
+        w.on_log(&host, &mut ex);
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.fallback.not_json"), Some(1));
+        assert_eq!(host.metric("warmroute.decision.fallback"), Some(1));
+    }
+
+    #[test]
+    fn a_tick_scrapes_every_backend_and_sizes_the_index() {
+        let host = MemoryHost::default();
+        host.now.set(1000);
+        let mut w = worker(&host);
+        w.tick(&host);
+        let sent = host.take_callouts();
+        let mut dests: Vec<&str> = sent
+            .iter()
+            .map(|c| c.header(ENDPOINT_HEADER).unwrap_or_default())
+            .collect();
+        dests.sort();
+        assert_eq!(dests, vec!["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]);
+        assert!(sent.iter().all(|c| c.cluster == "pool"
+            && c.header(":path") == Some("/metrics")
+            && c.timeout_ms == 400));
+        // Pending scrapes are not sent again until answered.
+        w.tick(&host);
+        assert!(host.take_callouts().is_empty());
+        for c in &sent {
+            *host.reply.borrow_mut() = ok(METRICS);
+            w.on_scrape(&host, c.token, 1, METRICS.len());
+        }
+        let h = w.router.health();
+        assert!(h
+            .iter()
+            .all(|h| h.scraped_ms == 1000 && h.scrape.running == 1.0));
+        assert_eq!(h[0].scrape.capacity_tokens, Some(16_000));
+        w.tick(&host);
+        assert_eq!(
+            host.take_callouts().len(),
+            3,
+            "answered scrapes are due again"
+        );
+        assert_eq!(host.metric("warmroute.scrape.ok"), Some(3));
+    }
+
+    #[test]
+    fn a_pod_that_stops_answering_leaves_rotation_and_comes_back() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let down = |dest: &str| {
+            if dest == "127.0.0.1:2" {
+                // Envoy reports a failed callout as a reply without headers.
+                Reply::default()
+            } else {
+                ok(METRICS)
+            }
+        };
+        for t in 1..=2 {
+            host.now.set(t * 500);
+            w.tick(&host);
+            answer(&mut w, &host, down);
+        }
+        assert_eq!(
+            w.router.health().iter().map(|h| h.down).collect::<Vec<_>>(),
+            vec![false, true, false]
+        );
+        // No request goes to it while it is down.
+        for i in 0..12 {
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("q{i}")));
+            assert_ne!(routed_to(&host).as_deref(), Some("127.0.0.1:2"));
+            w.on_log(&host, &mut ex);
+        }
+        // One good scrape brings it back, and the gauge says so at the next tick.
+        host.now.set(1500);
+        w.tick(&host);
+        answer(&mut w, &host, |_| ok(METRICS));
+        assert!(w.router.health().iter().all(|h| !h.down));
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(1));
+        assert_eq!(host.metric("warmroute.scrape.failed"), Some(2));
+    }
+
+    #[test]
+    fn a_scrape_that_never_returns_counts_as_failed() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        w.tick(&host);
+        assert_eq!(host.take_callouts().len(), 3);
+        // Lost after timeout + period (900 ms): failed, and scraped again.
+        host.now.set(901);
+        w.tick(&host);
+        assert_eq!(host.take_callouts().len(), 3);
+        assert!(w.router.health().iter().all(|h| h.failures == 1));
+    }
+
+    #[test]
+    fn the_scrape_lease_passes_to_another_worker() {
+        let host = MemoryHost::default();
+        let mut a = worker(&host);
+        let mut b = worker(&host);
+        a.tick(&host);
+        assert_eq!(
+            host.take_callouts().len(),
+            3,
+            "the first to tick takes the lease"
+        );
+        b.tick(&host);
+        assert!(host.take_callouts().is_empty(), "one scraper per Envoy");
+        // A stops ticking (its VM is gone): its lease expires after 3 periods.
+        host.now.set(1500);
+        b.tick(&host);
+        assert!(
+            host.take_callouts().is_empty(),
+            "not before the lease expires"
+        );
+        host.now.set(1501);
+        b.tick(&host);
+        let sent = host.take_callouts();
+        assert_eq!(sent.len(), 3);
+        // B's scrapes reach A's view at A's next tick.
+        for c in &sent {
+            *host.reply.borrow_mut() = ok(METRICS);
+            b.on_scrape(&host, c.token, 1, METRICS.len());
+        }
+        a.tick(&host);
+        assert!(host.take_callouts().is_empty(), "A lost the lease");
+        assert!(a.router.health().iter().all(|h| h.scraped_ms == 1501));
+    }
+
+    #[test]
+    fn releases_wait_for_the_tick_while_others_are_open() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let mut first = send(&mut w, &host, &chat_headers(), &chat_body("one"));
+        let mut second = send(&mut w, &host, &chat_headers(), &chat_body("two"));
+        assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 2);
+        // One ends while the other is open: the ledger hears of it at the tick.
+        w.on_log(&host, &mut first);
+        assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 2);
+        w.tick(&host);
+        assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 1);
+        let open = w.router.inflight(&host).unwrap();
+        let b = open.iter().position(|f| f.requests == 1).unwrap();
+        let name = &w.config().backends[b].name;
+        assert_eq!(
+            host.metric(&format!("warmroute.backend.{name}.inflight")),
+            Some(1)
+        );
+        w.on_log(&host, &mut second);
+        assert_eq!(inflight(&w, &host), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn a_bad_config_names_its_field() {
+        let host = MemoryHost::default();
+        let e = match Worker::configure(&host, br#"{"backends":[{"name":"a","address":"x"}]}"#) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e,
+        };
+        assert_eq!(e.field, "backends[0].address");
+    }
+}
