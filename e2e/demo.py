@@ -9,13 +9,11 @@ the fleet's prefix-cache hit rate for both. Everything is stopped at the end.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from fleet import LOADGEN_BIN, Fleet
+from warmroute_harness import Fleet, run_loadgen
 
 # A short run: 12 agents x 8 steps; the sims run 10x faster than a real H100, and one
 # replica's KV cache (30k tokens) cannot hold every agent's context at once.
@@ -25,12 +23,8 @@ WORKLOAD = ["agent", "--agents", "12", "--steps", "8", "--system-tokens", "1500"
 
 def run(label: str, logdir: Path, **fleet_kwargs) -> dict:
     with Fleet(3, SIM_ARGS, logdir=logdir, **fleet_kwargs) as f:
-        out = logdir / f"{label}.json"
-        cmd = [str(LOADGEN_BIN), *WORKLOAD, "--target", f"http://127.0.0.1:{f.envoy.port}", "--json", str(out), "--quiet"]
-        for s in f.sims:
-            cmd += ["--backend", f"http://{s.address}"]
-        subprocess.run(cmd, check=True)
-        report = json.loads(out.read_text())
+        report = run_loadgen(WORKLOAD, [f"http://127.0.0.1:{f.envoy.port}"], [f"http://{s.address}" for s in f.sims],
+                             logdir / f"{label}.json")
         report["decisions"] = {k.removeprefix("wasmcustom.warmroute.decision."): v
                                for k, v in f.envoy.stats().items()
                                if k.startswith("wasmcustom.warmroute.decision.") and v != "0"}

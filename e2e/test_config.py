@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleet import ROOT, Envoy, Sim, envoy_binary
+from warmroute_harness import ROOT, Envoy, Sim, envoy_binary
 
 
 def validate(overrides: dict) -> subprocess.CompletedProcess:

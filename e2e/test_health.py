@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from fleet import MODEL, Fleet, post, words
+from warmroute_harness import MODEL, Fleet, post, words
 
 PERIOD_MS = 200
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from fleet import MODEL, ROOT, Fleet, chat, post, words
+from warmroute_harness import MODEL, ROOT, Fleet, chat, post, words
 
 FAST = ["--time-scale", "20"]
 

@@ -1,0 +1,327 @@
+"""The cost of the filter: added latency, throughput and CPU per request against an instant
+backend (overhead), Envoy's memory after many distinct prefixes (memory), and the native
+decision-time curve (decision).
+
+Routing quality hides the filter's own cost behind the sims' compute, so these runs put
+Envoy in front of a backend that answers at once. The helper crates they build are members
+of the root Cargo workspace: the floor filter (bench/floor-filter) and the decision bench
+(bench/decision); the phase-timing variant of warmroute gets its own target folder so it
+never replaces the shipped build's output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+from statistics import median
+
+from measure import loadgen, proc_cpu_s, proc_rss_kb
+from quality import Bench
+from warmroute_harness import ROOT, Envoy, Sim, free_port, get, spawn_envoy, stop_envoy
+
+# The cargo package of the Wasm filter, whose phase-timing variant the overhead section builds.
+FILTER_PACKAGE = "warmroute-filter"
+FLOOR_PACKAGE = "warmroute-floor-filter"
+DECISION_PACKAGE = "warmroute-decision-bench"
+
+
+def cargo_build(*args: str) -> Path:
+    """`cargo build --release <args>` from the repository root; returns the artifact of the
+    package built (an executable, or a .wasm). Cargo reports where it wrote each artifact,
+    dependencies first, so no target path or library name is spelled out here."""
+    p = subprocess.run(["cargo", "build", "--release", "-q", "--message-format=json-render-diagnostics", *args],
+                       check=True, timeout=900, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    found = None
+    for line in p.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact":
+            files = [msg["executable"]] if msg.get("executable") else [f for f in msg["filenames"] if f.endswith(".wasm")]
+            found = Path(files[0]) if files else found
+    if found is None:
+        raise RuntimeError(f"cargo build {' '.join(args)} reported no executable or .wasm")
+    return found
+
+
+SSE_BODY = (
+    'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"ok"}}]}\n\n'
+    'data: {"id":"x","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":1,'
+    '"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}\n\n'
+    "data: [DONE]\n\n"
+)
+METRICS_BODY = (
+    "vllm:num_requests_running{model_name=\"sim\"} 0\n"
+    "vllm:num_requests_waiting{model_name=\"sim\"} 0\n"
+    "vllm:kv_cache_usage_perc{model_name=\"sim\"} 0\n"
+    "vllm:prefix_cache_hits_total{model_name=\"sim\"} 0\n"
+    "vllm:prefix_cache_queries_total{model_name=\"sim\"} 0\n"
+)
+
+
+class InstantBackend:
+    """An Envoy answering every request at once (direct_response), after reading the whole body
+    (buffer filter), on one port per replica: the same backend for runs with and without the filter."""
+
+    def __init__(self, replicas: int, logdir: Path):
+        self.ports = [free_port() for _ in range(replicas)]
+        self.admin = free_port()
+        self.logdir = logdir
+        self.proc: subprocess.Popen | None = None
+
+    def config(self) -> dict:
+        listeners = []
+        for i, p in enumerate(self.ports):
+            listeners.append({
+                "name": f"instant-{i}",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": p}},
+                "per_connection_buffer_limit_bytes": 16777216,
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": f"instant{i}",
+                        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+                            {"match": {"prefix": "/metrics"},
+                             "direct_response": {"status": 200, "body": {"inline_string": METRICS_BODY}}},
+                            {"match": {"prefix": "/"},
+                             "direct_response": {"status": 200, "body": {"inline_string": SSE_BODY}},
+                             "response_headers_to_add": [
+                                 {"header": {"key": "content-type", "value": "text/event-stream"},
+                                  "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+                                 {"header": {"key": "x-sim-replica", "value": f"sim-{i}"},
+                                  "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]},
+                        ]}]},
+                        "http_filters": [
+                            {"name": "envoy.filters.http.buffer", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                                "max_request_bytes": 4194304}},
+                            {"name": "envoy.filters.http.router", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+                        ],
+                    }}]}],
+            })
+        return {"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": self.admin}}},
+                "static_resources": {"listeners": listeners}}
+
+    def __enter__(self) -> "InstantBackend":
+        self.proc = spawn_envoy(self.config(), "instant", self.logdir, self.admin, concurrency=1, level="warning")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        stop_envoy(self.proc, grace=10)
+
+    def sims(self) -> list[Sim]:
+        return [Sim(f"sim-{i}", p) for i, p in enumerate(self.ports)]
+
+
+def uniform_args(words: int, requests: int, seed: int) -> list[str]:
+    return ["uniform", "--api", "chat", "--prompt-tokens", str(words), "--output-tokens", "1",
+            "--requests", str(requests), "--rate", "1000000", "--seed", str(seed)]
+
+
+PHASES_LINE = re.compile(r"warmroute phases: n=(\d+) body_ns=(\d+) parse_ns=(\d+) route_ns=(\d+) header_ns=(\d+)")
+
+
+def build_phases_filter() -> Path:
+    """warmroute built with `phase-timing`: it logs where a request's time goes inside the VM.
+
+    Built in its own target folder: the variant has the shipped module's file name, and in
+    the workspace's folder it would replace the build `make wasm` copies to dist/."""
+    return cargo_build("--target", "wasm32-wasip1", "-p", FILTER_PACKAGE, "--features", "phase-timing",
+                       "--target-dir", str(ROOT / "target" / "bench-phases"))
+
+
+def phase_breakdown(log: Path) -> dict:
+    """Mean µs per phase over every `warmroute phases` line an Envoy log holds."""
+    lines = [tuple(map(int, m.groups())) for m in PHASES_LINE.finditer(log.read_text(errors="replace"))]
+    n = sum(x[0] for x in lines)
+    names = ["body", "parse", "route", "header"]
+    return {"requests": n, **{f"{k}_us": sum(x[0] * x[i + 1] for x in lines) / max(n, 1) / 1000
+                              for i, k in enumerate(names)}}
+
+
+def build_floor_filter() -> Path:
+    """bench/floor-filter: target/wasm32-wasip1/release/floor.wasm."""
+    return cargo_build("--target", "wasm32-wasip1", "-p", FLOOR_PACKAGE)
+
+
+# The gateways of the overhead section: no filter, the floor any body-routing Wasm filter pays
+# (bench/floor-filter), and warmroute.
+GATEWAYS = ("nofilter", "floor", "warmroute")
+
+
+def overhead(b: Bench) -> dict:
+    """Added latency, max throughput and CPU per request, with vs without the filter.
+
+    The gateways (same Envoy binary and config: no filter, the floor filter, warmroute) run side
+    by side in front of the same instant backend, and the measurement alternates between them in
+    rounds (ABC, CBA, ...): this machine's speed drifts by 2x over minutes (shared cores), so
+    sequential phases measure the drift as much as the filter. Added latency is the median over
+    rounds of the paired per-round p50/p99 differences. The floor filter holds the headers,
+    buffers the body, reads it into the VM and writes the routing header, nothing else: what
+    Envoy charges any filter that routes on the body, which warmroute cannot go below."""
+    print("== cost of the filter", flush=True)
+    floor_wasm = build_floor_filter()
+    phases_wasm = build_phases_filter()
+    rdir = b.logdir / "overhead"
+    rdir.mkdir()
+    # 1 KB and 128 KB chat bodies (pseudo-words are ~8.5 bytes with JSON overhead).
+    sizes = {"1KB": 110, "128KB": 15000}
+    rounds = 4 if b.quick else 8
+    out: dict = {"runs": [], "rounds": rounds}
+    lat_n = {"1KB": 600 if b.quick else 3000, "128KB": 200 if b.quick else 1000}
+    thr_n = {"1KB": 1500 if b.quick else 8000, "128KB": 300 if b.quick else 1500}
+    # Production settings: the debug response header is a troubleshooting aid, off by default.
+    filter_cfg = {"strategy": "cache_aware", "debug_header": False}
+    with InstantBackend(3, rdir) as be:
+        # Client floor: straight to the backend (no gateway) — what the client itself adds.
+        floor = loadgen(uniform_args(110, lat_n["1KB"], 7), [f"http://127.0.0.1:{be.ports[0]}"], [],
+                        rdir / "floor.json", 120, ["--concurrency", "1"])
+        out["client_floor_1KB"] = {"e2e_ms": floor["e2e_ms"], "client_cpu_util": floor["client_cpu_util"]}
+        out["compare"] = []
+        for workers in (1, 2):
+            for size, words in sizes.items():
+                gw = {"nofilter": Envoy(be.sims(), concurrency=workers, with_filter=False, lb="round_robin"),
+                      "floor": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg,
+                                     wasm_file=floor_wasm),
+                      "warmroute": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg)}
+                for e in gw.values():
+                    e.start(rdir)
+                per: dict = {g: {"p50": [], "p99": [], "mean": [], "cpu_seq": [], "rps": [], "cpu_load": [],
+                                 "errors": 0} for g in gw}
+                try:
+                    for g, e in gw.items():  # warm-up (connections, VM, index)
+                        loadgen(uniform_args(words, 50, 99), [f"http://127.0.0.1:{e.port}"], [],
+                                rdir / f"{size}-{workers}w-{g}-warm.json", 60, ["--concurrency", "1"])
+                    for r in range(rounds):
+                        for g in (GATEWAYS if r % 2 == 0 else GATEWAYS[::-1]):
+                            e, m = gw[g], per[g]
+                            tag = f"{size}-{workers}w-{g}-r{r}"
+                            target = [f"http://127.0.0.1:{e.port}"]
+                            c0 = proc_cpu_s(e.proc.pid)
+                            lat = loadgen(uniform_args(words, lat_n[size] // rounds, 1 + r), target, [],
+                                          rdir / f"{tag}-lat.json", 120, ["--concurrency", "1"])
+                            c1 = proc_cpu_s(e.proc.pid)
+                            thr = loadgen(uniform_args(words, thr_n[size] // rounds, 100 + r), target, [],
+                                          rdir / f"{tag}-thr.json", 120, ["--concurrency", "32", "--threads", "1"])
+                            c2 = proc_cpu_s(e.proc.pid)
+                            m["p50"].append(lat["e2e_ms"]["p50"])
+                            m["p99"].append(lat["e2e_ms"]["p99"])
+                            m["mean"].append(lat["e2e_ms"]["mean"])
+                            m["cpu_seq"].append((c1 - c0) / max(lat["ok"], 1) * 1e6)
+                            m["rps"].append(thr["throughput_rps"])
+                            m["cpu_load"].append((c2 - c1) / max(thr["ok"], 1) * 1e6)
+                            m["errors"] += lat["errors"] + thr["errors"]
+                finally:
+                    for e in gw.values():
+                        e.stop()
+                for g, m in per.items():
+                    run = {"size": size, "workers": workers, "gateway": g,
+                           "p50_ms": median(m["p50"]), "p99_ms": median(m["p99"]), "mean_ms": median(m["mean"]),
+                           "cpu_us_per_req_seq": median(m["cpu_seq"]), "max_rps": median(m["rps"]),
+                           "cpu_us_per_req_load": median(m["cpu_load"]), "errors": m["errors"],
+                           "p50_ms_rounds": m["p50"]}
+                    out["runs"].append(run)
+                    print(f"  {size}-{workers}w-{g:9s} p50 {run['p50_ms'] * 1000:7.0f} us  "
+                          f"p99 {run['p99_ms'] * 1000:7.0f} us  max {run['max_rps']:7.0f} rps  "
+                          f"cpu/req {run['cpu_us_per_req_load']:6.0f} us  err {run['errors']}", flush=True)
+
+                def paired(x: str, y: str, k: str) -> list[float]:
+                    return [(b_ - a_) * 1000 for a_, b_ in zip(per[x][k], per[y][k])]
+
+                def ratio(x: str, y: str, k: str) -> float:
+                    return median([b_ / max(a_, 1e-9) for a_, b_ in zip(per[x][k], per[y][k])])
+
+                added = paired("nofilter", "warmroute", "p50")
+                out["compare"].append({
+                    "size": size, "workers": workers,
+                    "added_p50_us": median(added),
+                    "added_p99_us": median(paired("nofilter", "warmroute", "p99")),
+                    "added_p50_us_rounds": added,
+                    "floor_added_p50_us": median(paired("nofilter", "floor", "p50")),
+                    "floor_added_p99_us": median(paired("nofilter", "floor", "p99")),
+                    "over_floor_p50_us": median(paired("floor", "warmroute", "p50")),
+                    "throughput_ratio": ratio("nofilter", "warmroute", "rps"),
+                    "cpu_per_req_ratio": ratio("nofilter", "warmroute", "cpu_load"),
+                    "floor_cpu_per_req_ratio": ratio("nofilter", "floor", "cpu_load"),
+                    "cpu_us_per_req_filter": median(per["warmroute"]["cpu_load"]),
+                    "cpu_us_per_req_floor": median(per["floor"]["cpu_load"]),
+                    "cpu_us_per_req_nofilter": median(per["nofilter"]["cpu_load"]),
+                })
+                c = out["compare"][-1]
+                # Where warmroute's time goes inside the VM: a separate pass through the build that
+                # times its phases with the host clock (each lap is a host call, so never in the rounds).
+                pe = Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg, wasm_file=phases_wasm)
+                pe.start(rdir)
+                try:
+                    loadgen(uniform_args(words, lat_n[size] // 4, 55), [f"http://127.0.0.1:{pe.port}"], [],
+                            rdir / f"{size}-{workers}w-phases.json", 120, ["--concurrency", "1"])
+                finally:
+                    pe.stop()
+                c["phases"] = phase_breakdown(rdir / f"envoy-{pe.port}.log")
+                print(f"  {size}-{workers}w inside the VM (mean over {c['phases']['requests']} requests): "
+                      + ", ".join(f"{k} {c['phases'][f'{k}_us']:.0f} us" for k in ("body", "parse", "route", "header")),
+                      flush=True)
+                print(f"  {size}-{workers}w added p50 {c['added_p50_us']:.0f} us (rounds: "
+                      f"{', '.join(f'{x:.0f}' for x in added)}); floor {c['floor_added_p50_us']:.0f} us, "
+                      f"warmroute over floor {c['over_floor_p50_us']:.0f} us; CPU/req x{c['cpu_per_req_ratio']:.2f} "
+                      f"(floor x{c['floor_cpu_per_req_ratio']:.2f})", flush=True)
+    return out
+
+
+def memory(b: Bench) -> dict:
+    """Envoy memory before/after N distinct-prefix requests through the filter."""
+    n = 10_000 if b.quick else 100_000
+    print(f"== memory after {n} distinct prefixes", flush=True)
+    rdir = b.logdir / "memory"
+    rdir.mkdir()
+    with InstantBackend(3, rdir) as be:
+        e = Envoy(be.sims(), concurrency=2, filter_overrides={"strategy": "cache_aware"})
+        e.start(rdir)
+        try:
+            target = [f"http://127.0.0.1:{e.port}"]
+            loadgen(uniform_args(110, 200, 5), target, [], rdir / "warm.json", 60, ["--concurrency", "4"])
+            time.sleep(1)
+            before = envoy_memory(e)
+            rep = loadgen(uniform_args(110, n, 6), target, [], rdir / "fill.json", 400, ["--concurrency", "32"])
+            time.sleep(1)
+            after = envoy_memory(e)
+        finally:
+            e.stop()
+    delta = {k: after[k] - before[k] for k in before if isinstance(before[k], (int, float)) and k in after}
+    print(f"  {rep['ok']} ok, {rep['errors']} errors; RSS {before['rss_kb']} -> {after['rss_kb']} kB; "
+          f"delta {json.dumps(delta)}", flush=True)
+    return {"prefixes": n, "ok": rep["ok"], "errors": rep["errors"], "before": before, "after": after,
+            "delta": delta}
+
+
+def envoy_memory(e: Envoy) -> dict:
+    """Envoy's RSS, its heap figures (admin /memory) and the Wasm VMs' memory stats."""
+    out: dict = {"rss_kb": proc_rss_kb(e.proc.pid)}
+    mem = json.loads(get(e.admin_port, "/memory"))
+    for k in ("allocated", "heap_size", "pageheap_unmapped", "pageheap_free", "total_thread_cache"):
+        if k in mem:
+            out[f"heap_{k}"] = int(mem[k])
+    for k, v in e.settled_stats().items():
+        if ("wasm" in k and ("memory" in k or "active" in k or "created" in k)) or k.startswith("wasmcustom.warmroute.index"):
+            try:
+                out[k] = int(v)
+            except ValueError:
+                pass
+    return out
+
+
+def decision_curve(b: Bench) -> list[dict]:
+    """Native decision time (parse + route) against backends and prompt length, from bench/decision."""
+    print("== decision time (native)", flush=True)
+    # bench/decision: target/release/warmroute-decision-bench.
+    decision_bin = cargo_build("-p", DECISION_PACKAGE)
+    p = subprocess.run([str(decision_bin), *(["--quick"] if b.quick else [])], check=True, capture_output=True,
+                       text=True, timeout=300)
+    rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+    for r in rows:
+        print(f"  {r['axis']:8s} backends {r['backends']:4d} prompt {r['prompt_tokens']:7d} tok "
+              f"({r['body_bytes'] / 1024:6.0f} KB): parse {r['parse_us']:7.1f} us  route {r['route_us']:7.1f} us")
+    return rows

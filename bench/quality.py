@@ -1,0 +1,141 @@
+"""Routing quality: a workload through one router on a fresh fleet, as one result row.
+
+Each run starts its own sims (so caches start cold) and gateways, drives the workload with
+`warmroute-loadgen`, and keeps the client's report (hit rate, latencies, shares) together
+with the gateways' CPU time and warmroute's decision counters. The sections of the
+benchmark (per workload, 8 replicas, 3 gateways, target re-runs) are methods of `Bench`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from measure import loadgen, proc_cpu_s
+from scenarios import QUICK_ROUTERS, RERUN_PAIRS, RERUNS, ROUTERS, TIME_SCALE, WORKLOADS, sim_args
+from warmroute_harness import Envoy, Fleet
+
+
+def decisions(envoys: list[Envoy]) -> dict[str, int]:
+    """warmroute's decision counters (`wasmcustom.warmroute.decision.*`) summed over gateways."""
+    out: dict[str, int] = {}
+    for i, e in enumerate(envoys):
+        # The filter adds to its counters at each tick: wait for one, once for all gateways.
+        for k, v in (e.stats() if i else e.settled_stats()).items():
+            if k.startswith("wasmcustom.warmroute.decision."):
+                try:
+                    out[k.removeprefix("wasmcustom.warmroute.decision.")] = \
+                        out.get(k.removeprefix("wasmcustom.warmroute.decision."), 0) + int(v)
+                except ValueError:
+                    pass
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def row_from(report: dict, **meta) -> dict:
+    """A result row: the run's description (`meta`) and the client report's figures."""
+    keep = ["hit_rate", "usage_hit_rate", "ttft_ms", "e2e_ms", "step_ms", "runtime_s", "errors", "aborted",
+            "skipped", "requests", "ok", "share", "per_target", "client_cpu_s", "client_cpu_util",
+            "throughput_rps", "error_samples"]
+    return {**meta, **{k: report.get(k) for k in keep}}
+
+
+class Bench:
+    """One benchmark invocation: quick or full, its log folder, and the rows measured so far
+    (the overhead sections read `quick` and `logdir` too)."""
+
+    def __init__(self, quick: bool, logdir: Path):
+        self.quick = quick
+        self.logdir = logdir
+        self.rows: list[dict] = []
+        # Rows of the target re-runs, one list per re-run (see `reruns`).
+        self.reruns: list[list[dict]] = []
+        self.extra: dict = {}
+        self.n = 0
+
+    def wl(self, name: str, scale_agents: float = 1.0) -> tuple[list[str], int]:
+        w = WORKLOADS[name]
+        args = list(w["quick" if self.quick else "args"])
+        cap = w["quick_capacity" if self.quick else "capacity"]
+        return args, cap
+
+    def quality(self, workload: str, router: str, replicas: int = 3, gateways: int = 1,
+                args: list[str] | None = None, capacity: int | None = None, scale: float = TIME_SCALE,
+                label: str | None = None, rerun: int = 0) -> dict:
+        base_args, base_cap = self.wl(workload)
+        args = args or base_args
+        capacity = capacity or base_cap
+        self.n += 1
+        rdir = self.logdir / f"{self.n:02d}-{workload}-{label or router}-{replicas}r-{gateways}g"
+        rdir.mkdir(parents=True)
+        kwargs = dict(ROUTERS[router]) if router in ROUTERS else {"with_filter": False, "lb": "round_robin"}
+        max_s = 60.0 if self.quick else 150.0
+        t0 = time.time()
+        with Fleet(replicas, sim_args(capacity, scale), gateways=gateways, logdir=rdir, **kwargs) as f:
+            cpu0 = [proc_cpu_s(e.proc.pid) for e in f.envoys]
+            rep = loadgen(args, [f"http://127.0.0.1:{e.port}" for e in f.envoys],
+                          [f"http://{s.address}" for s in f.sims], rdir / "report.json", max_s,
+                          ["--records", str(rdir / "records.jsonl")])
+            envoy_cpu = sum(proc_cpu_s(e.proc.pid) for e in f.envoys) - sum(cpu0)
+            dec = decisions(f.envoys) if kwargs.get("with_filter", True) else {}
+        row = row_from(rep, workload=workload, router=label or router, replicas=replicas, gateways=gateways,
+                       kv_capacity_tokens=capacity, time_scale=scale, envoy_cpu_s=round(envoy_cpu, 2),
+                       decisions=dec)
+        if rerun:
+            row["rerun"] = rerun
+            self.reruns[rerun - 1].append(row)
+        else:
+            self.rows.append(row)
+        hr = row["hit_rate"]
+        print(f"  {workload:12s} {row['router']:28s} {replicas}r {gateways}g  hit {hr if hr is None else round(hr, 3)}"
+              f"  ttft p95 {(row['ttft_ms'] or {}).get('p95', 0):8.0f}  e2e mean {(row['e2e_ms'] or {}).get('mean', 0):8.0f}"
+              f"  err {row['errors']}  client cpu {row['client_cpu_util']:.2f}  ({time.time() - t0:.0f}s)", flush=True)
+        return row
+
+    def reference(self, workload: str) -> dict:
+        """One replica with the fleet's total KV capacity (and compute: 3x time scale)."""
+        _, cap = self.wl(workload)
+        return self.quality(workload, "reference", replicas=1, capacity=3 * cap, scale=3 * TIME_SCALE,
+                            label="reference_1_replica_3x")
+
+    def workload_section(self, workload: str) -> None:
+        print(f"== {workload}", flush=True)
+        routers = QUICK_ROUTERS if self.quick else list(ROUTERS)
+        if workload == "chat" and self.quick:
+            routers = routers + ["warmroute_sticky_session"]
+        self.reference(workload)
+        for r in routers:
+            self.quality(workload, r)
+
+    def scale8(self) -> None:
+        print("== 8 replicas", flush=True)
+        for workload in (["agent"] if self.quick else ["agent", "conversation"]):
+            args, cap = self.wl(workload)
+            args = list(args)
+            if workload == "agent":  # 8/3 the agents: same load per replica
+                i = args.index("--agents")
+                args[i + 1] = str(round(int(args[i + 1]) * 8 / 3))
+            else:  # trace replayed 8/3 faster than real time: same load per replica
+                i = args.index("--speedup")
+                args[i + 1] = str(float(args[i + 1]) * 8 / 3)
+                j = args.index("--limit")
+                args[j + 1] = str(round(int(args[j + 1]) * 8 / 3))
+            for r in ["envoy_round_robin", "envoy_least_request", "warmroute_cache_aware"]:
+                self.quality(workload, r, replicas=8, args=args, capacity=cap)
+
+    def gateways(self) -> None:
+        print("== 3 gateways", flush=True)
+        for workload in (["agent"] if self.quick else ["agent", "conversation", "chat"]):
+            self.quality(workload, "warmroute_cache_aware", gateways=3)
+
+    def reruns_section(self, n: int = RERUNS) -> None:
+        """Runs the pairs behind the targets nearest their limits `n` more times.
+
+        One run of a pair scatters by about ±5% on this machine (conversation TTFT P95
+        ratio 0.54-0.65x, 3-gateway agent ratio 0.94-1.0x, uniform's worst figure
+        1.01-1.06x over one session), as much as the distance to those limits; a
+        target is then the median of the pair's ratios over the main run and these."""
+        print(f"== target re-runs ({n} more of each pair)", flush=True)
+        for i in range(1, n + 1):
+            self.reruns.append([])
+            for workload, router, gateways in RERUN_PAIRS:
+                self.quality(workload, router, gateways=gateways, rerun=i)

@@ -1,0 +1,365 @@
+"""The benchmark's results as targets (PASS/FAIL against the project's limits), the markdown
+report and the plot: bench/results/latest.md and latest.png, rendered from the results dict
+that run.py also writes as latest.json.
+
+Everything here reads that dict only, so `run.py --report-only` re-renders the report from
+a saved latest.json without running anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from statistics import median
+
+from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS
+
+
+def find(rows, workload, router, replicas=3, gateways=1, quick=False):
+    """The row of the workload's configured KV capacity (3x for the single-replica reference)."""
+    w = WORKLOADS.get(workload, {})
+    cap = w.get("quick_capacity" if quick else "capacity")
+    if router.startswith("reference") and cap:
+        cap *= 3
+    found = None
+    for r in rows:
+        if r["workload"] == workload and r["router"] == router and r["replicas"] == replicas and r["gateways"] == gateways:
+            if r.get("kv_capacity_tokens") == cap:
+                return r
+            found = found or r
+    return found
+
+
+def row_key(r: dict) -> tuple:
+    return (r["workload"], r["router"], r["replicas"], r["gateways"], r.get("kv_capacity_tokens"))
+
+
+def g(r, *path):
+    v = r
+    for p in path:
+        if v is None:
+            return None
+        v = v.get(p)
+    return v
+
+
+def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None = None) -> list[dict]:
+    out = []
+
+    def check(name, measured, limit, ok):
+        out.append({"target": name, "measured": measured, "limit": limit,
+                    "result": "n/a" if ok is None else ("PASS" if ok else "FAIL")})
+
+    def over_runs(fn):
+        """fn(rows) -> (ratio, detail) or None, over the main run and each re-run of its pair:
+        the median ratio, and a note of every run's (the main run's detail first)."""
+        runs = [r for r in [fn(rows)] + [fn(rr) for rr in (reruns or [])] if r is not None]
+        if not runs:
+            return None
+        m = median([v for v, _ in runs])
+        if len(runs) == 1:
+            return m, f"{m:.3f}x ({runs[0][1]})"
+        each = ", ".join(f"{v:.3f}" for v, _ in runs)
+        return m, f"{m:.3f}x median of {len(runs)} paired runs ({each}); first run {runs[0][1]}"
+
+    ca, rr, ref = (find(rows, "agent", "warmroute_cache_aware"), find(rows, "agent", "envoy_round_robin"),
+                   find(rows, "agent", "reference_1_replica_3x", replicas=1))
+    if ca and rr and ref:
+        hr = (ca["hit_rate"] or 0) / max(ref["hit_rate"] or 1e-9, 1e-9)
+        check("agent: cache_aware hit rate >= 0.9x single-replica reference", f"{hr:.2f}x ({ca['hit_rate']:.3f} vs {ref['hit_rate']:.3f})", ">= 0.90x", hr >= 0.9)
+        m = g(ca, "step_ms", "mean") / g(rr, "step_ms", "mean")
+        p = g(ca, "step_ms", "p95") / g(rr, "step_ms", "p95")
+        check("agent: mean step latency <= 0.6x Envoy round robin", f"{m:.2f}x ({g(ca, 'step_ms', 'mean'):.0f} vs {g(rr, 'step_ms', 'mean'):.0f} ms)", "<= 0.60x", m <= 0.6)
+        check("agent: P95 step latency <= 0.4x Envoy round robin", f"{p:.2f}x ({g(ca, 'step_ms', 'p95'):.0f} vs {g(rr, 'step_ms', 'p95'):.0f} ms)", "<= 0.40x", p <= 0.4)
+    def conversation_p95(rs):
+        ca, rr = find(rs, "conversation", "warmroute_cache_aware"), find(rs, "conversation", "envoy_round_robin")
+        if ca and rr:
+            return (g(ca, "ttft_ms", "p95") / g(rr, "ttft_ms", "p95"),
+                    f"{g(ca, 'ttft_ms', 'p95'):.0f} vs {g(rr, 'ttft_ms', 'p95'):.0f} ms")
+        return None
+
+    r = over_runs(conversation_p95)
+    if r:
+        check("conversation: cache_aware TTFT P95 <= 0.6x round robin", r[1], "<= 0.60x", r[0] <= 0.6)
+
+    def uniform_worst(rs):
+        ca, lr = find(rs, "uniform", "warmroute_cache_aware"), find(rs, "uniform", "envoy_least_request")
+        if not (ca and lr):
+            return None
+        worst = []
+        for path in [("ttft_ms", "mean"), ("ttft_ms", "p50"), ("ttft_ms", "p95"), ("ttft_ms", "p99"),
+                     ("e2e_ms", "mean"), ("e2e_ms", "p95"), ("runtime_s",)]:
+            a, b_ = g(ca, *path), g(lr, *path)
+            if a is not None and b_:
+                worst.append((a / b_, ".".join(path)))
+        w = max(worst)
+        return w[0], f"worst {w[1]}"
+
+    r = over_runs(uniform_worst)
+    if r:
+        check("uniform: every figure of cache_aware within 5% of least request (Envoy's)", r[1], "<= 1.05x",
+              r[0] <= 1.05)
+    for workload in ("agent", "conversation", "chat"):
+        def gateway_ratio(rs, workload=workload):
+            three = find(rs, workload, "warmroute_cache_aware", gateways=3)
+            one = three and next((r for r in rs if r["workload"] == workload and r["router"] == "warmroute_cache_aware"
+                                  and r["replicas"] == 3 and r["gateways"] == 1
+                                  and r.get("kv_capacity_tokens") == three.get("kv_capacity_tokens")), None)
+            if one and three and one["hit_rate"]:
+                return (three["hit_rate"] / one["hit_rate"],
+                        f"{three['hit_rate']:.3f} vs {one['hit_rate']:.3f}")
+            return None
+
+        r = over_runs(gateway_ratio)
+        if r:
+            check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", r[1], ">= 0.95x", r[0] >= 0.95)
+    if ov:
+        for c in ov["compare"]:
+            lim = 50 if c["size"] == "1KB" else 150
+            check(f"filter overhead: added p50, {c['size']} body, {c['workers']} worker(s)",
+                  f"{c['added_p50_us']:.0f} us"
+                  + f" (floor filter {c['floor_added_p50_us']:.0f} us)",
+                  f"<= {lim} us", c["added_p50_us"] <= lim)
+    return out
+
+
+def fmt(v, nd=0):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}"
+    return str(v)
+
+
+def markdown(res: dict) -> str:
+    rows, L = res["quality"], []
+    L.append(f"# warmroute benchmark ({'quick' if res['quick'] else 'full'} run, {res['started']})\n")
+    L.append(f"Machine: {res['machine']}. Real Envoy {res['envoy_version']}, dist/warmroute.wasm, simulated vLLM "
+             f"replicas (`warmroute-sim --time-scale {TIME_SCALE:g}`), client `warmroute-loadgen`. "
+             f"Total bench wall time {res['wall_s']:.0f} s.\n")
+    if res["targets"]:
+        L.append("## Targets\n")
+        L.append("| target | measured | limit | result |\n|---|---|---|---|")
+        for t in res["targets"]:
+            L.append(f"| {t['target']} | {t['measured']} | {t['limit']} | **{t['result']}** |")
+        L.append("")
+    if rows:
+        L.append("## Routing quality\n")
+        L.append("Hit rate = fleet prefix-cache hit rate from the backends' `vllm:prefix_cache_{hits,queries}_total` "
+                 "deltas. Latencies in ms of wall time at time scale 10 (x10 = real-GPU-equivalent ms). "
+                 "`step` = agent step latency. `share` = per-backend request share. `cpu` = client CPU utilisation "
+                 "(1.0 = one core).\n")
+        L.append("| workload | router | repl | gw | KV cap/replica | hit rate | TTFT mean | p50 | p95 | p99 | e2e mean | e2e p95 | "
+                 "step mean | step p95 | runtime s | ok | errors | share | client cpu |")
+        L.append("|" + "---|" * 19)
+        for r in rows:
+            share = " / ".join(f"{v * 100:.0f}" for _, v in sorted((r["share"] or {}).items()))
+            L.append(f"| {r['workload']} | {r['router']} | {r['replicas']} | {r['gateways']} | "
+                     f"{r.get('kv_capacity_tokens')} | {fmt(r['hit_rate'] and r['hit_rate'] * 100, 1)}% | {fmt(g(r, 'ttft_ms', 'mean'))} | "
+                     f"{fmt(g(r, 'ttft_ms', 'p50'))} | {fmt(g(r, 'ttft_ms', 'p95'))} | {fmt(g(r, 'ttft_ms', 'p99'))} | "
+                     f"{fmt(g(r, 'e2e_ms', 'mean'))} | {fmt(g(r, 'e2e_ms', 'p95'))} | {fmt(g(r, 'step_ms', 'mean'))} | "
+                     f"{fmt(g(r, 'step_ms', 'p95'))} | {fmt(r['runtime_s'], 1)} | {r['ok']} | {r['errors']} | "
+                     f"{share} | {fmt(r['client_cpu_util'], 2)} |")
+        L.append("")
+        dec = [r for r in rows if r.get("decisions")]
+        if dec:
+            L.append("### warmroute decisions (`wasmcustom.warmroute.decision.*`, summed over gateways)\n")
+            for r in dec:
+                L.append(f"- {r['workload']} / {r['router']} / {r['replicas']}r / {r['gateways']}g: "
+                         + ", ".join(f"{k}={v}" for k, v in r["decisions"].items()))
+            L.append("")
+    reruns = [r for rr in res.get("reruns") or [] for r in rr]
+    if reruns:
+        L.append("### Target re-runs\n")
+        L.append("The pairs behind the targets nearest their limits, run again after the sections above; "
+                 "those targets are the median ratio over the main run and these.\n")
+        L.append("| re-run | workload | router | gw | hit rate | TTFT mean | TTFT p95 | e2e mean | e2e p95 | runtime s |")
+        L.append("|" + "---|" * 10)
+        for r in reruns:
+            L.append(f"| {r['rerun']} | {r['workload']} | {r['router']} | {r['gateways']} | "
+                     f"{fmt(r['hit_rate'] and r['hit_rate'] * 100, 1)}% | {fmt(g(r, 'ttft_ms', 'mean'), 1)} | "
+                     f"{fmt(g(r, 'ttft_ms', 'p95'))} | {fmt(g(r, 'e2e_ms', 'mean'))} | {fmt(g(r, 'e2e_ms', 'p95'))} | "
+                     f"{fmt(r['runtime_s'], 1)} |")
+        L.append("")
+    ov = res.get("overhead")
+    if ov:
+        L.append("## Cost of the filter (same Envoy binary and config, same instant backend, with vs without the wasm filter)\n")
+        L.append("Backend: a second Envoy answering every request with a fixed SSE body via `direct_response` after "
+                 "buffering the whole request (3 listeners = 3 backends). Latency: 1 request in flight (closed loop); "
+                 "max throughput: 32 in flight. CPU/request: gateway Envoy utime+stime from /proc/<pid>/stat over the "
+                 "throughput run / requests. The client and both Envoys share the machine's 2 cores, so max throughput "
+                 "is a with/without ratio, not an absolute capacity. The gateways with and without the filter run side "
+                 f"by side and are measured in {ov.get('rounds', 1)} alternating rounds; each figure is the median over "
+                 "rounds, and added latency the median of the per-round differences (this machine's speed drifts). "
+                 "A third gateway runs the *floor filter* (`bench/floor-filter`): it holds the headers, buffers "
+                 "the body, reads it into the VM and writes the routing header, nothing else. That is what Envoy "
+                 "charges any Wasm filter that routes on the body; warmroute's own work is the rest.\n")
+        L.append("| body | workers | gateway | p50 us | p99 us | max rps | Envoy CPU us/req | errors |\n|---|---|---|---|---|---|---|---|")
+        for r in ov["runs"]:
+            L.append(f"| {r['size']} | {r['workers']} | {r['gateway']} | {r['p50_ms'] * 1000:.0f} | "
+                     f"{r['p99_ms'] * 1000:.0f} | {r['max_rps']:.0f} | {r['cpu_us_per_req_load']:.0f} | {r['errors']} |")
+        L.append("\n| body | workers | warmroute added p50 us | added p99 us | floor added p50 us | warmroute over floor p50 us "
+                 "| throughput with/without | CPU/req with/without | floor CPU/req with/without |\n|---|---|---|---|---|---|---|---|---|")
+        for c in ov["compare"]:
+            L.append(f"| {c['size']} | {c['workers']} | {c['added_p50_us']:.0f} | {c['added_p99_us']:.0f} | "
+                     f"{c['floor_added_p50_us']:.0f} | {c['over_floor_p50_us']:.0f} | {c['throughput_ratio']:.2f} | "
+                     f"{c['cpu_per_req_ratio']:.2f} | {c['floor_cpu_per_req_ratio']:.2f} |")
+        ph = [c for c in ov["compare"] if c.get("phases", {}).get("requests")]
+        if ph:
+            L.append("\nInside the VM (a separate pass through a build with `--features phase-timing`, which reads "
+                     "the host clock between phases; each figure includes about one clock read), mean us per request:\n")
+            L.append("| body | workers | read body | parse + hash | route (shared data, index) | write header |"
+                     "\n|---|---|---|---|---|---|")
+            for c in ph:
+                p_ = c["phases"]
+                L.append(f"| {c['size']} | {c['workers']} | {p_['body_us']:.0f} | {p_['parse_us']:.0f} | "
+                         f"{p_['route_us']:.0f} | {p_['header_us']:.0f} |")
+        L.append("\nAdded p50 per round (us): " + "; ".join(
+            f"{c['size']} {c['workers']}w: " + ", ".join(f"{x:.0f}" for x in c["added_p50_us_rounds"])
+            for c in ov["compare"]) + ".")
+        fl = ov["client_floor_1KB"]
+        L.append(f"\nClient floor (loadgen straight to the instant backend, 1 KB): p50 {fl['e2e_ms']['p50'] * 1000:.0f} us, "
+                 f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
+    mem = res.get("memory")
+    if mem:
+        L.append(f"## Memory after {mem['prefixes']} distinct prefixes ({mem['ok']} ok, {mem['errors']} errors)\n")
+        L.append("| figure | before | after | delta |\n|---|---|---|---|")
+        for k in mem["before"]:
+            if k in mem["after"]:
+                L.append(f"| {k} | {mem['before'][k]} | {mem['after'][k]} | {mem['after'][k] - mem['before'][k]} |")
+        L.append("")
+    dc = res.get("decision")
+    if dc:
+        L.append("## Decision time (native x86-64 build of the filter's lib; median per request)\n")
+        L.append("`parse` = `openai::prompt_key` (JSON parse + block hashing), `route` = `Router::route` + `release` "
+                 "on an index warmed with each conversation's previous turn, `MemoryHost` shared data. "
+                 "Inside Envoy the same code runs as wasm in V8 (typically 1.5-3x slower) and shared-data calls "
+                 "cross the VM boundary.\n")
+        L.append("| axis | backends | prompt tokens | body KB | parse us | route us | total us |\n|---|---|---|---|---|---|---|")
+        for r in dc:
+            L.append(f"| {r['axis']} | {r['backends']} | {r['prompt_tokens']} | {r['body_bytes'] / 1024:.0f} | "
+                     f"{r['parse_us']:.1f} | {r['route_us']:.1f} | {r['total_us']:.1f} |")
+        L.append("")
+    L.append("## Workload parameters and why\n")
+    L.append(f"Time scale {TIME_SCALE:g}: the sims run 10x faster than the modelled GPU replica, and every client "
+             "time (tool/think time, arrival rate, trace speed-up) is divided by 10, so utilisation and cache "
+             "reuse are those of the real-time fleet; so are the filter's scrape period, timeout and staleness "
+             f"limit ({SCALED_METRICS['period_ms']}/{SCALED_METRICS['timeout_ms']}/{SCALED_METRICS['stale_after_ms']} ms "
+             "for the defaults 500/400/2000 ms). Token lengths are not scaled. The single-replica reference "
+             "is one sim with 3x the KV capacity and 3x the speed (time scale 30) behind Envoy: the fleet's "
+             "total capacity in one cache.\n")
+    for name, w in WORKLOADS.items():
+        args = w["quick" if res["quick"] else "args"]
+        cap = w["quick_capacity" if res["quick"] else "capacity"]
+        L.append(f"- **{name}** (`warmroute-loadgen {' '.join(args)}`, `--kv-capacity-tokens {cap}`): {w['why']}")
+    if res.get("lru"):
+        L.append("\nConversation trace, single block-LRU over the replayed lines (ideal placement): "
+                 + ", ".join(f"{k} tokens: {v * 100:.1f}%" for k, v in res["lru"].items()))
+    L.append("")
+    L.append("## How the client was checked\n")
+    cpus = [r["client_cpu_util"] for r in rows if r.get("client_cpu_util") is not None]
+    L.append("- `warmroute-loadgen`: bodies rendered before the clock starts, keep-alive pool, `TCP_NODELAY`, "
+             "TTFT = arrival of the first SSE `data:` line, one client thread.")
+    if cpus:
+        L.append(f"- Client CPU utilisation per routing run (getrusage over the run / runtime): max {max(cpus):.2f}, "
+                 f"mean {sum(cpus) / len(cpus):.2f} of one core; the sims' step times are 10x compressed, so a "
+                 f"client that kept up at <= ~0.5 core adds at most a few ms to figures measured in hundreds of ms.")
+    if ov:
+        fl = ov["client_floor_1KB"]
+        L.append(f"- Client floor straight to an instant backend: p50 {fl['e2e_ms']['p50'] * 1000:.0f} us; this is "
+                 "common to runs with and without the filter, so it cancels in the added-latency figures.")
+    L.append("")
+    if res.get("notes"):
+        L.append("## Analysis\n")
+        L.extend(res["notes"])
+        L.append("")
+    return "\n".join(L)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in res["quality"] if r["replicas"] in (1, 3) and r["gateways"] == 1]
+    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in rows)]
+    fig, axes = plt.subplots(2, 3, figsize=(19, 10))
+    colors = {"reference_1_replica_3x": "#999999", "envoy_round_robin": "#d62728", "envoy_least_request": "#ff7f0e",
+              "warmroute_cache_aware": "#2ca02c", "warmroute_prefix_hash": "#17becf", "warmroute_least_request": "#bcbd22",
+              "warmroute_round_robin": "#9467bd", "warmroute_random": "#8c564b", "warmroute_sticky_session": "#1f77b4"}
+    routers = [r for r in colors if any(x["router"] == r for x in rows)]
+
+    def bars(ax, metric, title, ylabel, log=False):
+        width = 0.8 / max(len(routers), 1)
+        for j, rt in enumerate(routers):
+            xs, ys = [], []
+            for i, w in enumerate(workloads):
+                r = find(rows, w, rt, replicas=1 if rt.startswith("reference") else 3)
+                v = metric(r) if r else None
+                if v is not None:
+                    xs.append(i + (j - len(routers) / 2 + 0.5) * width)
+                    ys.append(v)
+            ax.bar(xs, ys, width, label=rt, color=colors[rt])
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        if log:
+            ax.set_yscale("log")
+        ax.grid(axis="y", alpha=0.3)
+
+    bars(axes[0][0], lambda r: (r["hit_rate"] or 0) * 100, "Fleet prefix-cache hit rate (3 replicas)", "%")
+    if rows:
+        axes[0][0].legend(fontsize=7, loc="upper right")
+    bars(axes[0][1], lambda r: g(r, "ttft_ms", "p95"), "TTFT P95 (ms, log)", "ms", log=True)
+    bars(axes[0][2], lambda r: g(r, "e2e_ms", "mean"), "End-to-end mean (ms, log; agent: step latency)", "ms", log=True)
+
+    ax = axes[1][0]
+    agent = [r for r in res["quality"] if r["workload"] == "agent"]
+    if agent:
+        labels = [f"{r['router'].replace('warmroute_', 'wr_').replace('envoy_', 'envoy_')}\n{r['replicas']}r{r['gateways']}g" for r in agent]
+        x = range(len(agent))
+        ax.bar([i - 0.2 for i in x], [g(r, "step_ms", "mean") or 0 for r in agent], 0.4, label="mean")
+        ax.bar([i + 0.2 for i in x], [g(r, "step_ms", "p95") or 0 for r in agent], 0.4, label="P95")
+        ax.set_xticks(list(x), labels, rotation=60, fontsize=7, ha="right")
+        ax.set_title("Agent step latency (ms)")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+
+    ax = axes[1][1]
+    ov = res.get("overhead")
+    if ov:
+        labels = [f"{c['size']} {c['workers']}w" for c in ov["compare"]]
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], [c["added_p50_us"] for c in ov["compare"]], 0.4, label="added p50")
+        ax.bar([i + 0.2 for i in x], [c["added_p99_us"] for c in ov["compare"]], 0.4, label="added p99")
+        ax.scatter([i - 0.2 for i in x], [c["floor_added_p50_us"] for c in ov["compare"]], marker="_", s=300,
+                   color="black", zorder=3, label="floor filter p50")
+        for i, c in enumerate(ov["compare"]):
+            ax.annotate(f"thr x{c['throughput_ratio']:.2f}\ncpu x{c['cpu_per_req_ratio']:.2f}", (i, 0),
+                        xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
+        ax.axhline(50, color="grey", ls=":", lw=1)
+        ax.axhline(150, color="grey", ls="--", lw=1)
+        ax.set_xticks(list(x), labels)
+        ax.set_title("Filter cost: added latency (us) vs no filter; limits 50/150 us")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+
+    ax = axes[1][2]
+    dc = res.get("decision")
+    if dc:
+        bk = [r for r in dc if r["axis"] == "backends"]
+        pr = [r for r in dc if r["axis"] == "prompt"]
+        ax.plot([r["backends"] for r in bk], [r["total_us"] for r in bk], "o-", label="vs backends (4k-token prompt)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("backends (bottom) / prompt tokens / 512 (top curve x)")
+        ax.plot([r["prompt_tokens"] / 512 for r in pr], [r["total_us"] for r in pr], "s-",
+                label="vs prompt length (3 backends), x = tokens/512")
+        for r in pr:
+            ax.annotate(f"{r['prompt_tokens'] // 1024}k", (r["prompt_tokens"] / 512, r["total_us"]), fontsize=7,
+                        xytext=(3, -8), textcoords="offset points")
+        ax.set_title("Decision time, native (parse + route), us")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    fig.suptitle(f"warmroute benchmark ({'quick' if res['quick'] else 'full'}), {res['started']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)

@@ -1,0 +1,134 @@
+"""The benchmark's scenarios: workloads, time scale, routers, and which pairs are re-run.
+
+Every routing-quality run is one workload (a `warmroute-loadgen` command line plus the
+replicas' KV capacity) through one router; the tables here say which, and why each
+workload is sized as it is, so the report can print the same reasons beside the results.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+from warmroute_harness import ROOT
+
+# Time: the sims run TIME_SCALE x faster than an H100-class replica (sim defaults:
+# 12 ms step, 0.06 ms per prefilled token, 0.15 ms per running sequence). Every
+# wall-clock parameter of the client (think/tool time, arrival rates, trace speed-up)
+# is scaled by the same factor, so queueing and cache behaviour are those of a real
+# fleet at real speed, just compressed in time. Lengths are NOT scaled.
+TIME_SCALE = 10.0
+
+
+def sim_args(capacity: int, scale: float = TIME_SCALE) -> list[str]:
+    return ["--time-scale", str(scale), "--kv-capacity-tokens", str(capacity)]
+
+
+# name -> (loadgen args (full run), loadgen args (quick), KV capacity per replica, why)
+WORKLOADS: dict[str, dict] = {
+    "agent": {
+        "args": ["agent", "--agents", "12", "--steps", "12", "--system-tokens", "6000", "--task-tokens", "300",
+                 "--output-tokens", "100", "--tool-median", "3000", "--tool-sigma", "1.0", "--tool-max", "16000",
+                 "--tool-ms", str(2000 / TIME_SCALE), "--stagger-ms", str(500 / TIME_SCALE)],
+        "quick": ["agent", "--agents", "9", "--steps", "8", "--system-tokens", "6000", "--task-tokens", "300",
+                  "--output-tokens", "100", "--tool-median", "3000", "--tool-sigma", "1.0", "--tool-max", "16000",
+                  "--tool-ms", str(2000 / TIME_SCALE), "--stagger-ms", str(500 / TIME_SCALE)],
+        "capacity": 300_000,
+        "quick_capacity": 150_000,
+        "why": "coding/tool agents: 6k-token system prompt + tool schemas shared by all; each step appends a "
+               "tool output (log-normal, median 3k tokens, sigma 1, cap 16k: file reads, test logs) and a "
+               "100-token tool call; contexts reach 40-70k tokens by step 12. 2 s mean tool time. "
+               "12 agents' final contexts (~700k tokens) exceed one replica (300k, an 8B model's KV on "
+               "one 80 GB GPU is ~450k) but fit the fleet (900k).",
+    },
+    "conversation": {
+        "args": ["conversation", "--limit", "800", "--speedup", str(TIME_SCALE), "--length-scale", "1.0",
+                 "--max-output", "1024"],
+        "quick": ["conversation", "--limit", "300", "--speedup", str(TIME_SCALE), "--length-scale", "1.0",
+                  "--max-output", "1024"],
+        "capacity": 2_000_000,
+        "quick_capacity": 2_000_000,
+        "why": "Mooncake conversation trace at its real rate (3.4 req/s, mean 12k input tokens, 512-token "
+               "blocks) and real lengths; first 800 lines (267 s of trace). Its reuse distances are millions "
+               "of tokens: a block-LRU over these lines (below) hits 3.6% at 400k tokens (one GPU's HBM), "
+               "7.7% at 2M, 18.1% at 6M, 19.1% unbounded. So each replica gets 2M tokens (HBM + a host-DRAM "
+               "KV tier, as Mooncake itself serves this trace): the working set (~6-9M) exceeds one replica "
+               "and roughly fits the fleet (6M). A 400k-per-replica run (rows with KV cap 400000) is kept "
+               "as the single-GPU-HBM case.",
+    },
+    "chat": {
+        "args": ["chat", "--sessions", "60", "--turns", "6", "--rate", str(1.0 * TIME_SCALE),
+                 "--think-ms", str(15000 / TIME_SCALE), "--system-tokens", "1000", "--user-tokens", "200",
+                 "--output-tokens", "250"],
+        "quick": ["chat", "--sessions", "30", "--turns", "4", "--rate", str(1.0 * TIME_SCALE),
+                  "--think-ms", str(15000 / TIME_SCALE), "--system-tokens", "1000", "--user-tokens", "200",
+                  "--output-tokens", "250"],
+        "capacity": 60_000,
+        "quick_capacity": 40_000,
+        "why": "chat assistant: 1k-token system prompt, user turns median 200 tokens, 250-token replies, "
+               "15 s mean think time, 1 new session/s, 6 turns; ~100 live sessions x ~2-4k tokens "
+               "(~150k+) exceed one replica (60k: a 70B model's KV on a busy replica) but fit 3.",
+    },
+    "uniform": {
+        "args": ["uniform", "--requests", "300", "--rate", str(3.0 * TIME_SCALE), "--prompt-tokens", "2000",
+                 "--output-tokens", "200", "--api", "chat"],
+        "quick": ["uniform", "--requests", "150", "--rate", str(3.0 * TIME_SCALE), "--prompt-tokens", "2000",
+                  "--output-tokens", "200", "--api", "chat"],
+        "capacity": 150_000,
+        "quick_capacity": 150_000,
+        "why": "control: independent 2k-token prompts, 200-token outputs, Poisson 3 req/s (~60% of the "
+               "fleet's decode capacity); nothing to reuse, so a cache-aware router must degrade to load "
+               "balancing and not lose to least-request.",
+    },
+}
+
+# The filter's scrape period, timeout and staleness are wall-clock parameters too: at the
+# defaults (500/400/2000 ms) a scraped load would be 5 s of modelled time old, far staler
+# than on a real fleet, so they are compressed by TIME_SCALE like the client's times.
+SCALED_METRICS = {"period_ms": round(500 / TIME_SCALE), "timeout_ms": round(400 / TIME_SCALE),
+                  "stale_after_ms": round(2000 / TIME_SCALE)}
+
+ROUTERS = {
+    "envoy_round_robin": {"with_filter": False, "lb": "round_robin"},
+    "envoy_least_request": {"with_filter": False, "lb": "least_request"},
+    **{f"warmroute_{s}": {"filter_overrides": {"strategy": s, "metrics": SCALED_METRICS}}
+       for s in ["cache_aware", "prefix_hash", "least_request", "round_robin", "random", "sticky_session"]},
+}
+QUICK_ROUTERS = ["envoy_round_robin", "envoy_least_request", "warmroute_cache_aware"]
+
+
+# The pairs behind the targets nearest their limits, re-run by the `reruns` section.
+RERUN_PAIRS = [("conversation", "envoy_round_robin", 1), ("conversation", "warmroute_cache_aware", 1),
+               ("uniform", "envoy_least_request", 1), ("uniform", "warmroute_cache_aware", 1),
+               ("agent", "warmroute_cache_aware", 1), ("agent", "warmroute_cache_aware", 3),
+               ("conversation", "warmroute_cache_aware", 3),
+               ("chat", "warmroute_cache_aware", 1), ("chat", "warmroute_cache_aware", 3)]
+RERUNS = 2
+
+
+# ------------------------------------------------------------------ trace analysis (why the capacity)
+
+def lru_hit_rate(capacity_tokens: int, limit: int) -> float:
+    """Block-level LRU prefix-cache hit rate of one cache over the first `limit` trace lines."""
+    trace = ROOT.parent / "shared" / "traces" / "conversation_trace.jsonl"
+    cap = max(1, capacity_tokens // 512)
+    lru: OrderedDict = OrderedDict()
+    hits = total = 0
+    with open(trace) as fh:
+        for i, line in enumerate(fh):
+            if i >= limit:
+                break
+            ids = json.loads(line)["hash_ids"]
+            matched = True
+            for h in ids:
+                total += 1
+                if matched and h in lru:
+                    hits += 1
+                else:
+                    matched = False
+            for h in ids:
+                lru[h] = True
+                lru.move_to_end(h)
+            while len(lru) > cap:
+                lru.popitem(last=False)
+    return hits / max(total, 1)

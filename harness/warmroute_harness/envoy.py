@@ -1,0 +1,162 @@
+"""The real Envoy as a child process: the repository's config rendered for one run, and its stats.
+
+The configuration is the repository's own `envoy.yaml` (or a variant under envoy/), patched
+only where a run must differ: ports, backend list, the filter's JSON, concurrency, the pool's
+load-balancing policy. Tests and the bench thus exercise the shipped config, not a copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .client import free_port, get, wait_http
+from .repo import ROOT, WASM, envoy_binary
+from .sim import Sim
+
+
+def spawn_envoy(cfg: dict, name: str, logdir: Path, admin_port: int, concurrency: int,
+                level: str = "info") -> subprocess.Popen:
+    """Starts Envoy on `cfg` (written to logdir/<name>.yaml, log in <name>.log) and waits until
+    its admin port says ready. `--base-id` is the admin port, so several Envoys coexist."""
+    path = logdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    log = open(logdir / f"{name}.log", "wb")
+    proc = subprocess.Popen(
+        [
+            envoy_binary(),
+            "-c", str(path),
+            "--concurrency", str(concurrency),
+            "--base-id", str(admin_port),
+            "-l", level,
+            "--disable-hot-restart",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+    wait_http(admin_port, "/ready", timeout=30, proc=proc)
+    return proc
+
+
+def stop_envoy(proc: subprocess.Popen | None, grace: float = 5) -> None:
+    """SIGTERM, then SIGKILL if Envoy has not drained within `grace` seconds."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def filter_config(envoy_cfg: dict) -> dict:
+    """The warmroute JSON embedded in an Envoy config."""
+    return json.loads(_wasm_filter(envoy_cfg)["config"]["configuration"]["value"])
+
+
+def _wasm_filter(envoy_cfg: dict) -> dict:
+    for listener in envoy_cfg["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                for hf in f["typed_config"].get("http_filters", []):
+                    if hf["name"] == "envoy.filters.http.wasm":
+                        return hf["typed_config"]
+    raise KeyError("no wasm filter in the Envoy config")
+
+
+def _deep_update(dst: dict, src: dict) -> None:
+    for k, v in src.items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            _deep_update(dst[k], v)
+        else:
+            dst[k] = copy.deepcopy(v)
+
+
+@dataclass
+class Envoy:
+    """The real Envoy with warmroute, configured from a repository YAML file."""
+
+    sims: list[Sim]
+    config_file: Path = ROOT / "envoy.yaml"
+    concurrency: int = 2
+    filter_overrides: dict = field(default_factory=dict)
+    with_filter: bool = True
+    lb: str | None = None  # replace the pool's policy: "round_robin" or "least_request" (no filter runs)
+    wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
+    port: int = field(default_factory=free_port)
+    admin_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    config: dict = field(default_factory=dict)
+    tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
+
+    def render(self) -> dict:
+        cfg = yaml.safe_load(self.config_file.read_text())
+        cfg["admin"]["address"]["socket_address"]["port_value"] = self.admin_port
+        listener = cfg["static_resources"]["listeners"][0]
+        listener["address"]["socket_address"]["port_value"] = self.port
+        wasm = _wasm_filter(cfg)
+        wasm["config"]["vm_config"]["code"]["local"]["filename"] = str(self.wasm_file)
+        fc = filter_config(cfg)
+        fc["backends"] = [
+            {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
+            for i, s in enumerate(self.sims)
+        ]
+        _deep_update(fc, self.filter_overrides)
+        self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
+        wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
+        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        if not self.with_filter:
+            hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
+        for cluster in cfg["static_resources"]["clusters"]:
+            eps = cluster.get("load_assignment", {}).get("endpoints")
+            if cluster["name"] == "pool" and eps is not None:
+                eps[0]["lb_endpoints"] = [
+                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": s.port}}}}
+                    for s in self.sims
+                ]
+                if self.lb:
+                    cluster.pop("load_balancing_policy", None)
+                    cluster["lb_policy"] = self.lb.upper()
+            elif cluster["name"].startswith("sim-") and eps is not None:
+                idx = int(cluster["name"].split("-")[1])
+                if idx < len(self.sims):
+                    sa = eps[0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+                    sa["port_value"] = self.sims[idx].port
+        self.config = cfg
+        return cfg
+
+    def start(self, logdir: Path) -> "Envoy":
+        # The bench reads the filter's log by this name (envoy-<port>.log).
+        self.proc = spawn_envoy(self.render(), f"envoy-{self.port}", logdir, self.admin_port, self.concurrency)
+        return self
+
+    def stop(self) -> None:
+        stop_envoy(self.proc)
+
+    def stats(self) -> dict[str, str]:
+        """Every counter and gauge by name, from the admin's JSON stats (histograms left out).
+
+        Values are text, as the admin's plain `/stats` page prints them, so a stat compares
+        with "0" whatever its kind; int() it for arithmetic."""
+        doc = json.loads(get(self.admin_port, "/stats?format=json"))
+        return {s["name"]: str(s["value"]) for s in doc["stats"] if "name" in s}
+
+    def settled_stats(self) -> dict[str, str]:
+        """Stats once every VM's tick has run: the filter adds request counts to Envoy's
+        counters at its tick, not per request."""
+        time.sleep(2 * self.tick_s + 0.1)
+        return self.stats()
+
+    def counter(self, name: str) -> int:
+        v = self.settled_stats().get(f"wasmcustom.{name}", "0")
+        try:
+            return int(v)
+        except ValueError:
+            return 0

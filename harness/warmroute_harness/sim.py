@@ -1,0 +1,46 @@
+"""One simulated vLLM replica (`warmroute-sim`) as a child process on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .client import get, wait_http
+from .prom import sums_by_name
+from .repo import SIM_BIN
+
+
+@dataclass
+class Sim:
+    """One simulated vLLM replica; `args` are extra `warmroute-sim` flags (time scale, KV size...)."""
+
+    name: str
+    port: int
+    args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, logdir: Path) -> "Sim":
+        if not SIM_BIN.exists():
+            raise RuntimeError(f"{SIM_BIN} missing: run `make build`")
+        log = open(logdir / f"{self.name}.log", "wb")
+        self.proc = subprocess.Popen(
+            [str(SIM_BIN), "--port", str(self.port), "--name", self.name, *self.args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_http(self.port, "/health", proc=self.proc)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def metrics(self) -> dict[str, float]:
+        """Unlabelled view of the sim's /metrics: metric name → value summed over label sets."""
+        return sums_by_name(get(self.port, "/metrics").decode())
