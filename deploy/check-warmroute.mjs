@@ -1,20 +1,26 @@
 // Cross-checks between warmroute's Istio manifests that no schema can express:
 //  - every WasmPlugin's spec.pluginConfig and every generated EnvoyFilter's embedded JSON
 //    equals istio/generated/pluginconfig.json (no hand-copied drift);
-//  - the plugin config obeys the filter's contract (/tmp/contract/config.md, summarised in
-//    the README): known keys only, backend names/addresses well-formed and unique, enums;
+//  - the filter itself accepts each plugin config: every copy is handed, as Envoy would hand
+//    it, to warmroute-check-config (the core's Config::parse, the same code on_configure
+//    runs), never to a schema copied by hand;
+//  - so is every Wasm filter `configuration` of the standalone Envoy configs named after
+//    ISTIO_DIR (envoy.yaml, envoy/*.yaml);
 //  - header mode: each backend name has a DestinationRule subset and a VirtualService header
 //    match routing to it (a missing one is a 503 "no healthy upstream" in production).
 //
-//   node check-warmroute.mjs ISTIO_DIR
+//   WARMROUTE_CHECK_CONFIG=path/to/warmroute-check-config node check-warmroute.mjs ISTIO_DIR [ENVOY_YAML...]
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
 
-const dir = process.argv[2];
-if (!dir) {
-  console.error("usage: node check-warmroute.mjs ISTIO_DIR");
+const [dir, ...envoyConfigs] = process.argv.slice(2);
+const checker = process.env.WARMROUTE_CHECK_CONFIG;
+if (!dir || !checker) {
+  console.error("usage: WARMROUTE_CHECK_CONFIG=BIN node check-warmroute.mjs ISTIO_DIR [ENVOY_YAML...]");
   process.exit(2);
 }
 let failed = 0;
@@ -28,37 +34,16 @@ const gen = path.join(dir, "generated");
 const all = [...yamls(dir), ...yamls(gen)].flatMap((f) => load(f).map((o) => ({ f, o })));
 const ref = JSON.parse(fs.readFileSync(path.join(gen, "pluginconfig.json"), "utf8"));
 
-// ---- contract check of the reference config
-const TOP = new Set(["backends", "strategy", "route", "block_bytes", "max_body_bytes", "session_header", "balance",
-  "cache_aware", "saturation", "index", "metrics", "debug_header"]);
-const SUB = {
-  route: ["mode", "header", "fallbacks"], balance: ["eps", "warm_min_cap"], cache_aware: ["tie_margin", "min_match_blocks", "prefill_slack_tokens"],
-  saturation: ["max_waiting", "max_kv_usage", "max_inflight"], index: ["max_blocks", "ttl_ms", "log_bytes"],
-  metrics: ["enabled", "cluster", "path", "period_ms", "timeout_ms", "unhealthy_after", "stale_after_ms",
-    "model_name", "names"],
-};
-const STRATEGIES = ["cache_aware", "prefix_hash", "least_request", "round_robin", "random", "sticky_session"];
-function contract(c, where) {
-  const errs = [];
-  for (const k of Object.keys(c)) if (!TOP.has(k)) errs.push(`unknown field "${k}"`);
-  for (const [k, keys] of Object.entries(SUB)) {
-    for (const kk of Object.keys(c[k] ?? {})) if (!keys.includes(kk)) errs.push(`unknown field "${k}.${kk}"`);
-  }
-  const b = c.backends;
-  if (!Array.isArray(b) || b.length < 1 || b.length > 1024) errs.push("backends: need 1..=1024 entries");
-  const names = new Set();
-  for (const [i, x] of (b ?? []).entries()) {
-    for (const k of Object.keys(x)) if (!["name", "address", "host", "metrics_path"].includes(k)) errs.push(`backends[${i}]: unknown field "${k}"`);
-    if (!/^[A-Za-z0-9._-]+$/.test(x.name ?? "")) errs.push(`backends[${i}].name invalid: ${x.name}`);
-    if (names.has(x.name)) errs.push(`backends[${i}].name duplicate: ${x.name}`);
-    names.add(x.name);
-    if (!/^(\d{1,3}(\.\d{1,3}){3}|\[[0-9a-fA-F:.]+\]):\d{1,5}$/.test(x.address ?? "")) errs.push(`backends[${i}].address must be ip:port: ${x.address}`);
-  }
-  if (c.strategy !== undefined && !STRATEGIES.includes(c.strategy)) errs.push(`strategy: ${c.strategy}`);
-  if (c.route && !["endpoint", "header", "authority"].includes(c.route.mode)) errs.push(`route.mode: ${c.route.mode}`);
-  if (c.block_bytes !== undefined && !(c.block_bytes >= 16 && c.block_bytes <= 65536)) errs.push("block_bytes out of 16..=65536");
-  for (const e of errs) fail(`${where}: ${e}`);
-  if (!errs.length) ok(`${where}: plugin config matches the filter's schema (${b.length} backends, ${c.route?.mode ?? "endpoint"} mode)`);
+// ---- the filter's own verdict: each config as Envoy hands it over (JSON text)
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "warmroute-config-"));
+let seq = 0;
+function contract(config, where) {
+  const file = path.join(scratch, `${seq++}.json`);
+  fs.writeFileSync(file, typeof config === "string" ? config : JSON.stringify(config));
+  const r = spawnSync(checker, [file], { encoding: "utf8" });
+  const line = (r.stdout || r.stderr || `${r.error ?? "no output"}`).trim().replace(file, where);
+  if (r.status === 0) ok(line.replace(/^ok +/, ""));
+  else fail(line.replace(/^FAIL +/, ""));
 }
 contract(ref, "generated/pluginconfig.json");
 
@@ -67,15 +52,14 @@ for (const { f, o } of all) {
   const rel = path.relative(dir, f);
   if (o.kind === "WasmPlugin") {
     if (isDeepStrictEqual(o.spec?.pluginConfig, ref)) ok(`${rel}: pluginConfig == generated/pluginconfig.json`);
-    else {
-      fail(`${rel}: spec.pluginConfig differs from generated/pluginconfig.json (re-run generate.py and copy it)`);
-      contract(o.spec?.pluginConfig ?? {}, rel);
-    }
+    else fail(`${rel}: spec.pluginConfig differs from generated/pluginconfig.json (re-run generate.py and copy it)`);
+    contract(o.spec?.pluginConfig ?? {}, `${rel} pluginConfig`);
   }
   if (o.kind === "EnvoyFilter") {
     for (const p of o.spec?.configPatches ?? []) {
       const cfg = p.patch?.value?.typed_config?.config;
       if (p.applyTo !== "EXTENSION_CONFIG" || !cfg) continue;
+      contract(cfg.configuration?.value ?? "", `${rel} configuration`);
       let embedded;
       try { embedded = JSON.parse(cfg.configuration?.value ?? "null"); } catch (e) { fail(`${rel}: configuration.value is not JSON: ${e.message}`); continue; }
       if (isDeepStrictEqual(embedded, ref)) ok(`${rel}: embedded configuration == generated/pluginconfig.json`);
@@ -117,4 +101,21 @@ if ((ref.route?.mode ?? "endpoint") === "header") {
     else ok(`metrics.cluster ${ref.metrics.cluster} is the vLLM Service's outbound cluster`);
   }
 }
+// ---- standalone Envoy configs: every warmroute Wasm filter's configuration
+for (const f of envoyConfigs) {
+  let found = 0;
+  const visit = (v) => {
+    if (Array.isArray(v)) return v.forEach(visit);
+    if (!v || typeof v !== "object") return;
+    const cfg = v.config;
+    if (cfg?.vm_config?.runtime?.startsWith("envoy.wasm.runtime") && cfg.configuration?.value !== undefined) {
+      found++;
+      contract(cfg.configuration.value, `${path.basename(f)} ${cfg.name ?? "wasm"} configuration`);
+    }
+    Object.values(v).forEach(visit);
+  };
+  load(f).forEach(visit);
+  if (!found) fail(`${f}: no Wasm filter configuration found`);
+}
+fs.rmSync(scratch, { recursive: true, force: true });
 process.exit(failed ? 1 : 0);

