@@ -80,19 +80,13 @@ pub fn backend_loads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     use crate::scrape::Scrape;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn cfg() -> Config {
-        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#)
-            .unwrap()
-    }
-
     #[test]
     fn stale_scrapes_are_ignored_and_queues_saturate() {
-        let c = cfg();
+        let c = crate::testing::config(2);
         let busy = Health {
             scraped_ms: 1000,
             scrape: Scrape {
@@ -127,7 +121,7 @@ mod tests {
 
     #[test]
     fn a_scrape_counts_only_other_gateways_traffic() {
-        let c = cfg();
+        let c = crate::testing::config(2);
         // Scraped while this gateway's request ran there; that request has ended since.
         let scraped = |running: f64| Health {
             scraped_ms: 1000,

@@ -411,14 +411,11 @@ impl Chooser<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn policy() -> PolicyConfig {
-        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#)
-            .unwrap()
-            .policy
+        crate::testing::config(1).policy
     }
 
     fn loads(v: &[f64]) -> Vec<BackendLoad> {

@@ -90,15 +90,11 @@ fn names_contain(names: &MetricNames, n: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn names() -> MetricNames {
-        Config::parse(br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#)
-            .unwrap()
-            .metrics
-            .names
+        crate::testing::config(1).metrics.names
     }
 
     #[test]

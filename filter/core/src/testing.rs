@@ -8,6 +8,7 @@
 //! their values, readable by name. Several workers on one `MemoryHost` are
 //! several VMs of one Envoy: they share its data, as Envoy's workers do.
 
+use crate::config::Config;
 use crate::host::{Callout, HeaderPair, Host, HostError, MetricKind, Versioned};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -266,5 +267,17 @@ impl Host for MemoryHost {
     fn set_tick_period_ms(&self, ms: u64) -> Result<(), HostError> {
         self.tick_period_ms.set(ms);
         Ok(())
+    }
+}
+
+/// A configuration of `n` backends (`b0`.. at `127.0.0.1:1`..), every other field at its default.
+pub fn config(n: usize) -> Config {
+    let backends: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"name":"b{i}","address":"127.0.0.1:{}"}}"#, i + 1))
+        .collect();
+    let json = format!(r#"{{"backends":[{}]}}"#, backends.join(","));
+    match Config::parse(json.as_bytes()) {
+        Ok(c) => c,
+        Err(e) => unreachable!("the test configuration is valid: {e}"),
     }
 }
