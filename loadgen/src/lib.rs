@@ -4,7 +4,8 @@
 //! - [`workload`]: session/request generators (trace replay, agents, chat, uniform).
 //! - [`runner`]: drives sessions over a keep-alive HTTP/1.1 pool (TCP_NODELAY),
 //!   records TTFT (first SSE `data:` chunk), e2e, served-by replica and usage.
-//! - [`prom`]: Prometheus text parsing and fleet prefix-cache hit rate.
+//! - [`prom`]: backends' prefix-cache counters (via `warmroute_core::prometheus`)
+//!   and the fleet hit rate.
 //! - [`report`]: statistics, human summary and the JSON report.
 //! - [`cli`]: the `warmroute-loadgen <workload> [flags]` command line.
 //!

@@ -1,4 +1,4 @@
-//! Prometheus text-format parsing and the fleet prefix-cache hit rate.
+//! Backends' prefix-cache counters from `/metrics` and the fleet hit rate.
 //!
 //! We scrape each backend's `/metrics` before and after a run and compute
 //!
@@ -14,107 +14,29 @@
 //! backwards (server restart) contributes its after-value, as Prometheus'
 //! `increase()` would.
 //!
-//! The parser accepts the text exposition format: `# ` comment/HELP/TYPE lines
-//! are skipped, label values may contain escaped quotes, commas and braces, an
-//! optional timestamp after the value is ignored. Malformed lines are skipped,
-//! never fatal: a metrics page is foreign input.
+//! Parsing is `warmroute_core::prometheus`, the parser the filter scrapes
+//! backends with, so loadgen and the router read a metrics page the same way.
+//! Malformed lines are skipped, never fatal: a metrics page is foreign input.
 
 use std::collections::BTreeMap;
+
+use warmroute_core::prometheus::parse;
 
 /// vLLM prefix-cache hit counter (tokens).
 pub const HITS: &str = "vllm:prefix_cache_hits_total";
 /// vLLM prefix-cache query counter (tokens).
 pub const QUERIES: &str = "vllm:prefix_cache_queries_total";
 
-/// One sample line.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    /// Metric name.
-    pub name: String,
-    /// Label pairs in order of appearance.
-    pub labels: Vec<(String, String)>,
-    /// Value.
-    pub value: f64,
-}
-
-/// Parse a Prometheus text page; malformed lines are skipped.
-pub fn parse(text: &str) -> Vec<Sample> {
-    text.lines().filter_map(parse_line).collect()
-}
-
-fn parse_line(line: &str) -> Option<Sample> {
-    let line = line.trim();
-    if line.is_empty() || line.starts_with('#') {
-        return None;
-    }
-    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
-    let name = &line[..name_end];
-    if name.is_empty() {
-        return None;
-    }
-    let mut rest = &line[name_end..];
-    let mut labels = Vec::new();
-    if let Some(after) = rest.strip_prefix('{') {
-        let (parsed, remaining) = parse_labels(after)?;
-        labels = parsed;
-        rest = remaining;
-    }
-    let value_str = rest.split_whitespace().next()?;
-    let value = parse_value(value_str)?;
-    Some(Sample {
-        name: name.to_string(),
-        labels,
-        value,
-    })
-}
-
-fn parse_value(s: &str) -> Option<f64> {
-    match s {
-        "+Inf" | "Inf" => Some(f64::INFINITY),
-        "-Inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => s.parse().ok(),
-    }
-}
-
-/// Parse `k="v",k2="v2"}` (after the opening brace); returns labels and the rest after `}`.
-fn parse_labels(s: &str) -> Option<(Vec<(String, String)>, &str)> {
-    let mut labels = Vec::new();
-    let mut rest = s;
-    loop {
-        rest = rest.trim_start_matches([' ', ',']);
-        if let Some(after) = rest.strip_prefix('}') {
-            return Some((labels, after));
-        }
-        let eq = rest.find('=')?;
-        let key = rest[..eq].trim().to_string();
-        rest = rest[eq + 1..].trim_start().strip_prefix('"')?;
-        let mut value = String::new();
-        let mut chars = rest.char_indices();
-        let end = loop {
-            let (i, c) = chars.next()?;
-            match c {
-                '\\' => match chars.next()?.1 {
-                    'n' => value.push('\n'),
-                    other => value.push(other),
-                },
-                '"' => break i,
-                other => value.push(other),
-            }
-        };
-        labels.push((key, value));
-        rest = &rest[end + 1..];
-    }
-}
-
-/// Sum of all samples named `name` (over label sets); `None` if absent.
-pub fn sum_metric(samples: &[Sample], name: &str) -> Option<f64> {
+/// Sum of all samples named `name` in a metrics page (over label sets); `None` if absent.
+pub fn sum_metric(text: &str, name: &str) -> Option<f64> {
     let mut found = false;
     let mut total = 0.0;
-    for s in samples.iter().filter(|s| s.name == name) {
-        found = true;
-        total += s.value;
-    }
+    parse(text, |s| {
+        if s.name == name {
+            found = true;
+            total += s.value;
+        }
+    });
     found.then_some(total)
 }
 
@@ -130,10 +52,9 @@ pub struct CacheCounters {
 impl CacheCounters {
     /// Extract from a metrics page; `None` if either counter is missing.
     pub fn from_text(text: &str) -> Option<Self> {
-        let samples = parse(text);
         Some(Self {
-            hits: sum_metric(&samples, HITS)?,
-            queries: sum_metric(&samples, QUERIES)?,
+            hits: sum_metric(text, HITS)?,
+            queries: sum_metric(text, QUERIES)?,
         })
     }
 }
@@ -211,18 +132,16 @@ pub fn metrics_url(base: &str) -> String {
     }
 }
 
-/// Group helper for summaries: value of label `key` → summed value, for metric `name`.
-pub fn by_label(samples: &[Sample], name: &str, key: &str) -> BTreeMap<String, f64> {
+/// Group helper for summaries: value of label `key` → summed value, for metric
+/// `name` in a metrics page; samples without the label group under `""`.
+pub fn by_label(text: &str, name: &str, key: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for s in samples.iter().filter(|s| s.name == name) {
-        let v = s
-            .labels
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default();
-        *out.entry(v).or_insert(0.0) += s.value;
-    }
+    parse(text, |s| {
+        if s.name == name {
+            let v = s.label(key).map(|v| v.into_owned()).unwrap_or_default();
+            *out.entry(v).or_insert(0.0) += s.value;
+        }
+    });
     out
 }
 
@@ -246,20 +165,14 @@ garbage line without value
 
     #[test]
     fn parses_counters_with_labels() {
-        let s = parse(PAGE);
-        assert_eq!(sum_metric(&s, QUERIES), Some(2000.0));
-        assert_eq!(sum_metric(&s, HITS), Some(800.0));
-        assert_eq!(sum_metric(&s, "process_open_fds"), Some(12.0));
-        assert_eq!(sum_metric(&s, "nope"), None);
-        let hit = s.iter().find(|x| x.name == HITS).unwrap();
-        assert_eq!(
-            hit.labels,
-            vec![
-                ("model_name".into(), "sim-llama-8b".into()),
-                ("note".into(), "a \"quoted\", {odd} value".into())
-            ]
-        );
-        let by_model = by_label(&s, QUERIES, "model_name");
+        assert_eq!(sum_metric(PAGE, QUERIES), Some(2000.0));
+        assert_eq!(sum_metric(PAGE, HITS), Some(800.0));
+        assert_eq!(sum_metric(PAGE, "process_open_fds"), Some(12.0));
+        assert_eq!(sum_metric(PAGE, "nope"), None);
+        let by_note = by_label(PAGE, HITS, "note");
+        assert_eq!(by_note.get("a \"quoted\", {odd} value"), Some(&600.0));
+        assert_eq!(by_note.get(""), Some(&200.0));
+        let by_model = by_label(PAGE, QUERIES, "model_name");
         assert_eq!(by_model.get("other"), Some(&800.0));
         assert_eq!(
             CacheCounters::from_text(PAGE),
