@@ -262,6 +262,10 @@ sglang:token_usage{model_name=\"Qwen/Qwen2.5-7B\",tp_rank=\"0\"} 0.28\r\n";
         assert_eq!(v[3].value, 3.0);
         assert_eq!(v[4].value, -1.5e-3);
         assert_eq!(v[5].label("a").as_deref(), Some("1"));
+        // Separators inside a quoted value are part of it.
+        let (v, _) = all("m{a=\"p, {q} r=\\\"s\\\"\",b=\"t\"} 1\n");
+        assert_eq!(v[0].label("a").as_deref(), Some("p, {q} r=\"s\""));
+        assert_eq!(v[0].label("b").as_deref(), Some("t"));
     }
 
     #[test]
