@@ -100,6 +100,16 @@ impl HeaderMap {
     pub fn serialize(&self) -> Vec<u8> {
         serialize_pairs(self.pairs.iter().map(|(k, v)| (k.as_bytes(), v.as_slice())))
     }
+
+    /// Parse the serialized pair format into a map (keys as lossy UTF-8); `None` if it does
+    /// not parse.
+    pub fn deserialize(bytes: &[u8]) -> Option<HeaderMap> {
+        let mut m = HeaderMap::new();
+        for (k, v) in deserialize_pairs(bytes)? {
+            m.add(&String::from_utf8_lossy(&k), &v);
+        }
+        Some(m)
+    }
 }
 
 pub fn serialize_pairs<'a>(pairs: impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone) -> Vec<u8> {

@@ -121,4 +121,13 @@ impl VmState {
     pub fn now_ms(&self) -> u64 {
         self.shared.clock.elapsed_ms()
     }
+
+    /// The HTTP stream of the effective context (None for the root context).
+    pub fn effective_stream(&self) -> Option<&StreamState> {
+        self.streams.get(&self.effective_ctx)
+    }
+
+    pub fn effective_stream_mut(&mut self) -> Option<&mut StreamState> {
+        self.streams.get_mut(&self.effective_ctx)
+    }
 }
