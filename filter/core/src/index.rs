@@ -44,9 +44,17 @@
 //! index at capacity (an insert and an eviction per entry, both cache misses)
 //! was most of the filter's work on it after parsing. A sampled entry counts
 //! the blocks since the previous sampled position against the backend's
-//! capacity; a prompt's last block off the sample counts none, since the next
-//! turn usually extends it and its samples count that stretch (counting both
-//! added up a stride per turn: 30% of a pod's capacity on the agent bench).
+//! capacity; a prompt's last block off the sample counts one block, not its
+//! stretch: the next turn usually extends it and its samples count that
+//! stretch (counting both added up a stride per turn: 30% of a pod's capacity
+//! on the agent bench), but counting nothing would let prompts that share a
+//! prefix and differ only past the last sample grow the index without bound
+//! (one uncounted entry each, until the TTL).
+//!
+//! Memory: every entry counts at least one block, so each backend holds at
+//! most `capacity` entries and `max_blocks` bounds the whole map; the LRU
+//! queue holds at most one stale record per live one (plus 1024) before it is
+//! compacted, so compaction is amortised O(1) per record.
 //!
 //! Cost: lookup O(matched entries); record O(entries) amortised.
 
@@ -80,8 +88,7 @@ fn kept(i: usize, last: usize) -> bool {
     sampled(i) || i == last
 }
 
-/// Blocks an entry at position `i` counts against capacity: a sampled one
-/// stands for its stride, a prompt's last block off the sample for none.
+/// Blocks a sampled position `i` stands for (0 off the sample).
 fn span(i: usize) -> u32 {
     if sampled(i) {
         stride(i) as u32
@@ -161,13 +168,22 @@ impl Index {
     pub fn set_capacities(&mut self, known: &[Option<usize>]) {
         let n = self.lru.len().max(1);
         let share = self.max_blocks / n;
+        // A scraped capacity is foreign input: clamped to the bound, and summed
+        // in 64 bits, so no value can wrap the sum on wasm32.
         let wanted: Vec<usize> = (0..self.lru.len())
-            .map(|b| known.get(b).copied().flatten().unwrap_or(share).max(1))
+            .map(|b| {
+                known
+                    .get(b)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(share)
+                    .clamp(1, self.max_blocks.max(1))
+            })
             .collect();
-        let sum: usize = wanted.iter().sum();
+        let sum: u64 = wanted.iter().map(|&w| w as u64).sum();
         for (lru, w) in self.lru.iter_mut().zip(wanted) {
-            lru.capacity = if sum > self.max_blocks {
-                ((w as u128 * self.max_blocks as u128) / sum as u128).max(1) as usize
+            lru.capacity = if sum > self.max_blocks as u64 {
+                ((w as u128 * self.max_blocks as u128) / u128::from(sum)).max(1) as usize
             } else {
                 w
             };
@@ -260,7 +276,8 @@ impl Index {
                 continue;
             }
             let key = h ^ salt;
-            let span = span(i);
+            // A last block off the sample counts one block (see "Sampled positions").
+            let span = span(i).max(1);
             match self.map.entry(key) {
                 Entry::Occupied(mut e) => {
                     if now_ms.saturating_sub(*e.get()) < REFRESH_MS {
@@ -349,6 +366,35 @@ mod tests {
     }
 
     #[test]
+    fn prompts_that_differ_past_the_last_sample_stay_bounded() {
+        // 35 blocks: 34 shared, the last (off the sample) differs per prompt. Each used
+        // to add an entry that counted no capacity, so only the TTL removed them.
+        let cap = 1024;
+        let mut ix = Index::new(1, cap, 600_000);
+        let mut max_queue = 0;
+        for p in 0..50_000u64 {
+            let mut blocks = chain(1, 34);
+            blocks.push(0xdead_0000_0000 | p);
+            ix.record(&blocks, 0, p);
+            max_queue = max_queue.max(ix.lru[0].queue.len());
+        }
+        assert!(ix.map.len() <= cap, "{} entries", ix.map.len());
+        assert!(ix.len_of(0) <= cap);
+        assert!(max_queue <= 2 * cap + 1024 + 35, "queue {max_queue}");
+        // The shared part is still there (it is refreshed by every prompt).
+        assert_eq!(lens(&ix, &chain(1, 34), 50_000), vec![34]);
+    }
+
+    #[test]
+    fn hostile_capacities_never_wrap_the_bound() {
+        let mut ix = Index::new(3, 1 << 26, 1000);
+        ix.set_capacities(&[Some(usize::MAX), Some(usize::MAX / 2), None]);
+        let total: u64 = (0..3).map(|b| ix.capacity(b) as u64).sum();
+        assert!(total <= 1 << 26, "{total}");
+        assert!((0..3).all(|b| ix.capacity(b) >= 1));
+    }
+
+    #[test]
     fn a_long_prompt_costs_a_sample_of_entries_but_counts_all_its_blocks() {
         let mut ix = Index::new(1, 1 << 20, 60_000);
         ix.record(&chain(1, 512), 0, 0);
@@ -360,11 +406,16 @@ mod tests {
     #[test]
     fn turns_of_a_conversation_count_each_block_once() {
         let mut ix = Index::new(1, 1 << 20, 60_000);
-        for end in (100..1000).step_by(37).chain([1000]) {
+        let ends: Vec<usize> = (100..1000).step_by(37).chain([1000]).collect();
+        for &end in &ends {
             ix.record(&chain(1, end), 0, 0);
         }
-        // 1000 blocks; the last ones (past the last sample, 991) wait for the next turn.
-        assert_eq!(ix.len_of(0), 992);
+        // 1000 blocks, each once up to the last sample (991); past it the last ones wait
+        // for the next turn. A turn that ended off the sample counts one block for it,
+        // not the stretch its samples count again.
+        let off_sample = ends.iter().filter(|&&e| !sampled(e - 1)).count();
+        assert_eq!(off_sample, 23);
+        assert_eq!(ix.len_of(0), 992 + off_sample);
     }
 
     #[test]
