@@ -113,6 +113,12 @@ impl Vm {
         self.inner.borrow().crashed.clone()
     }
 
+    /// Takes the VM down as a crash would: Envoy calls nothing of it again, not
+    /// `proxy_on_log` for its open streams, not `proxy_on_done`, not its tick.
+    pub fn kill(&self, why: &str) {
+        self.inner.borrow_mut().crashed = Some(format!("killed by the test: {why}"));
+    }
+
     /// Push a new plugin configuration and call `proxy_on_configure` again.
     pub fn configure(&self, plugin_config: &[u8]) -> Result<bool> {
         let mut inner = self.inner.borrow_mut();

@@ -256,6 +256,7 @@ struct WireConfig {
     index: WireIndex,
     metrics: WireMetrics,
     debug_header: bool,
+    debug_match_counts: bool,
 }
 
 impl Default for WireConfig {
@@ -273,6 +274,7 @@ impl Default for WireConfig {
             index: WireIndex::default(),
             metrics: WireMetrics::default(),
             debug_header: false,
+            debug_match_counts: false,
         }
     }
 }
@@ -391,10 +393,23 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Whether to add the `x-warmroute` response header.
     pub debug_header: bool,
+    /// Whether that header says how much of the prompt the pod held: off by
+    /// default, since it tells any client whether someone sent that prefix recently.
+    pub debug_match_counts: bool,
 }
 
 /// Most backends one filter instance routes over.
 pub const MAX_BACKENDS: usize = 1024;
+
+// Bounds that keep one worker VM well inside a wasm32 address space (4 GiB,
+// shared by everything the VM holds), whatever the configuration says.
+
+/// Largest body parsed: it is copied into the VM, and decoded strings may copy it again.
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+/// Most index entries per VM: ~50 bytes each with the LRU queue, ~100 MiB at the bound.
+pub const MAX_INDEX_BLOCKS: usize = 1 << 21;
+/// Largest shared-data budget of the index log (1024 slots of 16 KiB).
+pub const MAX_LOG_BYTES: usize = 16 << 20;
 
 fn valid_header_name(name: &str) -> bool {
     !name.is_empty()
@@ -530,9 +545,14 @@ impl TryFrom<WireConfig> for Config {
             return Err(bad("session_header", "is not a valid header name"));
         }
         let index = IndexConfig {
-            max_blocks: in_range("index.max_blocks", w.index.max_blocks, 1024, 1 << 26)?,
+            max_blocks: in_range(
+                "index.max_blocks",
+                w.index.max_blocks,
+                1024,
+                MAX_INDEX_BLOCKS,
+            )?,
             ttl_ms: in_range("index.ttl_ms", w.index.ttl_ms, 1000, 7 * 24 * 3_600_000)?,
-            log_bytes: in_range("index.log_bytes", w.index.log_bytes, 4096, 64 << 20)?,
+            log_bytes: in_range("index.log_bytes", w.index.log_bytes, 4096, MAX_LOG_BYTES)?,
             bytes_per_token: finite_in_range(
                 "index.bytes_per_token",
                 w.index.bytes_per_token,
@@ -582,6 +602,9 @@ impl TryFrom<WireConfig> for Config {
                 * index.bytes_per_token
                 / block_bytes as f64,
         };
+        if w.debug_match_counts && !w.debug_header {
+            return Err(bad("debug_match_counts", "needs debug_header"));
+        }
         let m = w.metrics;
         let period_ms = in_range("metrics.period_ms", m.period_ms, 50, 3_600_000)?;
         let timeout_ms = in_range("metrics.timeout_ms", m.timeout_ms, 10, 3_600_000)?;
@@ -618,12 +641,13 @@ impl TryFrom<WireConfig> for Config {
             strategy: w.strategy,
             route,
             block_bytes,
-            max_body_bytes: in_range("max_body_bytes", w.max_body_bytes, 1024, 1 << 30)?,
+            max_body_bytes: in_range("max_body_bytes", w.max_body_bytes, 1024, MAX_BODY_BYTES)?,
             session_header,
             policy,
             index,
             metrics,
             debug_header: w.debug_header,
+            debug_match_counts: w.debug_match_counts,
         })
     }
 }
@@ -778,6 +802,23 @@ mod tests {
         assert_eq!(
             err(&format!("{base}\"route\":{{\"header\":\"bad header\"}}}}")).field,
             "route.header"
+        );
+        assert_eq!(
+            err(&format!("{base}\"debug_match_counts\":true}}")).field,
+            "debug_match_counts"
+        );
+        // Sizes past what a wasm32 VM can hold.
+        assert_eq!(
+            err(&format!("{base}\"max_body_bytes\":1073741824}}")).field,
+            "max_body_bytes"
+        );
+        assert_eq!(
+            err(&format!("{base}\"index\":{{\"max_blocks\":67108864}}}}")).field,
+            "index.max_blocks"
+        );
+        assert_eq!(
+            err(&format!("{base}\"index\":{{\"log_bytes\":67108864}}}}")).field,
+            "index.log_bytes"
         );
     }
 

@@ -155,4 +155,44 @@ mod tests {
         assert!(!h.down);
         assert_eq!((h.failures, h.scraped_ms, h.scrape.running), (0, 30, 1.0));
     }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn health() -> impl Strategy<Value = Health> {
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<bool>(),
+                (0.0..1e12f64, 0.0..1e12f64, 0.0..=1.0f64),
+                proptest::option::of(0u64..1 << 50),
+                any::<u32>(),
+            )
+                .prop_map(
+                    |(scraped_ms, failures, down, (running, waiting, kv_usage), cap, own)| Health {
+                        scraped_ms,
+                        failures,
+                        down,
+                        scrape: Scrape {
+                            running,
+                            waiting,
+                            kv_usage,
+                            capacity_tokens: cap,
+                            own_inflight: own,
+                        },
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config())]
+
+            #[test]
+            fn decode_inverts_encode(all in proptest::collection::vec(health(), 0..20)) {
+                prop_assert_eq!(decode_health(&encode_health(&all), all.len()), all);
+            }
+        }
+    }
 }

@@ -171,4 +171,29 @@ mod tests {
         );
         assert_eq!(LogShape::new(1 << 20).slot(130), 2);
     }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config())]
+
+            #[test]
+            fn decode_inverts_encode(
+                seq in any::<u64>(),
+                origin in any::<u64>(),
+                backend in any::<u16>(),
+                time_ms in any::<u64>(),
+                blocks in proptest::collection::vec(any::<u64>(), 0..600),
+            ) {
+                let bytes = Event::encode(seq, origin, backend, time_ms, &blocks, 4096);
+                let ev = Event::decode(&bytes).unwrap();
+                // A chain longer than the slot keeps its head.
+                let kept = blocks.len().min((4096 - EVENT_HEADER) / 8);
+                prop_assert_eq!(ev, Event { seq, origin, backend, time_ms, blocks: blocks[..kept].to_vec() });
+            }
+        }
+    }
 }

@@ -103,3 +103,24 @@ pub fn decode_inflight(bytes: &[u8], n: usize) -> Option<Vec<InFlight>> {
         })
         .collect()
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config())]
+
+        #[test]
+        fn decode_inverts_encode(all in proptest::collection::vec((any::<u32>(), any::<u32>()), 0..64)) {
+            let all: Vec<InFlight> = all
+                .into_iter()
+                .map(|(requests, prefill_blocks)| InFlight { requests, prefill_blocks })
+                .collect();
+            let mut bytes = Vec::new();
+            encode_inflight(&all, &mut bytes);
+            prop_assert_eq!(decode_inflight(&bytes, all.len()), Some(all));
+        }
+    }
+}

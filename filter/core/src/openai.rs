@@ -624,4 +624,75 @@ mod tests {
             Err(ParseError::Shape)
         );
     }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Roles and contents drawn with the separator bytes over-represented.
+        fn text() -> impl Strategy<Value = String> {
+            proptest::collection::vec(
+                prop_oneof![
+                    Just("\u{1e}".to_string()),
+                    Just("\u{1f}".to_string()),
+                    Just("\u{1d}".to_string()),
+                    Just("\u{1b}".to_string()),
+                    Just("user".to_string()),
+                    "[a-z \n\"\\\\]{0,6}",
+                    any::<String>(),
+                ],
+                0..6,
+            )
+            .prop_map(|parts| parts.concat())
+        }
+
+        fn messages() -> impl Strategy<Value = Vec<(String, String)>> {
+            let role = prop_oneof![
+                Just("system".to_string()),
+                Just("user".to_string()),
+                Just("assistant".to_string()),
+                text()
+            ];
+            proptest::collection::vec((role, text()), 1..6)
+        }
+
+        fn body(messages: &[(String, String)]) -> Vec<u8> {
+            let m: Vec<serde_json::Value> = messages
+                .iter()
+                .map(|(r, c)| serde_json::json!({"role": r, "content": c}))
+                .collect();
+            serde_json::to_vec(&serde_json::json!({"model": "m", "messages": m})).unwrap()
+        }
+
+        /// With 1-byte blocks the chain names every byte of the canonical stream.
+        fn stream(messages: &[(String, String)]) -> Vec<u64> {
+            prompt_key(Endpoint::Chat, &body(messages), 1, 2048)
+                .unwrap()
+                .blocks
+        }
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config())]
+
+            #[test]
+            fn the_next_turn_extends_the_previous_turns_key(m in messages(), next in messages()) {
+                let mut longer = m.clone();
+                longer.extend(next);
+                for block in [1, 16, 256] {
+                    let a = prompt_key(Endpoint::Chat, &body(&m), block, 2048).unwrap();
+                    let b = prompt_key(Endpoint::Chat, &body(&longer), block, 2048).unwrap();
+                    prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+                }
+            }
+
+            #[test]
+            fn separators_in_content_never_forge_another_structure(a in messages(), b in messages()) {
+                // Different messages, same canonical stream, would be a forged boundary
+                // (a 64-bit hash collision aside).
+                prop_assume!(a != b);
+                prop_assert_ne!(stream(&a), stream(&b));
+            }
+        }
+    }
 }

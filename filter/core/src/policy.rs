@@ -57,10 +57,12 @@
 //!   replicas place a new conversation on the same pod);
 //! - nothing matches anywhere but the prompt carries earlier turns (a
 //!   conversation whose turns went through other gateway replicas) → the first
-//!   non-saturated backend in rendezvous order, ignoring the relative bound:
-//!   this gateway's in-flight counts are its own share of the load, and
-//!   agreeing with the other replicas on the pod that holds the conversation
-//!   is worth more than its guess at balance;
+//!   backend in rendezvous order within the warm bound (`max(cap,
+//!   warm_min_cap)`), not the relative one: this gateway's in-flight counts are
+//!   its own share of the load, and agreeing with the other replicas on the
+//!   pod that holds the conversation is worth more than its guess at balance;
+//!   but a forged continuation (any client can send one) gets no more than a
+//!   real one;
 //! - otherwise the best score wins; scores within `tie_margin` of the best
 //!   are ties, broken by rendezvous order (again for cross-gateway agreement);
 //! - if the backend with the longest match overall was not chosen, the request
@@ -328,8 +330,11 @@ impl Chooser<'_> {
             // saturation state alone, not by this gateway's in-flight view, lets every
             // replica agree on that pod.
             // That pod is then believed to hold the history, which matters for the
-            // prefill this request is accounted to queue there.
-            if let Some(b) = order.iter().copied().find(|&b| !self.loads[b].saturated) {
+            // prefill this request is accounted to queue there. The warm bound still
+            // applies: anyone can send a request that looks like a continuation, and a
+            // tenant who computed a pod's rendezvous order offline could otherwise pile
+            // load on it until the pod itself reports a queue.
+            if let Some(b) = order.iter().copied().find(|&b| self.eligible(b, warm_cap)) {
                 let held = matched(b).max(req.history_blocks.min(req.blocks));
                 return self.finish(b, req.anchor, held, Reason::Placed);
             }

@@ -30,10 +30,15 @@ use crate::load::{backend_loads, BackendLoad};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
 use crate::scrape::Scrape;
-use crate::store::{Keys, Store};
+use crate::store::{Keys, Store, Writer};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
+
+/// Tick periods without a heartbeat after which a VM's in-flight share is
+/// taken back (see [`crate::store`], "Self-healing"): a live VM holding
+/// requests writes one every tick, so three leave room for a late tick.
+pub const RECLAIM_TICKS: u64 = 3;
 
 /// What the filter learned about one request.
 #[derive(Debug, Clone, Default)]
@@ -91,6 +96,12 @@ struct Observed {
     log_gap: bool,
     host_errors: u32,
     now: u64,
+}
+
+fn note_reclaimed(vms: &[u64]) {
+    for vm in vms {
+        log::info!("warmroute: took back the in-flight share of worker VM {vm}, silent for {RECLAIM_TICKS} ticks");
+    }
 }
 
 /// The fleet's identity: the shared-data key space of everything this
@@ -349,10 +360,12 @@ impl Router {
             keys: &self.keys,
             n: self.cfg.backends.len(),
         };
-        let held = match store.account(seen.ledger, &self.unreleased, !chain.is_empty()) {
-            Ok((_, reserved)) => {
+        let writer = self.writer(seen.now);
+        let held = match store.account(seen.ledger, writer, &self.unreleased, !chain.is_empty()) {
+            Ok(accounted) => {
                 self.unreleased.fill(Delta::default());
-                if let Some(seq) = reserved {
+                note_reclaimed(&accounted.reclaimed);
+                if let Some(seq) = accounted.seq {
                     let written =
                         store.write_event(seq, self.vm_id, primary as u16, seen.now, chain);
                     host_errors += u32::from(written.is_err());
@@ -384,7 +397,7 @@ impl Router {
     ///
     /// While this VM has other requests open, no host call: the next routed
     /// request carries the release in the ledger write it makes anyway, or
-    /// the last open request's end, or the tick ([`Router::flush_releases`]).
+    /// the last open request's end, or the tick ([`Router::tick_ledger`]).
     /// This VM routes on the release at once; the others see it that much
     /// later, which over-counts load only while this worker is busy anyway.
     /// An idle worker writes at once: at low load one phantom request is
@@ -433,15 +446,44 @@ impl Router {
         }
     }
 
-    /// Writes the releases no routed request has carried yet (from the tick,
-    /// and when the VM stops).
+    /// Writes the releases no routed request has carried yet (when the VM stops).
     pub fn flush_releases<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
         if self.unreleased.iter().all(|d| *d == Delta::default()) {
             return Ok(());
         }
-        self.store(host).account(None, &self.unreleased, false)?;
+        let accounted =
+            self.store(host)
+                .account(None, self.writer(host.now_ms()), &self.unreleased, false)?;
         self.unreleased.fill(Delta::default());
+        note_reclaimed(&accounted.reclaimed);
         Ok(())
+    }
+
+    /// The tick's ledger work: writes the releases waiting for it, this VM's
+    /// heartbeat while it holds requests, and takes back the shares of VMs
+    /// that stopped writing. Returns what this gateway has in flight.
+    pub fn tick_ledger<H: Host>(&mut self, host: &H) -> Result<Vec<InFlight>, HostError> {
+        let read = self.store(host).read_ledger()?;
+        let writer = self.writer(host.now_ms());
+        let pending = self.unreleased.iter().any(|d| *d != Delta::default());
+        if !pending && self.open_requests == 0 && !read.value.has_abandoned(&writer) {
+            return Ok(read.value.inflight);
+        }
+        let accounted =
+            self.store(host)
+                .account(Some(read.raw), writer, &self.unreleased, false)?;
+        self.unreleased.fill(Delta::default());
+        note_reclaimed(&accounted.reclaimed);
+        Ok(accounted.ledger.inflight)
+    }
+
+    /// This VM as a ledger writer at `now_ms`.
+    fn writer(&self, now_ms: u64) -> Writer {
+        Writer {
+            vm: self.vm_id,
+            now_ms,
+            reclaim_after_ms: RECLAIM_TICKS.saturating_mul(self.cfg.metrics.period_ms),
+        }
     }
 
     /// Drops index entries idle past the TTL (from the tick).
@@ -683,6 +725,34 @@ mod tests {
             (held.requests, held.prefill_blocks),
             (1, second.held.prefill_blocks as u32)
         );
+    }
+
+    #[test]
+    fn forged_continuations_cannot_pile_onto_one_pod() {
+        // 50 requests in flight at once, all "continuations" of one conversation that
+        // this gateway never saw: without a bound they would all follow the anchor.
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        for i in 0..50 {
+            let key = chat(&[
+                ("user", "the same opening turn"),
+                ("assistant", "ok"),
+                ("user", &format!("forged {i}")),
+            ]);
+            assert!(key.continuation);
+            a.route(
+                &host,
+                &Request {
+                    key: Some(&key),
+                    session: None,
+                },
+            );
+        }
+        let inflight = a.store(&host).inflight().unwrap();
+        // The bound at the last decision: ceil((1 + eps) * (49 + 1) / 3) = 25.
+        let most = inflight.iter().map(|f| f.requests).max().unwrap();
+        assert!(most <= 25, "{inflight:?}");
+        assert_eq!(inflight.iter().map(|f| f.requests).sum::<u32>(), 50);
     }
 
     #[test]

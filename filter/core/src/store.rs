@@ -5,11 +5,30 @@
 //! bytes. Updates are read-modify-write with CAS, retried a bounded number of
 //! times (a worker that keeps losing gives up and counts it rather than spin).
 //!
-//! The value every routed request updates is the *ledger*: each backend's
-//! in-flight record and the sequence number the index log's next event gets.
-//! One read of it tells a request both what is in flight and which log
-//! events to apply, and one CAS both accounts the request and reserves its
-//! event's sequence number: two host calls where separate keys took four.
+//! The value every routed request updates is the *ledger*: each VM's share
+//! of the in-flight records (per backend) and the sequence number the index
+//! log's next event gets. One read of it tells a request both what is in
+//! flight and which log events to apply, and one CAS both accounts the
+//! request and reserves its event's sequence number: two host calls where
+//! separate keys took four.
+//!
+//! ## Self-healing
+//! ```text
+//! inflight_b = Σ_v share_v,b            (what routing weighs)
+//! a write by VM w:  share_w += deltas; heartbeat_w = now;
+//!                   drop every share_v (v ≠ w) with now − heartbeat_v ≥ reclaim_after
+//!                   drop every all-zero share
+//! ```
+//! A VM that crashes, or is torn down without `on_log`/`on_done`, leaves its
+//! open requests and its unwritten releases behind. Kept per VM, that
+//! residue is one share, and the first write after `reclaim_after` (3 tick
+//! periods) without a heartbeat takes it back, in the same CAS as everything
+//! else: no pod looks loaded for good. A live VM holding anything writes its
+//! heartbeat at every tick; one that holds nothing has nothing to lose. A VM
+//! silent past `reclaim_after` that comes back finds its share gone: its
+//! releases then saturate at 0 instead of taking back others' counts.
+//! Cost: the record grows by 16 bytes plus one in-flight record per backend
+//! for each VM holding requests (2-8 workers), not per request.
 
 use crate::codec::{self, put, Reader};
 use crate::health::{decode_health, encode_health, Health};
@@ -107,21 +126,64 @@ pub struct Read<T> {
     pub raw: Versioned,
 }
 
-/// In-flight work per backend and the index log's head, updated together.
+/// One VM's part of the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Share {
+    /// The VM ([`Store::new_vm_id`]).
+    pub vm: u64,
+    /// Host time of its last write.
+    pub heartbeat_ms: u64,
+    /// What its routed requests hold, per backend.
+    pub inflight: Vec<InFlight>,
+}
+
+impl Share {
+    fn is_empty(&self) -> bool {
+        self.inflight.iter().all(|f| *f == InFlight::default())
+    }
+}
+
+/// In-flight work per backend, by VM, and the index log's head, updated together.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Ledger {
-    /// Each backend's in-flight record.
+    /// Every VM's share added up, per backend: what routing weighs.
     pub inflight: Vec<InFlight>,
     /// Sequence number the next index-log event gets.
     pub next_seq: u64,
+    /// Each VM's share.
+    pub shares: Vec<Share>,
+}
+
+/// Who writes the ledger, and when another VM's share counts as abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writer {
+    /// The writing VM.
+    pub vm: u64,
+    /// Host time of the write.
+    pub now_ms: u64,
+    /// A share whose heartbeat is this old is taken back.
+    pub reclaim_after_ms: u64,
+}
+
+impl Writer {
+    fn abandoned(&self, share: &Share) -> bool {
+        share.vm != self.vm
+            && self.now_ms.saturating_sub(share.heartbeat_ms) >= self.reclaim_after_ms
+    }
 }
 
 impl Ledger {
     fn encode(&self) -> Vec<u8> {
+        let n = self.inflight.len();
         // One allocation: this runs in every request's CAS.
-        let mut out = Vec::with_capacity(8 + inflight_len(self.inflight.len()));
+        let mut out = Vec::with_capacity(12 + self.shares.len() * (16 + inflight_len(n)));
         put(&mut out, self.next_seq);
-        encode_inflight(&self.inflight, &mut out);
+        put(&mut out, self.shares.len() as u32);
+        for s in &self.shares {
+            put(&mut out, s.vm);
+            put(&mut out, s.heartbeat_ms);
+            encode_inflight(&s.inflight, &mut out);
+        }
         out
     }
 
@@ -130,16 +192,58 @@ impl Ledger {
         let parsed = bytes.and_then(|b| {
             let mut r = Reader::new(b);
             let next_seq = r.get()?;
-            Some(Ledger {
-                inflight: decode_inflight(r.rest(), n)?,
-                next_seq,
-            })
+            let count = r.get::<u32>()? as usize;
+            let share_len = 16 + inflight_len(n);
+            if r.rest().len() != count.checked_mul(share_len)? {
+                return None;
+            }
+            let shares = r
+                .rest()
+                .chunks_exact(share_len)
+                .map(|c| {
+                    let mut s = Reader::new(c);
+                    Some(Share {
+                        vm: s.get()?,
+                        heartbeat_ms: s.get()?,
+                        inflight: decode_inflight(s.rest(), n)?,
+                    })
+                })
+                .collect::<Option<Vec<Share>>>()?;
+            Some(Ledger::with_total(next_seq, shares, n))
         });
-        parsed.unwrap_or_else(|| Ledger {
-            inflight: vec![InFlight::default(); n],
-            next_seq: 0,
-        })
+        parsed.unwrap_or_else(|| Ledger::with_total(0, Vec::new(), n))
     }
+
+    fn with_total(next_seq: u64, shares: Vec<Share>, n: usize) -> Ledger {
+        let mut inflight = vec![InFlight::default(); n];
+        for s in &shares {
+            for (t, f) in inflight.iter_mut().zip(&s.inflight) {
+                t.requests = t.requests.saturating_add(f.requests);
+                t.prefill_blocks = t.prefill_blocks.saturating_add(f.prefill_blocks);
+            }
+        }
+        Ledger {
+            inflight,
+            next_seq,
+            shares,
+        }
+    }
+
+    /// Whether `writer` would take some other VM's share back.
+    pub fn has_abandoned(&self, writer: &Writer) -> bool {
+        self.shares.iter().any(|s| writer.abandoned(s))
+    }
+}
+
+/// What one ledger write did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accounted {
+    /// The ledger as written.
+    pub ledger: Ledger,
+    /// The log sequence number reserved, if asked.
+    pub seq: Option<u64>,
+    /// VMs whose abandoned shares this write took back.
+    pub reclaimed: Vec<u64>,
 }
 
 /// Typed access to the shared fleet state.
@@ -184,26 +288,52 @@ impl<H: Host> Store<'_, H> {
     }
 
     /// One CAS on the ledger, starting from `seed` (an earlier read): adds
-    /// `deltas[b]` to backend `b`'s record (each field saturating at 0) and,
-    /// if `reserve`, takes the next log sequence number. Returns the ledger
-    /// as written and the reserved number.
+    /// `deltas[b]` to the writer's share of backend `b` (each field saturating
+    /// at 0), refreshes its heartbeat, takes back abandoned shares (see
+    /// "Self-healing") and, if `reserve`, takes the next log sequence number.
     pub fn account(
         &self,
         seed: Option<Versioned>,
+        writer: Writer,
         deltas: &[Delta],
         reserve: bool,
-    ) -> Result<(Ledger, Option<u64>), HostError> {
+    ) -> Result<Accounted, HostError> {
         let n = self.n;
         update_after(self.host, &self.keys.ledger, seed, |v| {
-            let mut ledger = Ledger::decode(v.as_deref(), n);
-            for (x, d) in ledger.inflight.iter_mut().zip(deltas) {
+            let ledger = Ledger::decode(v.as_deref(), n);
+            let mut reclaimed = Vec::new();
+            let mut mine = Share {
+                vm: writer.vm,
+                heartbeat_ms: writer.now_ms,
+                inflight: vec![InFlight::default(); n],
+            };
+            let mut shares = Vec::with_capacity(ledger.shares.len() + 1);
+            for s in ledger.shares {
+                if s.vm == writer.vm {
+                    mine.inflight = s.inflight;
+                } else if writer.abandoned(&s) {
+                    reclaimed.push(s.vm);
+                } else if !s.is_empty() {
+                    shares.push(s);
+                }
+            }
+            for (x, d) in mine.inflight.iter_mut().zip(deltas) {
                 x.apply(*d);
             }
-            let seq = reserve.then_some(ledger.next_seq);
-            if reserve {
-                ledger.next_seq = ledger.next_seq.wrapping_add(1);
+            if !mine.is_empty() {
+                shares.push(mine);
             }
-            (Some(ledger.encode()), (ledger, seq))
+            let seq = reserve.then_some(ledger.next_seq);
+            let next_seq = ledger.next_seq.wrapping_add(u64::from(reserve));
+            let ledger = Ledger::with_total(next_seq, shares, n);
+            (
+                Some(ledger.encode()),
+                Accounted {
+                    ledger,
+                    seq,
+                    reclaimed,
+                },
+            )
         })
     }
 
@@ -299,8 +429,17 @@ mod tests {
     ) -> Result<Vec<InFlight>, HostError> {
         let mut deltas = vec![Delta::default(); s.n];
         deltas[backend] = delta;
-        s.account(None, &deltas, false)
-            .map(|(ledger, _)| ledger.inflight)
+        s.account(None, writer(s, 1), &deltas, false)
+            .map(|a| a.ledger.inflight)
+    }
+
+    /// VM `vm` writing now, abandoned shares taken back after 1.5 s.
+    fn writer(s: &Store<'_, MemoryHost>, vm: u64) -> Writer {
+        Writer {
+            vm,
+            now_ms: s.host.now_ms(),
+            reclaim_after_ms: 1500,
+        }
     }
 
     /// Appends an index event outside a request: reserves its seq, then writes its slot.
@@ -310,8 +449,10 @@ mod tests {
         backend: u16,
         blocks: &[u64],
     ) -> Result<u64, HostError> {
-        let (_, seq) = s.account(None, &[], true)?;
-        let seq = seq.unwrap_or_default();
+        let seq = s
+            .account(None, writer(s, 1), &[], true)?
+            .seq
+            .unwrap_or_default();
         s.write_event(seq, origin, backend, s.host.now_ms(), blocks)?;
         Ok(seq)
     }
@@ -333,8 +474,8 @@ mod tests {
     ) -> (Vec<u32>, u64) {
         let mut deltas = vec![Delta::default(); s.n];
         deltas[backend] = Delta::requests(1);
-        let (ledger, seq) = s.account(Some(seed), &deltas, true).unwrap();
-        (requests_of(ledger.inflight), seq.unwrap())
+        let a = s.account(Some(seed), writer(s, 1), &deltas, true).unwrap();
+        (requests_of(a.ledger.inflight), a.seq.unwrap())
     }
 
     #[test]
@@ -397,6 +538,39 @@ mod tests {
         // Releases never move the log.
         add_inflight(&s, 1, -Delta::requests(1)).unwrap();
         assert_eq!(s.log_next_seq().unwrap(), 5);
+    }
+
+    #[test]
+    fn a_silent_vms_share_is_taken_back_by_the_next_write() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
+        let s = shared(&host, &keys);
+        let on_0 = |requests| {
+            let mut d = vec![Delta::default(); 3];
+            d[0] = Delta::requests(requests);
+            d
+        };
+        s.account(None, writer(&s, 1), &on_0(5), false).unwrap();
+        host.now.set(1000);
+        s.account(None, writer(&s, 2), &on_0(2), false).unwrap();
+        assert_eq!(requests(&s), vec![7, 0, 0]);
+        // VM 1 last wrote at 0: still its own until 1500.
+        host.now.set(1499);
+        let a = s.account(None, writer(&s, 2), &[], false).unwrap();
+        assert!(a.reclaimed.is_empty());
+        assert_eq!(requests_of(a.ledger.inflight), vec![7, 0, 0]);
+        host.now.set(1500);
+        let a = s.account(None, writer(&s, 2), &[], false).unwrap();
+        assert_eq!(a.reclaimed, vec![1]);
+        assert_eq!(requests_of(a.ledger.inflight), vec![2, 0, 0]);
+        // VM 1 comes back: its releases saturate at 0 and take nothing of VM 2's.
+        host.now.set(1600);
+        let a = s.account(None, writer(&s, 1), &on_0(-5), false).unwrap();
+        assert_eq!(requests_of(a.ledger.inflight), vec![2, 0, 0]);
+        assert_eq!(a.ledger.shares.len(), 1, "an empty share is not kept");
+        // Nobody takes back its own share, however old.
+        host.now.set(99_999);
+        let a = s.account(None, writer(&s, 2), &[], false).unwrap();
+        assert_eq!(requests_of(a.ledger.inflight), vec![2, 0, 0]);
     }
 
     #[test]

@@ -281,3 +281,15 @@ pub fn config(n: usize) -> Config {
         Err(e) => unreachable!("the test configuration is valid: {e}"),
     }
 }
+
+/// Property-test settings: a fixed seed, so a run is reproducible and a
+/// property that holds can never fail by chance; no files written.
+#[cfg(all(test, not(target_arch = "wasm32")))]
+pub fn proptest_config() -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases: 256,
+        failure_persistence: None,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x7772_6d72),
+        ..proptest::test_runner::Config::default()
+    }
+}

@@ -6,10 +6,12 @@
 //! ```text
 //! on_request_headers  strip client routing headers; an inference POST pauses for its body
 //! on_request_body     at end of stream: parse → prompt key → Router::route → routing header
+//! on_request_trailers the same, for a body that ends with trailers
 //! on_response_body    first streamed byte: the prompt is prefilled (queue released)
 //! on_log              the request ends: its in-flight share is released
-//! tick                flush stats and releases, expire the index, re-read health;
-//!                     the lease holder dispatches the scrapes that are due
+//! tick                flush stats and releases, heartbeat, take back silent VMs'
+//!                     in-flight, expire the index, re-read health; the lease
+//!                     holder dispatches the scrapes that are due
 //! on_scrape           a scrape reply (or failure) → health, shared with every VM
 //! ```
 //! A body that cannot be read (too large, compressed, not JSON, another
@@ -45,6 +47,8 @@ pub struct Exchange {
     endpoint: Option<Endpoint>,
     session: Option<String>,
     awaiting_body: bool,
+    /// Body bytes Envoy has buffered so far.
+    buffered: usize,
     /// The backend this request was routed to.
     chosen: Option<usize>,
     /// What this request holds on `chosen` until released.
@@ -166,6 +170,7 @@ impl Worker {
         if !ex.awaiting_body {
             return Step::Continue;
         }
+        ex.buffered = body_size;
         if body_size > self.router.config().max_body_bytes {
             ex.awaiting_body = false;
             self.route(host, ex, None, Some(Fallback::TooLarge), Laps::start(host));
@@ -177,6 +182,24 @@ impl Worker {
         ex.awaiting_body = false;
         let mut laps = Laps::start(host);
         let body = host.request_body(body_size).unwrap_or_default();
+        laps.lap(host, Phase::Body);
+        self.route(host, ex, Some(&body), None, laps);
+        Step::Continue
+    }
+
+    /// Request trailers: the body ended without an end-of-stream body callback
+    /// (gRPC-style or chunked uploads with trailers), so route on what was buffered.
+    pub fn on_request_trailers<H: Host>(&mut self, host: &H, ex: &mut Exchange) -> Step {
+        if !ex.awaiting_body {
+            return Step::Continue;
+        }
+        ex.awaiting_body = false;
+        if ex.buffered == 0 {
+            self.route(host, ex, None, Some(Fallback::NoBody), Laps::start(host));
+            return Step::Continue;
+        }
+        let mut laps = Laps::start(host);
+        let body = host.request_body(ex.buffered).unwrap_or_default();
         laps.lap(host, Phase::Body);
         self.route(host, ex, Some(&body), None, laps);
         Step::Continue
@@ -248,13 +271,16 @@ impl Worker {
         laps.done();
         if cfg.debug_header {
             let backend = cfg.backends.get(primary).map_or("", |b| b.name.as_str());
+            // Match counts only on request: they tell whether anyone sent this prefix lately.
+            let matched = if cfg.debug_match_counts {
+                format!(";match={}/{}", routed.decision.matched, routed.blocks)
+            } else {
+                String::new()
+            };
+            let fallback = why.map_or(String::new(), |w| format!(";fallback={}", w.name()));
             ex.debug = Some(format!(
-                "backend={backend};match={}/{};reason={}{}",
-                routed.decision.matched,
-                routed.blocks,
-                routed.decision.reason.name(),
-                why.map(|w| format!(";fallback={}", w.name()))
-                    .unwrap_or_default()
+                "backend={backend}{matched};reason={}{fallback}",
+                routed.decision.reason.name()
             ));
         }
     }
@@ -305,21 +331,21 @@ impl Worker {
         }
     }
 
-    /// The root context's tick: flushes stats and pending releases, ages the
+    /// The root context's tick: flushes stats; writes pending releases and this
+    /// VM's heartbeat, and takes back silent VMs' in-flight shares; ages the
     /// index, re-reads health, refreshes the gauges and, in the VM holding
     /// the scrape lease, dispatches the scrapes that are due.
     pub fn tick<H: Host>(&mut self, host: &H) {
         self.stats.flush(host);
-        // Before the gauges below read the ledger.
-        if let Err(e) = self.router.flush_releases(host) {
+        let inflight = self.router.tick_ledger(host).unwrap_or_else(|e| {
             log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
-        }
+            self.router.inflight(host).unwrap_or_default()
+        });
         let now = host.now_ms();
         self.router.expire(now);
         if let Err(e) = self.router.refresh_health(host) {
             log::debug!("warmroute: health not refreshed: {e:?}");
         }
-        let inflight = self.router.inflight(host).unwrap_or_default();
         let healthy: Vec<bool> = self.router.health().iter().map(|h| !h.down).collect();
         self.stats.gauges(host, &inflight, &healthy);
         self.scrape(host, now);
@@ -551,6 +577,30 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
     }
 
     #[test]
+    fn a_body_that_ends_with_trailers_is_routed_on_what_was_buffered() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let body = chat_body("with trailers");
+        *host.exchange.borrow_mut() = TestExchange::request(&chat_headers(), &body);
+        let mut ex = Exchange::default();
+        assert_eq!(w.on_request_headers(&host, &mut ex, false), Step::Pause);
+        assert_eq!(
+            w.on_request_body(&host, &mut ex, body.len(), false),
+            Step::Pause
+        );
+        assert!(routed_to(&host).is_none());
+        assert_eq!(w.on_request_trailers(&host, &mut ex), Step::Continue);
+        assert!(routed_to(&host).is_some());
+        assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 1);
+        w.on_log(&host, &mut ex);
+        w.tick(&host);
+        assert_eq!(
+            host.metric("warmroute.prompt_blocks").map(|b| b > 0),
+            Some(true)
+        );
+    }
+
+    #[test]
     fn an_unreadable_body_is_still_routed() {
         let host = MemoryHost::default();
         let mut w = worker(&host);
@@ -704,6 +754,73 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         );
         w.on_log(&host, &mut second);
         assert_eq!(inflight(&w, &host), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn a_crashed_vms_in_flight_is_taken_back_within_three_ticks() {
+        let host = MemoryHost::default();
+        let mut a = worker(&host);
+        let mut b = worker(&host);
+        let mut open: Vec<Exchange> = (0..10)
+            .map(|i| send(&mut a, &host, &chat_headers(), &chat_body(&format!("q{i}"))))
+            .collect();
+        for ex in open.iter_mut().take(5) {
+            a.on_log(&host, ex);
+        }
+        // Five ended, five still open: the releases wait in A for its next write.
+        assert_eq!(inflight(&b, &host).iter().sum::<u32>(), 10);
+        // A's VM crashes: no on_log, no on_done, no tick ever again.
+        drop(a);
+        for t in 1..=3 {
+            host.now.set(t * 500);
+            b.tick(&host);
+        }
+        assert_eq!(inflight(&b, &host), vec![0, 0, 0]);
+        for name in ["a", "b", "c"] {
+            assert_eq!(
+                host.metric(&format!("warmroute.backend.{name}.inflight")),
+                Some(0)
+            );
+        }
+    }
+
+    #[test]
+    fn a_live_vm_keeps_its_requests_however_long_they_run() {
+        let host = MemoryHost::default();
+        let mut a = worker(&host);
+        let mut b = worker(&host);
+        let mut ex = send(&mut a, &host, &chat_headers(), &chat_body("long"));
+        for t in 1..=20 {
+            host.now.set(t * 500);
+            a.tick(&host);
+            b.tick(&host);
+        }
+        assert_eq!(inflight(&b, &host).iter().sum::<u32>(), 1);
+        a.on_log(&host, &mut ex);
+        assert_eq!(inflight(&b, &host), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn the_debug_header_tells_match_counts_only_when_asked() {
+        let body = chat_body("hello");
+        for (extra, want_match) in [
+            (r#""debug_header":true"#, false),
+            (r#""debug_header":true,"debug_match_counts":true"#, true),
+        ] {
+            let host = MemoryHost::default();
+            let cfg = CONFIG.replacen('{', &format!("{{{extra},"), 1);
+            let mut w = Worker::configure(&host, cfg.as_bytes()).unwrap();
+            let mut ex = send(&mut w, &host, &chat_headers(), &body);
+            w.on_response_headers(&host, &mut ex, false);
+            let headers = host.exchange.borrow().response_headers.clone();
+            let (name, value) = &headers[0];
+            assert_eq!(name, DEBUG_HEADER);
+            assert!(
+                value.starts_with("backend=") && value.contains(";reason="),
+                "{value}"
+            );
+            assert_eq!(value.contains(";match="), want_match, "{value}");
+        }
     }
 
     #[test]

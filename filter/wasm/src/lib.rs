@@ -218,6 +218,11 @@ impl HttpContext for Http {
         }))
     }
 
+    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        let ex = &mut self.exchange;
+        action(with(&self.worker, |w| w.on_request_trailers(&Proxy, ex)))
+    }
+
     fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         let ex = &mut self.exchange;
         with(&self.worker, |w| {

@@ -33,7 +33,7 @@ fn matched(r: &Routed) -> u32 {
 fn cfg() -> String {
     config(
         4,
-        json!({"strategy": "cache_aware", "debug_header": true, "metrics": {"enabled": false}}),
+        json!({"strategy": "cache_aware", "debug_header": true, "debug_match_counts": true, "metrics": {"enabled": false}}),
     )
 }
 
@@ -101,6 +101,38 @@ fn inflight_total(h: &Host, n: usize) -> i64 {
                 .unwrap_or(0)
         })
         .sum()
+}
+
+#[test]
+fn a_crashed_vms_in_flight_is_taken_back_within_three_ticks() {
+    let h = host();
+    // Ticks every 500 ms; scraping off so only the ledger is at work.
+    let c = config(
+        2,
+        json!({"strategy": "least_request", "metrics": {"enabled": false, "period_ms": 500, "timeout_ms": 400}}),
+    );
+    let a = start(&h, &c);
+    let b = start(&h, &c);
+    let routed: Vec<Routed> = (0..10)
+        .map(|i| chat_request(&a, &format!("q{i}")))
+        .collect();
+    for r in routed.iter().take(5) {
+        r.finish();
+    }
+    h.tick_all().unwrap();
+    assert_eq!(inflight_total(&h, 2), 5, "{:?}", h.metrics());
+    // A's VM goes down with five requests open: nothing of it runs again.
+    a.kill("worker crashed");
+    for _ in 0..3 {
+        h.advance(500).unwrap();
+    }
+    assert_eq!(
+        inflight_total(&h, 2),
+        0,
+        "B's ticks did not take A's share back: {:?}",
+        h.metrics()
+    );
+    assert!(b.crashed().is_none());
 }
 
 #[test]

@@ -119,11 +119,68 @@ fn hostile_bodies_never_trap_and_always_route() {
 }
 
 #[test]
+fn a_body_that_ends_with_trailers_is_routed_accounted_and_indexed() {
+    let h = host();
+    let vm = start(
+        &h,
+        &config(
+            3,
+            json!({"strategy": "cache_aware", "debug_header": true, "debug_match_counts": true}),
+        ),
+    );
+    let body = chat(&text(11, 6000));
+    let s = vm.new_http_stream().unwrap();
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        (":authority", "gw"),
+    ];
+    assert_eq!(s.request_headers(&headers, false).unwrap(), Action::Pause);
+    assert_eq!(s.request_body(&body, false).unwrap(), Action::Pause);
+    assert_eq!(
+        s.request_header(ENDPOINT),
+        None,
+        "routed before the trailers"
+    );
+    assert_eq!(
+        s.request_trailers(&[("x-checksum", "1")]).unwrap(),
+        Action::Continue
+    );
+    let first = s.request_header(ENDPOINT).expect("routed at the trailers");
+    s.response_headers(&[(":status", "200")], false).unwrap();
+    s.response_body(b"{}", true).unwrap();
+    s.finish().unwrap();
+    // Counts reach Envoy's stat at the next tick.
+    h.tick_all().unwrap();
+    assert_eq!(
+        h.metric_value("warmroute.prompt_blocks").map(|b| b > 0),
+        Some(true),
+        "counted"
+    );
+    // Indexed: the same prompt, sent plainly, finds its prefix where the first one went.
+    let again = post(&vm, "/v1/chat/completions", &body, &[]);
+    assert_eq!(again.endpoint(), first);
+    again
+        .stream
+        .response_headers(&[(":status", "200")], false)
+        .unwrap();
+    let dbg = again.debug();
+    assert!(
+        dbg.as_deref()
+            .is_some_and(|d| d.contains("reason=cache_hit")),
+        "{dbg:?}"
+    );
+}
+
+#[test]
 fn chunked_body_is_buffered_until_end_of_stream() {
     let h = host();
     let vm = start(
         &h,
-        &config(3, json!({"strategy": "cache_aware", "debug_header": true})),
+        &config(
+            3,
+            json!({"strategy": "cache_aware", "debug_header": true, "debug_match_counts": true}),
+        ),
     );
     let body = chat(&text(5, 20_000));
     let s = vm.new_http_stream().unwrap();

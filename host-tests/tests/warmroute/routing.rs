@@ -193,7 +193,10 @@ fn cache_aware_follows_prefix(
     let h = host();
     let vm = start(
         &h,
-        &config(4, json!({"strategy": "cache_aware", "debug_header": true})),
+        &config(
+            4,
+            json!({"strategy": "cache_aware", "debug_header": true, "debug_match_counts": true}),
+        ),
     );
     let mut failures = Vec::new();
     for i in 0..12u64 {
