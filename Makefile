@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench clean
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench fuzz clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -64,6 +64,20 @@ e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 
 bench: build ## Routing quality and filter cost (minutes; not part of `make test`)
 	cd bench && ../$(PY) run.py
+
+FUZZ_SECONDS ?= 600
+FUZZ_TARGETS := prompt_key metrics shared_records config
+fuzz: ## Fuzz the core's parsers and decoders, FUZZ_SECONDS (600) each (nightly + cargo-fuzz; not part of `make test`)
+	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+	@cd filter/core/fuzz && for t in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus-run/$$t artifacts/$$t && \
+	  echo "== fuzz $$t ($(FUZZ_SECONDS) s)" && \
+	  cargo +nightly fuzz run $$t corpus-run/$$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) \
+	    -max_len=262144 -rss_limit_mb=2048 -artifact_prefix=artifacts/$$t/ -print_final_stats=1 \
+	    2>&1 | grep -E '^(#[0-9]+.*(DONE|pulse)|stat::|==|INFO: seed corpus|.*(panicked|ERROR|allocated))' \
+	    ; test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	done
 
 clean:
 	cargo clean

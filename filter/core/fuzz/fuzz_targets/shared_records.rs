@@ -1,0 +1,67 @@
+//! Every decoder of a value kept in shared data, fed what another (buggy,
+//! older, or hostile) VM could have written: the ledger, health, in-flight
+//! records, index log events and the scrape lease.
+//! Invariants: no panic; bounded allocation; what decodes re-encodes the same.
+#![no_main]
+
+use fuzz_support::{bounded, Counting};
+use libfuzzer_sys::fuzz_target;
+use warmroute_core::health::decode_health;
+use warmroute_core::host::Host;
+use warmroute_core::index_log::Event;
+use warmroute_core::inflight::{decode_inflight, encode_inflight};
+use warmroute_core::store::{Keys, Store, Writer};
+use warmroute_core::testing::MemoryHost;
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&sel, bytes)) = data.split_first() else {
+        return;
+    };
+    let n = 1 + sel as usize % 8;
+    bounded(bytes.len(), || match sel % 4 {
+        0 => {
+            let h = decode_health(bytes, n);
+            assert_eq!(h.len(), n);
+        }
+        1 => {
+            if let Some(f) = decode_inflight(bytes, n) {
+                let mut out = Vec::new();
+                encode_inflight(&f, &mut out);
+                assert_eq!(out, bytes);
+            }
+        }
+        2 => {
+            if let Some(ev) = Event::decode(bytes) {
+                let again = Event::encode(ev.seq, ev.origin, ev.backend, ev.time_ms, &ev.blocks, usize::MAX);
+                assert_eq!(again, bytes);
+            }
+        }
+        _ => {
+            // The ledger, health, the lease and a log slot, as a VM reads and updates them.
+            let host = MemoryHost::default();
+            let keys = Keys::new(1, 4096);
+            let store = Store { host: &host, keys: &keys, n };
+            let w = Writer { vm: 7, now_ms: 1, reclaim_after_ms: 1500 };
+            let _ = store.account(None, w, &vec![Default::default(); n], true);
+            let _ = store.try_lease(7, 1500);
+            let _ = store.update_health(0, |_| {});
+            let _ = store.write_event(0, 1, 0, 0, &[1]);
+            for key in host.shared_keys() {
+                let _ = host.set_shared(&key, bytes, None);
+            }
+            let ledger = store.read_ledger().map(|r| r.value.inflight.len());
+            assert_eq!(ledger, Ok(n));
+            if let Ok(a) = store.account(None, w, &vec![Default::default(); n], true) {
+                assert_eq!(a.ledger.inflight.len(), n);
+            }
+            let _ = store.try_lease(7, 1500);
+            let _ = store.log_event(0);
+            let health = store.health().map(|h| h.len());
+            assert_eq!(health, Ok(n));
+        }
+    });
+});
+
