@@ -3,7 +3,7 @@
 //    equals istio/generated/pluginconfig.json (no hand-copied drift);
 //  - the filter itself accepts each plugin config: every copy is handed, as Envoy would hand
 //    it, to warmroute-check-config (the core's Config::parse, the same code on_configure
-//    runs), never to a schema copied by hand;
+//    runs), never to a schema copied by hand; --shipped also refuses the debug header;
 //  - so is every Wasm filter `configuration` of the standalone Envoy configs named after
 //    ISTIO_DIR (envoy.yaml, envoy/*.yaml);
 //  - header mode: each backend name has a DestinationRule subset and a VirtualService header
@@ -40,7 +40,7 @@ let seq = 0;
 function contract(config, where) {
   const file = path.join(scratch, `${seq++}.json`);
   fs.writeFileSync(file, typeof config === "string" ? config : JSON.stringify(config));
-  const r = spawnSync(checker, [file], { encoding: "utf8" });
+  const r = spawnSync(checker, ["--shipped", file], { encoding: "utf8" });
   const line = (r.stdout || r.stderr || `${r.error ?? "no output"}`).trim().replace(file, where);
   if (r.status === 0) ok(line.replace(/^ok +/, ""));
   else fail(line.replace(/^FAIL +/, ""));
@@ -66,9 +66,22 @@ for (const { f, o } of all) {
       else fail(`${rel}: embedded configuration differs from generated/pluginconfig.json`);
       if (cfg.allow_on_headers_stop_iteration !== true) fail(`${rel}: allow_on_headers_stop_iteration must be true`);
       else ok(`${rel}: allow_on_headers_stop_iteration: true`);
+      const digest = cfg.vm_config?.code?.remote?.sha256;
+      if (cfg.vm_config?.code?.remote && !/^[0-9a-f]{64}$/.test(digest ?? "")) {
+        fail(`${rel}: the remote module has no sha256 digest (${digest}): a moved tag would swap the code`);
+      } else ok(`${rel}: module pinned by sha256`);
       // The ECDS name must match the HTTP filter that references it.
       const names = (o.spec.configPatches ?? []).filter((q) => q.applyTo === "HTTP_FILTER").map((q) => q.patch?.value?.name);
       if (!names.includes(p.patch.value.name)) fail(`${rel}: no HTTP_FILTER references extension ${p.patch.value.name}`);
+      // Until the extension config arrives (or while it is rejected), a default must stand in
+      // without warming, or Envoy answers 500 for want of a filter config.
+      for (const q of (o.spec.configPatches ?? []).filter((x) => x.patch?.value?.name === p.patch.value.name && x.applyTo === "HTTP_FILTER")) {
+        const cd = q.patch.value.config_discovery ?? {};
+        const type = cd.default_config?.["@type"];
+        if (!type || cd.apply_default_config_without_warming !== true || !(cd.type_urls ?? []).includes(type)) {
+          fail(`${rel}: ${q.patch.value.name} needs a default_config (in type_urls) applied without warming`);
+        } else ok(`${rel}: ${q.patch.value.name} serves with ${type.split(".").pop()} until its config arrives`);
+      }
     }
   }
 }

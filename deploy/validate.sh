@@ -111,7 +111,7 @@ mutate() { # $1 = src, $2 = dst, $3 = python expression over s
 import sys
 src, dst, expr = sys.argv[1:]
 s = open(src).read()
-t = eval(expr, {"s": s})
+t = eval(expr, {"s": s, "re": __import__("re")})
 assert t != s, f"mutation {expr!r} changed nothing in {src}"
 open(dst, "w").write(t)
 PY
@@ -141,12 +141,22 @@ mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservi
   's.replace("subset: vllm-2", "subset: vllm-7", 1)'
 expect_reject "VirtualService route for vllm-2 pointing at subset vllm-7" node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+mutate "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml" \
+  's.replace("apply_default_config_without_warming: true", "apply_default_config_without_warming: false", 1)'
+expect_reject "ECDS filter without a default config applied at once" node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml"
+mutate "$istio/generated/envoyfilter-wasm-sidecar.yaml" "$neg/istio/generated/envoyfilter-wasm-sidecar.yaml" \
+  're.sub(r"sha256: [0-9a-f]{64}", "sha256: nil", s, count=1)'
+expect_reject "remote Wasm module without a digest" node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-wasm-sidecar.yaml" "$neg/istio/generated/envoyfilter-wasm-sidecar.yaml"
 mutate "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml" \
   's.replace("    block_bytes: 256", "    block_size: 256", 1)'
 expect_reject "WasmPlugin pluginConfig with unknown key block_size" node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml"
 mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("\"timeout_ms\": 400", "\"timeout_ms\": 600", 1)'
 expect_reject "envoy.yaml configuration with metrics.timeout_ms >= period_ms" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
+mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("\"strategy\": \"cache_aware\",", "\"strategy\": \"cache_aware\", \"debug_header\": true,", 1)'
+expect_reject "envoy.yaml configuration with the debug header on" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"

@@ -11,9 +11,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from warmroute_harness import MODEL, ROOT, Fleet, chat, post, words
+from warmroute_harness import MODEL, ROOT, chat, post, words
+from warmroute_harness import Fleet as ShippedFleet
 
 FAST = ["--time-scale", "20"]
+# These tests read the filter's decision from its debug header, which no shipped config turns on.
+DEBUG = {"debug_header": True, "debug_match_counts": True}
+
+
+def Fleet(*args, filter_overrides: dict | None = None, **kwargs) -> ShippedFleet:  # noqa: N802
+    return ShippedFleet(*args, filter_overrides={**DEBUG, **(filter_overrides or {})}, **kwargs)
 
 
 def system(tag: str, n: int = 600) -> dict:
@@ -180,6 +187,23 @@ def test_a_client_sent_routing_header_is_ignored():
                             chat(MODEL, [system(f"pin{i}_"), {"role": "user", "content": "q"}]),
                             {"x-gateway-destination-endpoint": f.sims[0].address}))["backend"] for i in range(6)}
         assert picks != {f.sims[0].name}
+
+
+@pytest.mark.parametrize("variant", ["envoy.yaml", "envoy/envoy-header.yaml"])
+def test_without_the_filter_a_forged_routing_header_still_picks_nothing(variant):
+    # The filter absent, as after a VM crash that fails open: Envoy itself must have dropped
+    # the client's routing headers. Without the filter the pool spreads requests round robin
+    # (deterministic), so 30 requests all on the named pod would mean the forged header won.
+    with ShippedFleet(3, FAST, config_file=ROOT / variant, with_filter=False) as f:
+        target = f.sims[0]
+        served = collections.Counter()
+        for i in range(30):
+            r = post(f.envoy.port, "/v1/chat/completions",
+                     chat(MODEL, [{"role": "user", "content": f"forged {i}"}]),
+                     {"x-gateway-destination-endpoint": target.address, "x-warmroute-backend": target.name})
+            assert r.status == 200
+            served[r.replica] += 1
+        assert served[target.name] < 30, served
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,8 @@ POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 # RFC 5737 documentation range: obviously not a real pod IP. Used only when
 # --pod-ips is not given, so the committed sample is self-evidently a sample.
 PLACEHOLDER_NET = "192.0.2."
+WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 
 
 # --------------------------------------------------------------------------
@@ -259,7 +261,7 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
                         "value": {
                             "name": ext_name,
                             "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                                "@type": WASM_TYPE,
                                 "config": {
                                     "name": "warmroute",
                                     "root_id": "",
@@ -276,9 +278,10 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
                                         "code": {
                                             "remote": {
                                                 # istio-agent pulls oci:// and rewrites this to a local file
-                                                # before Envoy sees it. "nil" = Istio's "no checksum" sentinel.
+                                                # before Envoy sees it, checking the module against the
+                                                # digest: a moved tag can never swap the router's code.
                                                 "http_uri": {"uri": args.image, "cluster": "_", "timeout": "30s"},
-                                                "sha256": "nil",
+                                                "sha256": args.sha256,
                                             }
                                         },
                                     },
@@ -302,7 +305,12 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
                             "name": ext_name,
                             "config_discovery": {
                                 "config_source": {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"},
-                                "type_urls": ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"],
+                                # Until the Wasm config arrives (or when it is rejected), an
+                                # allow-all RBAC stands in, without warming: traffic flows,
+                                # cache-blind, instead of Envoy answering 500 for want of a config.
+                                "default_config": {"@type": RBAC_TYPE},
+                                "apply_default_config_without_warming": True,
+                                "type_urls": [WASM_TYPE, RBAC_TYPE],
                             },
                         },
                     },
@@ -330,6 +338,8 @@ def main(argv=None) -> int:
     p.add_argument("--client-namespace", default="apps")
     p.add_argument("--client-app", default="chat-frontend")
     p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0")
+    p.add_argument("--sha256", required=True,
+                   help="sha256 of the .wasm module in --image (sha256sum dist/warmroute.wasm of the build you pushed)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated"))
     args = p.parse_args(argv)
 
@@ -337,6 +347,8 @@ def main(argv=None) -> int:
         p.error("--replicas must be in 1..=1024 (the filter's backend limit)")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.service):
         p.error("--service must be a DNS-1123 label")
+    if not re.fullmatch(r"[0-9a-f]{64}", args.sha256):
+        p.error("--sha256 must be 64 lower-case hex digits (sha256sum of the module)")
     args.headless_service = args.headless_service or f"{args.service}-headless"
     args.pod_ips = [s.strip() for s in args.pod_ips.split(",") if s.strip()]
     if args.pod_ips:
