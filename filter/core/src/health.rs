@@ -161,29 +161,25 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
+        fn scrape() -> impl Strategy<Value = Scrape> {
+            let gauges = (0.0..1e12f64, 0.0..1e12f64, 0.0..=1.0f64);
+            let cap = proptest::option::of(0u64..1 << 50);
+            (gauges, cap, any::<u32>()).prop_map(|((r, w, kv), cap, own)| Scrape {
+                running: r,
+                waiting: w,
+                kv_usage: kv,
+                capacity_tokens: cap,
+                own_inflight: own,
+            })
+        }
+
         fn health() -> impl Strategy<Value = Health> {
-            (
-                any::<u64>(),
-                any::<u32>(),
-                any::<bool>(),
-                (0.0..1e12f64, 0.0..1e12f64, 0.0..=1.0f64),
-                proptest::option::of(0u64..1 << 50),
-                any::<u32>(),
-            )
-                .prop_map(
-                    |(scraped_ms, failures, down, (running, waiting, kv_usage), cap, own)| Health {
-                        scraped_ms,
-                        failures,
-                        down,
-                        scrape: Scrape {
-                            running,
-                            waiting,
-                            kv_usage,
-                            capacity_tokens: cap,
-                            own_inflight: own,
-                        },
-                    },
-                )
+            (any::<u64>(), any::<u32>(), any::<bool>(), scrape()).prop_map(|(t, f, d, s)| Health {
+                scraped_ms: t,
+                failures: f,
+                down: d,
+                scrape: s,
+            })
         }
 
         proptest! {
