@@ -154,7 +154,7 @@ pub fn agent(opts: &AgentOpts, render_opts: &RenderOpts) -> Result<Workload> {
 mod tests {
     use super::*;
     use crate::workload::render::count_words;
-    use crate::workload::tests::body_json;
+    use crate::workload::tests::message_arrays;
 
     #[test]
     fn agent_context_grows_and_extends_previous_step() {
@@ -189,13 +189,9 @@ mod tests {
                 .iter()
                 .any(|(k, v)| k == "x-session-id" && v == &s.id)));
             // The rendered bodies carry the same growing message arrays.
-            let msgs: Vec<serde_json::Value> = s
-                .requests
-                .iter()
-                .map(|r| body_json(r)["messages"].clone())
-                .collect();
+            let msgs = message_arrays(s);
             for pair in msgs.windows(2) {
-                let (a, b) = (pair[0].as_array().unwrap(), pair[1].as_array().unwrap());
+                let (a, b) = (&pair[0], &pair[1]);
                 assert_eq!(&b[..a.len()], &a[..]);
             }
         }

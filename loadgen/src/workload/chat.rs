@@ -107,7 +107,7 @@ pub fn chat(opts: &ChatOpts, render_opts: &RenderOpts) -> Result<Workload> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::tests::body_json;
+    use crate::workload::tests::message_arrays;
 
     #[test]
     fn chat_turns_extend_history() {
@@ -121,13 +121,9 @@ mod tests {
         )
         .unwrap();
         for s in &w.sessions {
-            let msgs: Vec<serde_json::Value> = s
-                .requests
-                .iter()
-                .map(|r| body_json(r)["messages"].clone())
-                .collect();
+            let msgs = message_arrays(s);
             for pair in msgs.windows(2) {
-                let (a, b) = (pair[0].as_array().unwrap(), pair[1].as_array().unwrap());
+                let (a, b) = (&pair[0], &pair[1]);
                 assert_eq!(b.len(), a.len() + 2);
                 assert_eq!(&b[..a.len()], &a[..]);
             }

@@ -212,6 +212,14 @@ mod tests {
         serde_json::from_slice(&r.body).unwrap()
     }
 
+    /// Each request's `messages` array, in order.
+    pub(super) fn message_arrays(s: &Session) -> Vec<Vec<serde_json::Value>> {
+        s.requests
+            .iter()
+            .map(|r| body_json(r)["messages"].as_array().unwrap().clone())
+            .collect()
+    }
+
     pub(super) fn prompt_of(r: &Request) -> String {
         body_json(r)["prompt"].as_str().unwrap().to_string()
     }

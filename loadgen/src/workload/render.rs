@@ -40,10 +40,20 @@ struct StreamOptions {
     include_usage: bool,
 }
 
+/// What is asked: a chat's messages or a completion's prompt, each under its own key.
 #[derive(Serialize)]
-struct ChatBody<'a> {
+enum Input<'a> {
+    #[serde(rename = "messages")]
+    Messages(&'a [Message]),
+    #[serde(rename = "prompt")]
+    Prompt(&'a str),
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
     model: &'a str,
-    messages: &'a [Message],
+    #[serde(flatten)]
+    input: Input<'a>,
     max_tokens: u32,
     stream: bool,
     stream_options: StreamOptions,
@@ -51,45 +61,28 @@ struct ChatBody<'a> {
     ignore_eos: bool,
 }
 
-#[derive(Serialize)]
-struct CompletionBody<'a> {
-    model: &'a str,
-    prompt: &'a str,
-    max_tokens: u32,
-    stream: bool,
-    stream_options: StreamOptions,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    ignore_eos: bool,
+fn render_body(opts: &RenderOpts, input: Input<'_>, max_tokens: u32) -> Result<Bytes> {
+    let body = Body {
+        model: &opts.model,
+        input,
+        max_tokens,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+        },
+        ignore_eos: opts.ignore_eos,
+    };
+    Ok(Bytes::from(serde_json::to_vec(&body)?))
 }
 
 /// Render a streaming chat-completions body.
 pub fn render_chat(opts: &RenderOpts, messages: &[Message], max_tokens: u32) -> Result<Bytes> {
-    let body = ChatBody {
-        model: &opts.model,
-        messages,
-        max_tokens,
-        stream: true,
-        stream_options: StreamOptions {
-            include_usage: true,
-        },
-        ignore_eos: opts.ignore_eos,
-    };
-    Ok(Bytes::from(serde_json::to_vec(&body)?))
+    render_body(opts, Input::Messages(messages), max_tokens)
 }
 
 /// Render a streaming completions body.
 pub fn render_completion(opts: &RenderOpts, prompt: &str, max_tokens: u32) -> Result<Bytes> {
-    let body = CompletionBody {
-        model: &opts.model,
-        prompt,
-        max_tokens,
-        stream: true,
-        stream_options: StreamOptions {
-            include_usage: true,
-        },
-        ignore_eos: opts.ignore_eos,
-    };
-    Ok(Bytes::from(serde_json::to_vec(&body)?))
+    render_body(opts, Input::Prompt(prompt), max_tokens)
 }
 
 /// Render `prompt` for `api`: a completions prompt, or one user message.
