@@ -554,10 +554,7 @@ impl Host {
     /// worker writing concurrently (e.g. drive another VM, or `shared_set` directly).
     /// The action must not use the VM that triggered it (it is mid-call).
     pub fn before_shared_set(
-        &self,
-        vm: Option<&Vm>,
-        key_contains: &str,
-        times: usize,
+        &self, vm: Option<&Vm>, key_contains: &str, times: usize,
         action: impl FnMut(&[u8]) + 'static,
     ) {
         self.inner.hooks.borrow_mut().push(SharedSetHook {

@@ -119,11 +119,7 @@ pub struct SharedQueues {
 
 impl SharedQueues {
     pub fn register(
-        &mut self,
-        vm_id: &str,
-        name: &str,
-        owner_vm: usize,
-        owner_context: u32,
+        &mut self, vm_id: &str, name: &str, owner_vm: usize, owner_context: u32,
     ) -> u32 {
         if let Some(id) = self.by_name.get(&(vm_id.to_string(), name.to_string())) {
             let q = self.queues.get_mut(id).expect("queue index consistent");

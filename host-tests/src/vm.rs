@@ -38,10 +38,7 @@ impl std::fmt::Debug for Vm {
 
 impl VmInner {
     pub(crate) fn call<P: WasmParams, R: WasmResults>(
-        &mut self,
-        name: &str,
-        ctx: u32,
-        params: P,
+        &mut self, name: &str, ctx: u32, params: P,
     ) -> Result<Option<R>> {
         if let Some(c) = &self.crashed {
             bail!(
@@ -315,10 +312,7 @@ impl Vm {
 
     /// Deliver an HTTP call reply to `context_id` (used by `Host`).
     pub(crate) fn deliver_http_call(
-        &self,
-        context_id: u32,
-        token: u32,
-        reply: &HttpCallReply,
+        &self, context_id: u32, token: u32, reply: &HttpCallReply,
     ) -> Result<()> {
         let mut inner = self.inner.borrow_mut();
         let resp = reply.materialize();
@@ -432,9 +426,7 @@ impl HttpStream {
     }
 
     pub fn response_headers(
-        &self,
-        headers: &[(&str, &str)],
-        end_of_stream: bool,
+        &self, headers: &[(&str, &str)], end_of_stream: bool,
     ) -> Result<Action> {
         let n = headers.len() as u32;
         self.vm.with_stream_mut(self.id, |s| {
@@ -483,9 +475,7 @@ impl HttpStream {
     /// Convenience: request headers then (if `body` is Some) the whole body in one chunk.
     /// Returns the actions of the headers and body callbacks.
     pub fn send_request(
-        &self,
-        headers: &[(&str, &str)],
-        body: Option<&[u8]>,
+        &self, headers: &[(&str, &str)], body: Option<&[u8]>,
     ) -> Result<(Action, Option<Action>)> {
         let h = self.request_headers(headers, body.is_none())?;
         let b = match body {

@@ -467,7 +467,7 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{MemoryHost, Reply, TestExchange};
+    use crate::testing::{MemoryHost, Reply, SentCallout, TestExchange};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -533,7 +533,17 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
 
     /// Answers every callout dispatched since the last call with `reply`.
     fn answer(w: &mut Worker, host: &MemoryHost, reply: impl Fn(&str) -> Reply) {
-        for c in host.take_callouts() {
+        deliver(w, host, &host.take_callouts(), reply);
+    }
+
+    /// Delivers `reply(pod address)` to each of `sent`.
+    fn deliver(
+        w: &mut Worker,
+        host: &MemoryHost,
+        sent: &[SentCallout],
+        reply: impl Fn(&str) -> Reply,
+    ) {
+        for c in sent {
             let r = reply(c.header(ENDPOINT_HEADER).unwrap_or_default());
             let (headers, size) = (usize::from(r.status.is_some()), r.body.len());
             *host.reply.borrow_mut() = r;
@@ -631,10 +641,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         // Pending scrapes are not sent again until answered.
         w.tick(&host);
         assert!(host.take_callouts().is_empty());
-        for c in &sent {
-            *host.reply.borrow_mut() = ok(METRICS);
-            w.on_scrape(&host, c.token, 1, METRICS.len());
-        }
+        deliver(&mut w, &host, &sent, |_| ok(METRICS));
         let h = w.router.health();
         assert!(h
             .iter()
@@ -724,10 +731,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         let sent = host.take_callouts();
         assert_eq!(sent.len(), 3);
         // B's scrapes reach A's view at A's next tick.
-        for c in &sent {
-            *host.reply.borrow_mut() = ok(METRICS);
-            b.on_scrape(&host, c.token, 1, METRICS.len());
-        }
+        deliver(&mut b, &host, &sent, |_| ok(METRICS));
         a.tick(&host);
         assert!(host.take_callouts().is_empty(), "A lost the lease");
         assert!(a.router.health().iter().all(|h| h.scraped_ms == 1501));

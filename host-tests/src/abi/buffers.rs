@@ -24,12 +24,7 @@ fn visible_buffer(s: &VmState, ty: BufferType) -> Option<Vec<u8>> {
 }
 
 pub(super) fn get(
-    mut c: C<'_>,
-    ty: i32,
-    start: i32,
-    max: i32,
-    ptr_ptr: i32,
-    size_ptr: i32,
+    mut c: C<'_>, ty: i32, start: i32, max: i32, ptr_ptr: i32, size_ptr: i32,
 ) -> Result<i32> {
     let Some(ty) = BufferType::from_raw(ty as u32) else {
         return status(Status::BadArgument);

@@ -95,12 +95,7 @@ pub(super) fn set_pairs(mut c: C<'_>, ty: i32, ptr: i32, len: i32) -> Result<i32
 }
 
 pub(super) fn get_value(
-    mut c: C<'_>,
-    ty: i32,
-    kp: i32,
-    kl: i32,
-    ptr_ptr: i32,
-    size_ptr: i32,
+    mut c: C<'_>, ty: i32, kp: i32, kl: i32, ptr_ptr: i32, size_ptr: i32,
 ) -> Result<i32> {
     let Some(r) = map_ref(&c, ty) else {
         return status(Status::BadArgument);
@@ -122,10 +117,7 @@ pub(super) fn add_value(c: C<'_>, ty: i32, kp: i32, kl: i32, vp: i32, vl: i32) -
 
 /// Read a key and a value from the guest and `put` them into map `ty`.
 fn put_value(
-    mut c: C<'_>,
-    ty: i32,
-    (kp, kl): (i32, i32),
-    (vp, vl): (i32, i32),
+    mut c: C<'_>, ty: i32, (kp, kl): (i32, i32), (vp, vl): (i32, i32),
     put: fn(&mut HeaderMap, &str, &[u8]),
 ) -> Result<i32> {
     let Some(r) = map_ref(&c, ty) else {

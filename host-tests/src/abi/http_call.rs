@@ -9,17 +9,8 @@ use wasmtime::Result;
 
 #[allow(clippy::too_many_arguments)] // the ABI's signature
 pub(super) fn dispatch(
-    mut c: C<'_>,
-    up: i32,
-    ul: i32,
-    hp: i32,
-    hl: i32,
-    bp: i32,
-    bl: i32,
-    tp: i32,
-    tl: i32,
-    timeout: i32,
-    ret: i32,
+    mut c: C<'_>, up: i32, ul: i32, hp: i32, hl: i32, bp: i32, bl: i32, tp: i32, tl: i32,
+    timeout: i32, ret: i32,
 ) -> Result<i32> {
     let upstream = read_str(&mut c, up, ul, "http call upstream")?;
     let headers = read_header_map(&mut c, hp, hl, "http call headers")?;

@@ -41,10 +41,7 @@ pub(super) fn read_str(caller: &mut C<'_>, ptr: i32, len: i32, what: &str) -> Re
 
 /// Read serialized header pairs; `Ok(None)` if they do not parse.
 pub(super) fn read_header_map(
-    caller: &mut C<'_>,
-    ptr: i32,
-    len: i32,
-    what: &str,
+    caller: &mut C<'_>, ptr: i32, len: i32, what: &str,
 ) -> Result<Option<HeaderMap>> {
     let b = read(caller, ptr, len, what)?;
     Ok(HeaderMap::deserialize(&b))
@@ -71,11 +68,7 @@ pub(super) fn write_u64(caller: &mut C<'_>, ptr: i32, v: u64, what: &str) -> Res
 
 /// Copy `data` into a fresh guest allocation and write (ptr, size) to the return slots.
 pub(super) fn copy_out(
-    caller: &mut C<'_>,
-    data: &[u8],
-    ptr_ptr: i32,
-    size_ptr: i32,
-    what: &str,
+    caller: &mut C<'_>, data: &[u8], ptr_ptr: i32, size_ptr: i32, what: &str,
 ) -> Result<()> {
     let ptr = if data.is_empty() {
         0

@@ -14,12 +14,7 @@ fn store(s: &VmState) -> MutexGuard<'_, SharedDataStore> {
 }
 
 pub(super) fn get(
-    mut c: C<'_>,
-    kp: i32,
-    kl: i32,
-    ptr_ptr: i32,
-    size_ptr: i32,
-    cas_ptr: i32,
+    mut c: C<'_>, kp: i32, kl: i32, ptr_ptr: i32, size_ptr: i32, cas_ptr: i32,
 ) -> Result<i32> {
     let key = read(&mut c, kp, kl, "shared data key")?;
     let s = c.data();

@@ -36,14 +36,7 @@ pub(super) fn close_stream(mut c: C<'_>, ty: i32) -> Result<i32> {
 
 #[allow(clippy::too_many_arguments)] // the ABI's signature
 pub(super) fn send_local_response(
-    mut c: C<'_>,
-    status_code: i32,
-    dp: i32,
-    dl: i32,
-    bp: i32,
-    bl: i32,
-    hp: i32,
-    hl: i32,
+    mut c: C<'_>, status_code: i32, dp: i32, dl: i32, bp: i32, bl: i32, hp: i32, hl: i32,
     grpc_status: i32,
 ) -> Result<i32> {
     let details = read_str(&mut c, dp, dl, "local response details")?;

@@ -16,9 +16,7 @@ fn unimplemented(name: &str) -> wasmtime::Error {
 
 /// Define `env::name`, taking `params` i32s and returning an i32, as a trap.
 pub(super) fn define_trap(
-    linker: &mut Linker<VmState>,
-    name: &'static str,
-    params: usize,
+    linker: &mut Linker<VmState>, name: &'static str, params: usize,
 ) -> Result<()> {
     let ty = FuncType::new(linker.engine(), vec![ValType::I32; params], [ValType::I32]);
     linker.func_new("env", name, ty, move |_, _, _| Err(unimplemented(name)))?;
@@ -27,13 +25,7 @@ pub(super) fn define_trap(
 
 /// Names the function in the trap: which one the filter wanted says what to implement.
 pub(super) fn call_foreign_function(
-    mut c: C<'_>,
-    np: i32,
-    nl: i32,
-    _ap: i32,
-    _al: i32,
-    _rp: i32,
-    _rs: i32,
+    mut c: C<'_>, np: i32, nl: i32, _ap: i32, _al: i32, _rp: i32, _rs: i32,
 ) -> Result<i32> {
     let name = read_str(&mut c, np, nl, "foreign function name")?;
     Err(unimplemented(&format!(

@@ -118,24 +118,31 @@ fn hostile_bodies_never_trap_and_always_route() {
     }
 }
 
-#[test]
-fn a_body_that_ends_with_trailers_is_routed_accounted_and_indexed() {
-    let h = host();
-    let vm = start(
-        &h,
+/// A cache_aware VM over 3 backends that tells its decisions in the debug header.
+fn debug_vm(h: &Host) -> Vm {
+    start(
+        h,
         &config(
             3,
             json!({"strategy": "cache_aware", "debug_header": true, "debug_match_counts": true}),
         ),
-    );
+    )
+}
+
+/// The request headers of a chat completion whose body follows.
+const CHAT_POST: [(&str, &str); 3] = [
+    (":method", "POST"),
+    (":path", "/v1/chat/completions"),
+    (":authority", "gw"),
+];
+
+#[test]
+fn a_body_that_ends_with_trailers_is_routed_accounted_and_indexed() {
+    let h = host();
+    let vm = debug_vm(&h);
     let body = chat(&text(11, 6000));
     let s = vm.new_http_stream().unwrap();
-    let headers = [
-        (":method", "POST"),
-        (":path", "/v1/chat/completions"),
-        (":authority", "gw"),
-    ];
-    assert_eq!(s.request_headers(&headers, false).unwrap(), Action::Pause);
+    assert_eq!(s.request_headers(&CHAT_POST, false).unwrap(), Action::Pause);
     assert_eq!(s.request_body(&body, false).unwrap(), Action::Pause);
     assert_eq!(
         s.request_header(ENDPOINT),
@@ -175,25 +182,10 @@ fn a_body_that_ends_with_trailers_is_routed_accounted_and_indexed() {
 #[test]
 fn chunked_body_is_buffered_until_end_of_stream() {
     let h = host();
-    let vm = start(
-        &h,
-        &config(
-            3,
-            json!({"strategy": "cache_aware", "debug_header": true, "debug_match_counts": true}),
-        ),
-    );
+    let vm = debug_vm(&h);
     let body = chat(&text(5, 20_000));
     let s = vm.new_http_stream().unwrap();
-    let a = s
-        .request_headers(
-            &[
-                (":method", "POST"),
-                (":path", "/v1/chat/completions"),
-                (":authority", "gw"),
-            ],
-            false,
-        )
-        .unwrap();
+    let a = s.request_headers(&CHAT_POST, false).unwrap();
     assert_eq!(a, Action::Pause);
     let chunks: Vec<&[u8]> = body.chunks(1000).collect();
     for (i, c) in chunks.iter().enumerate() {
@@ -275,15 +267,7 @@ fn oversized_bodies_fall_back_but_still_route() {
     assert_eq!(s.request_body(&big, true).unwrap(), Action::Continue);
     // Undeclared (chunked) and too large: fall back once the buffer passes the limit.
     let s = vm.new_http_stream().unwrap();
-    s.request_headers(
-        &[
-            (":method", "POST"),
-            (":path", "/v1/chat/completions"),
-            (":authority", "gw"),
-        ],
-        false,
-    )
-    .unwrap();
+    s.request_headers(&CHAT_POST, false).unwrap();
     let mut routed_at = None;
     for (i, c) in big.chunks(1000).enumerate() {
         let a = s.request_body(c, false).unwrap();

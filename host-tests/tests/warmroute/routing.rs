@@ -186,9 +186,7 @@ fn matched_blocks(r: &Routed) -> u32 {
 /// For 12 prompts: send `first(i)`, finish, then `follow(i)` (which shares a long prefix
 /// with it): the follow-up must go to the same backend and report a prefix match.
 fn cache_aware_follows_prefix(
-    path: &str,
-    first: impl Fn(u64) -> Vec<u8>,
-    follow: impl Fn(u64) -> Vec<u8>,
+    path: &str, first: impl Fn(u64) -> Vec<u8>, follow: impl Fn(u64) -> Vec<u8>,
 ) {
     let h = host();
     let vm = start(

@@ -2,12 +2,9 @@
 //! Invariants: no panic; bounded allocation; a rejection names a field.
 #![no_main]
 
-use fuzz_support::{bounded, Counting};
+use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
 use warmroute_core::config::Config;
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 fuzz_target!(|data: &[u8]| {
     if let Err(e) = bounded(data.len(), || Config::parse(data)) {

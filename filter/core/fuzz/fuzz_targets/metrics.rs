@@ -2,13 +2,10 @@
 //! Invariants: no panic; bounded allocation; values clamped to their meaning.
 #![no_main]
 
-use fuzz_support::{bounded, Counting};
+use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
 use warmroute_core::prometheus;
 use warmroute_core::scrape::extract;
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 fuzz_target!(|data: &[u8]| {
     let names = warmroute_core::testing::config(1).metrics.names;

@@ -3,12 +3,9 @@
 //! anchor lies inside the prompt.
 #![no_main]
 
-use fuzz_support::{bounded, Counting};
+use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
 use warmroute_core::openai::{prompt_key, Endpoint};
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, body)) = data.split_first() else {

@@ -4,7 +4,7 @@
 //! Invariants: no panic; bounded allocation; what decodes re-encodes the same.
 #![no_main]
 
-use fuzz_support::{bounded, Counting};
+use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
 use warmroute_core::health::decode_health;
 use warmroute_core::host::Host;
@@ -12,9 +12,6 @@ use warmroute_core::index_log::Event;
 use warmroute_core::inflight::{decode_inflight, encode_inflight};
 use warmroute_core::store::{Keys, Store, Writer};
 use warmroute_core::testing::MemoryHost;
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, bytes)) = data.split_first() else {

@@ -18,8 +18,12 @@ pub const SLACK: usize = 1 << 20;
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
-/// The allocator every target installs.
+/// The allocator of every target (a global allocator declared in a library
+/// serves the whole program that links it).
 pub struct Counting;
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
