@@ -393,8 +393,9 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Whether to add the `x-warmroute` response header.
     pub debug_header: bool,
-    /// Whether that header says how much of the prompt the pod held: off by
-    /// default, since it tells any client whether someone sent that prefix recently.
+    /// Whether that header says how much of the prompt the pod held and why
+    /// it was chosen: off by default, since either tells any client whether
+    /// someone sent that prefix recently.
     pub debug_match_counts: bool,
 }
 

@@ -88,12 +88,13 @@ fn kept(i: usize, last: usize) -> bool {
     sampled(i) || i == last
 }
 
-/// Blocks a sampled position `i` stands for (0 off the sample).
+/// Blocks an entry at position `i` counts against capacity: a sampled one
+/// its stride, a prompt's last block off the sample one (see "Sampled positions").
 fn span(i: usize) -> u32 {
     if sampled(i) {
         stride(i) as u32
     } else {
-        0
+        1
     }
 }
 
@@ -276,8 +277,7 @@ impl Index {
                 continue;
             }
             let key = h ^ salt;
-            // A last block off the sample counts one block (see "Sampled positions").
-            let span = span(i).max(1);
+            let span = span(i);
             match self.map.entry(key) {
                 Entry::Occupied(mut e) => {
                     if now_ms.saturating_sub(*e.get()) < REFRESH_MS {
@@ -358,7 +358,7 @@ mod tests {
         for n in [1, 31, 32, 33, 64, 100, 512, 1024, 2048] {
             // Up to the last sampled position, every block is counted exactly once.
             let upto = (0..n).rev().find(|&i| sampled(i)).unwrap_or(0);
-            let covered: u32 = (0..n).map(span).sum();
+            let covered: u32 = (0..n).filter(|&i| sampled(i)).map(span).sum();
             assert_eq!(covered, upto as u32 + 1, "{n}");
             assert!(n - (upto + 1) < stride(n - 1), "{n}");
         }

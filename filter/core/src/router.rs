@@ -3,7 +3,7 @@
 //! and in unit tests that put several "VMs" on one in-memory host.
 //!
 //! Per routed request the host calls are: read the ledger (in-flight records
-//! and the index log's head, see [`crate::shared`]), read the slots of events
+//! and the index log's head, see [`crate::store`]), read the slots of events
 //! other VMs appended since, one CAS write of the ledger (the chosen
 //! backend's request count and prefill blocks, and the reservation of this
 //! request's log event) and one slot write — none of them per block, none of
@@ -12,7 +12,9 @@
 //! on a 1 KB prompt. Releases (a request's end, a streamed response's first
 //! byte giving its prefill blocks back) make no host call while the VM has
 //! other requests open: they wait for the next ledger write (see
-//! [`Router::release`]).
+//! [`Router::release`]). Every ledger write carries this VM's heartbeat; the
+//! tick writes one while the VM holds requests, and takes back the in-flight
+//! share of VMs silent past their lease ([`crate::store`], "Self-healing").
 //!
 //! Health is not read per request: only scrapes change it, and they run in
 //! the tick of the VM holding the scrape lease, so each VM re-reads it at its
@@ -35,10 +37,11 @@ use crate::store::{Keys, Store, Writer};
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
 
-/// Tick periods without a heartbeat after which a VM's in-flight share is
-/// taken back (see [`crate::store`], "Self-healing"): a live VM holding
-/// requests writes one every tick, so three leave room for a late tick.
-pub const RECLAIM_TICKS: u64 = 3;
+/// A VM's lease on its in-flight share (see [`crate::store`], "Self-healing"):
+/// three tick periods, at least one second.
+pub fn lease_ms(period_ms: u64) -> u64 {
+    period_ms.saturating_mul(3).max(1000)
+}
 
 /// What the filter learned about one request.
 #[derive(Debug, Clone, Default)]
@@ -86,6 +89,8 @@ pub struct Router {
     unreleased: Vec<Delta>,
     /// Requests this VM routed that have not ended.
     open_requests: u32,
+    /// Host time of this VM's last routed request or tick.
+    last_now: u64,
 }
 
 /// What a request saw of the fleet before deciding.
@@ -100,7 +105,9 @@ struct Observed {
 
 fn note_reclaimed(vms: &[u64]) {
     for vm in vms {
-        log::info!("warmroute: took back the in-flight share of worker VM {vm}, silent for {RECLAIM_TICKS} ticks");
+        log::info!(
+            "warmroute: took back the in-flight share of worker VM {vm}, silent past its lease"
+        );
     }
 }
 
@@ -146,6 +153,7 @@ impl Router {
             health: Vec::new(),
             unreleased: vec![Delta::default(); n],
             open_requests: 0,
+            last_now: host.now_ms(),
             cfg,
         };
         router.set_all_health(health);
@@ -182,6 +190,11 @@ impl Router {
         };
         let slots = self.keys.log_shape().slots;
         let mut gap = false;
+        if next < self.applied_seq {
+            // The log restarted (its record was lost or rewritten): follow it from here.
+            self.applied_seq = next;
+            return Ok(true);
+        }
         if next.saturating_sub(self.applied_seq) > slots {
             gap = true;
             self.applied_seq = next - slots;
@@ -217,6 +230,7 @@ impl Router {
     /// other VMs appended since) into this request's load picture.
     fn observe<H: Host>(&mut self, host: &H, with_prompt: bool) -> Observed {
         let now = host.now_ms();
+        self.last_now = now;
         let n = self.cfg.backends.len();
         let mut host_errors = 0;
         let (mut inflight, ledger, log_gap) = match self.store(host).read_ledger() {
@@ -446,32 +460,44 @@ impl Router {
         }
     }
 
-    /// Writes the releases no routed request has carried yet (when the VM stops).
+    /// Writes the releases no routed request has carried yet (the last open
+    /// request's end, and when the VM stops). The heartbeat it writes is as of
+    /// this VM's last routed request or tick: no clock read for it.
     pub fn flush_releases<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
         if self.unreleased.iter().all(|d| *d == Delta::default()) {
             return Ok(());
         }
-        let accounted =
-            self.store(host)
-                .account(None, self.writer(host.now_ms()), &self.unreleased, false)?;
-        self.unreleased.fill(Delta::default());
-        note_reclaimed(&accounted.reclaimed);
-        Ok(())
+        self.write_ledger(host, None, self.last_now).map(|_| ())
     }
 
-    /// The tick's ledger work: writes the releases waiting for it, this VM's
-    /// heartbeat while it holds requests, and takes back the shares of VMs
-    /// that stopped writing. Returns what this gateway has in flight.
-    pub fn tick_ledger<H: Host>(&mut self, host: &H) -> Result<Vec<InFlight>, HostError> {
+    /// The tick's ledger work at `now_ms`: writes the releases waiting for it,
+    /// this VM's heartbeat while it holds requests, and takes back the shares
+    /// of VMs silent past their lease. Returns what this gateway has in flight.
+    pub fn tick_ledger<H: Host>(
+        &mut self,
+        host: &H,
+        now_ms: u64,
+    ) -> Result<Vec<InFlight>, HostError> {
+        self.last_now = now_ms;
         let read = self.store(host).read_ledger()?;
-        let writer = self.writer(host.now_ms());
         let pending = self.unreleased.iter().any(|d| *d != Delta::default());
-        if !pending && self.open_requests == 0 && !read.value.has_abandoned(&writer) {
+        if !pending && self.open_requests == 0 && !read.value.has_abandoned(&self.writer(now_ms)) {
             return Ok(read.value.inflight);
         }
-        let accounted =
-            self.store(host)
-                .account(Some(read.raw), writer, &self.unreleased, false)?;
+        self.write_ledger(host, Some(read.raw), now_ms)
+    }
+
+    /// One ledger write of the waiting releases and this VM's heartbeat.
+    fn write_ledger<H: Host>(
+        &mut self,
+        host: &H,
+        seed: Option<Versioned>,
+        now_ms: u64,
+    ) -> Result<Vec<InFlight>, HostError> {
+        let writer = self.writer(now_ms);
+        let accounted = self
+            .store(host)
+            .account(seed, writer, &self.unreleased, false)?;
         self.unreleased.fill(Delta::default());
         note_reclaimed(&accounted.reclaimed);
         Ok(accounted.ledger.inflight)
@@ -482,7 +508,7 @@ impl Router {
         Writer {
             vm: self.vm_id,
             now_ms,
-            reclaim_after_ms: RECLAIM_TICKS.saturating_mul(self.cfg.metrics.period_ms),
+            lease_ms: lease_ms(self.cfg.metrics.period_ms),
         }
     }
 
@@ -753,6 +779,47 @@ mod tests {
         let most = inflight.iter().map(|f| f.requests).max().unwrap();
         assert!(most <= 25, "{inflight:?}");
         assert_eq!(inflight.iter().map(|f| f.requests).sum::<u32>(), 50);
+    }
+
+    #[test]
+    fn a_restarted_log_is_followed_from_its_new_head() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let mut b = Router::new(cfg("cache_aware"), &host);
+        let long = "x".repeat(4000);
+        let key = chat(&[("user", &long)]);
+        let req = Request {
+            key: Some(&key),
+            session: None,
+        };
+        for _ in 0..3 {
+            a.route(&host, &req);
+            b.route(&host, &req);
+        }
+        // The ledger is gone (a restart of the key space, another release's layout).
+        for k in host.shared_keys().iter().filter(|k| k.contains("ledger")) {
+            host.remove_shared(k);
+        }
+        assert!(b.route(&host, &req).log_gap, "the restart is counted");
+        // A's events written from the new head reach B again.
+        let other = chat(&[("user", &"y".repeat(4000))]);
+        let placed = a.route(
+            &host,
+            &Request {
+                key: Some(&other),
+                session: None,
+            },
+        );
+        let seen = b.route(
+            &host,
+            &Request {
+                key: Some(&other),
+                session: None,
+            },
+        );
+        assert!(!seen.log_gap);
+        assert_eq!(seen.decision.order[0], placed.decision.order[0]);
+        assert!(seen.decision.matched > 0, "{seen:?}");
     }
 
     #[test]

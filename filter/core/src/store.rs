@@ -15,20 +15,33 @@
 //! ## Self-healing
 //! ```text
 //! inflight_b = Σ_v share_v,b            (what routing weighs)
-//! a write by VM w:  share_w += deltas; heartbeat_w = now;
-//!                   drop every share_v (v ≠ w) with now − heartbeat_v ≥ reclaim_after
+//! a write by VM w:  share_w += deltas; heartbeat_w = now; lease_w = w's lease
+//!                   drop every share_v (v ≠ w) with now − heartbeat_v ≥ lease_v
 //!                   drop every all-zero share
 //! ```
 //! A VM that crashes, or is torn down without `on_log`/`on_done`, leaves its
 //! open requests and its unwritten releases behind. Kept per VM, that
-//! residue is one share, and the first write after `reclaim_after` (3 tick
-//! periods) without a heartbeat takes it back, in the same CAS as everything
-//! else: no pod looks loaded for good. A live VM holding anything writes its
-//! heartbeat at every tick; one that holds nothing has nothing to lose. A VM
-//! silent past `reclaim_after` that comes back finds its share gone: its
-//! releases then saturate at 0 instead of taking back others' counts.
-//! Cost: the record grows by 16 bytes plus one in-flight record per backend
-//! for each VM holding requests (2-8 workers), not per request.
+//! residue is one share, and the first write after the share's lease runs
+//! out without a heartbeat takes it back, in the same CAS as everything else:
+//! no pod looks loaded for good. Each share carries its own lease, set by its
+//! VM from its own tick period, so VMs of another configuration judge it by
+//! its writer's clock, not theirs. A live VM heartbeats with every ledger
+//! write: each routed request, and every tick while it holds requests.
+//!
+//! A VM silent past its lease (stalled, not dead) loses its share: until its
+//! open requests end, this gateway under-counts them, as its releases
+//! saturate at 0 and net against its new requests. That is the price of
+//! never leaking, and the lease makes it rare.
+//!
+//! | parameter | value | why |
+//! |-----------|-------|-----|
+//! | lease | `max(3 × metrics.period_ms, 1 s)` ([`crate::router::lease_ms`]) | a live VM ticks every period; three leave room for a late tick, and the floor for a short period on a loaded worker |
+//!
+//! Cost: the record holds 24 bytes plus one in-flight record per backend
+//! for each VM holding requests (Envoy runs a VM per worker thread), and each
+//! routed request decodes and re-encodes it. The key carries the layout's
+//! version (`ledger.v2`): VMs of an older release, running side by side during
+//! a rollout, keep their own ledger instead of wiping this one.
 
 use crate::codec::{self, put, Reader};
 use crate::health::{decode_health, encode_health, Health};
@@ -57,7 +70,7 @@ impl Keys {
         let k = |n: &str| format!("warmroute.{fleet:016x}.{n}");
         let log_shape = LogShape::new(log_bytes);
         Keys {
-            ledger: k("ledger"),
+            ledger: k("ledger.v2"),
             rotation: k("rotation"),
             vm_seq: k("vm_seq"),
             lease: k("lease"),
@@ -133,6 +146,8 @@ pub struct Share {
     pub vm: u64,
     /// Host time of its last write.
     pub heartbeat_ms: u64,
+    /// How long after its last write it counts as abandoned.
+    pub lease_ms: u64,
     /// What its routed requests hold, per backend.
     pub inflight: Vec<InFlight>,
 }
@@ -142,6 +157,9 @@ impl Share {
         self.inflight.iter().all(|f| *f == InFlight::default())
     }
 }
+
+/// Bytes of a share before its in-flight records: VM, heartbeat, lease.
+const SHARE_HEAD: usize = 24;
 
 /// In-flight work per backend, by VM, and the index log's head, updated together.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -154,21 +172,20 @@ pub struct Ledger {
     pub shares: Vec<Share>,
 }
 
-/// Who writes the ledger, and when another VM's share counts as abandoned.
+/// Who writes the ledger.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Writer {
     /// The writing VM.
     pub vm: u64,
     /// Host time of the write.
     pub now_ms: u64,
-    /// A share whose heartbeat is this old is taken back.
-    pub reclaim_after_ms: u64,
+    /// The writer's lease: how long its share outlives its last write.
+    pub lease_ms: u64,
 }
 
 impl Writer {
     fn abandoned(&self, share: &Share) -> bool {
-        share.vm != self.vm
-            && self.now_ms.saturating_sub(share.heartbeat_ms) >= self.reclaim_after_ms
+        share.vm != self.vm && self.now_ms.saturating_sub(share.heartbeat_ms) >= share.lease_ms
     }
 }
 
@@ -176,12 +193,13 @@ impl Ledger {
     fn encode(&self) -> Vec<u8> {
         let n = self.inflight.len();
         // One allocation: this runs in every request's CAS.
-        let mut out = Vec::with_capacity(12 + self.shares.len() * (16 + inflight_len(n)));
+        let mut out = Vec::with_capacity(12 + self.shares.len() * (SHARE_HEAD + inflight_len(n)));
         put(&mut out, self.next_seq);
         put(&mut out, self.shares.len() as u32);
         for s in &self.shares {
             put(&mut out, s.vm);
             put(&mut out, s.heartbeat_ms);
+            put(&mut out, s.lease_ms);
             encode_inflight(&s.inflight, &mut out);
         }
         out
@@ -193,7 +211,7 @@ impl Ledger {
             let mut r = Reader::new(b);
             let next_seq = r.get()?;
             let count = r.get::<u32>()? as usize;
-            let share_len = 16 + inflight_len(n);
+            let share_len = SHARE_HEAD + inflight_len(n);
             if r.rest().len() != count.checked_mul(share_len)? {
                 return None;
             }
@@ -205,6 +223,7 @@ impl Ledger {
                     Some(Share {
                         vm: s.get()?,
                         heartbeat_ms: s.get()?,
+                        lease_ms: s.get()?,
                         inflight: decode_inflight(s.rest(), n)?,
                     })
                 })
@@ -305,6 +324,7 @@ impl<H: Host> Store<'_, H> {
             let mut mine = Share {
                 vm: writer.vm,
                 heartbeat_ms: writer.now_ms,
+                lease_ms: writer.lease_ms,
                 inflight: vec![InFlight::default(); n],
             };
             let mut shares = Vec::with_capacity(ledger.shares.len() + 1);
@@ -433,12 +453,12 @@ mod tests {
             .map(|a| a.ledger.inflight)
     }
 
-    /// VM `vm` writing now, abandoned shares taken back after 1.5 s.
+    /// VM `vm` writing now, with a lease of 1.5 s.
     fn writer(s: &Store<'_, MemoryHost>, vm: u64) -> Writer {
         Writer {
             vm,
             now_ms: s.host.now_ms(),
-            reclaim_after_ms: 1500,
+            lease_ms: 1500,
         }
     }
 
@@ -571,6 +591,15 @@ mod tests {
         host.now.set(99_999);
         let a = s.account(None, writer(&s, 2), &[], false).unwrap();
         assert_eq!(requests_of(a.ledger.inflight), vec![2, 0, 0]);
+        // A share is judged by its own writer's lease, not the reader's.
+        let long = Writer {
+            lease_ms: 60_000,
+            ..writer(&s, 3)
+        };
+        s.account(None, long, &on_0(1), false).unwrap();
+        host.now.set(99_999 + 30_000);
+        let a = s.account(None, writer(&s, 2), &[], false).unwrap();
+        assert_eq!(requests_of(a.ledger.inflight), vec![3, 0, 0]);
     }
 
     #[test]

@@ -78,7 +78,10 @@ impl Worker {
         );
         // The tick also ages the index out, so it runs even without scraping.
         if host.set_tick_period_ms(cfg.metrics.period_ms).is_err() {
-            log::warn!("warmroute: could not set the tick period; metrics will not be scraped");
+            log::warn!(
+                "warmroute: could not set the tick period: no scrapes, no index expiry, and \
+                 this worker's in-flight counts live only as long as it routes"
+            );
         }
         let stats = Stats::define(&cfg, host);
         let scheduler = Scheduler::new(cfg.backends.len());
@@ -180,10 +183,7 @@ impl Worker {
             return Step::Pause;
         }
         ex.awaiting_body = false;
-        let mut laps = Laps::start(host);
-        let body = host.request_body(body_size).unwrap_or_default();
-        laps.lap(host, Phase::Body);
-        self.route(host, ex, Some(&body), None, laps);
+        self.route_body(host, ex, body_size);
         Step::Continue
     }
 
@@ -196,13 +196,20 @@ impl Worker {
         ex.awaiting_body = false;
         if ex.buffered == 0 {
             self.route(host, ex, None, Some(Fallback::NoBody), Laps::start(host));
-            return Step::Continue;
+        } else {
+            // Whatever Envoy holds, up to one byte past the limit: `route` judges the size.
+            let most = self.router.config().max_body_bytes.saturating_add(1);
+            self.route_body(host, ex, most);
         }
+        Step::Continue
+    }
+
+    /// Reads up to `size` bytes of the buffered body and routes on them.
+    fn route_body<H: Host>(&mut self, host: &H, ex: &mut Exchange, size: usize) {
         let mut laps = Laps::start(host);
-        let body = host.request_body(ex.buffered).unwrap_or_default();
+        let body = host.request_body(size).unwrap_or_default();
         laps.lap(host, Phase::Body);
         self.route(host, ex, Some(&body), None, laps);
-        Step::Continue
     }
 
     /// Decides, writes the routing header, accounts the request.
@@ -271,17 +278,20 @@ impl Worker {
         laps.done();
         if cfg.debug_header {
             let backend = cfg.backends.get(primary).map_or("", |b| b.name.as_str());
-            // Match counts only on request: they tell whether anyone sent this prefix lately.
-            let matched = if cfg.debug_match_counts {
-                format!(";match={}/{}", routed.decision.matched, routed.blocks)
+            // The match and the reason only on request: either tells whether anyone
+            // sent this prefix lately (a cache hit is a match).
+            let cache = if cfg.debug_match_counts {
+                format!(
+                    ";match={}/{};reason={}",
+                    routed.decision.matched,
+                    routed.blocks,
+                    routed.decision.reason.name()
+                )
             } else {
                 String::new()
             };
             let fallback = why.map_or(String::new(), |w| format!(";fallback={}", w.name()));
-            ex.debug = Some(format!(
-                "backend={backend}{matched};reason={}{fallback}",
-                routed.decision.reason.name()
-            ));
+            ex.debug = Some(format!("backend={backend}{cache}{fallback}"));
         }
     }
 
@@ -337,11 +347,11 @@ impl Worker {
     /// the scrape lease, dispatches the scrapes that are due.
     pub fn tick<H: Host>(&mut self, host: &H) {
         self.stats.flush(host);
-        let inflight = self.router.tick_ledger(host).unwrap_or_else(|e| {
+        let now = host.now_ms();
+        let inflight = self.router.tick_ledger(host, now).unwrap_or_else(|e| {
             log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
             self.router.inflight(host).unwrap_or_default()
         });
-        let now = host.now_ms();
         self.router.expire(now);
         if let Err(e) = self.router.refresh_health(host) {
             log::debug!("warmroute: health not refreshed: {e:?}");
@@ -805,7 +815,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
     }
 
     #[test]
-    fn the_debug_header_tells_match_counts_only_when_asked() {
+    fn the_debug_header_tells_cache_details_only_when_asked() {
         let body = chat_body("hello");
         for (extra, want_match) in [
             (r#""debug_header":true"#, false),
@@ -819,11 +829,9 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             let headers = host.exchange.borrow().response_headers.clone();
             let (name, value) = &headers[0];
             assert_eq!(name, DEBUG_HEADER);
-            assert!(
-                value.starts_with("backend=") && value.contains(";reason="),
-                "{value}"
-            );
+            assert!(value.starts_with("backend="), "{value}");
             assert_eq!(value.contains(";match="), want_match, "{value}");
+            assert_eq!(value.contains(";reason="), want_match, "{value}");
         }
     }
 

@@ -41,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
             let host = MemoryHost::default();
             let keys = Keys::new(1, 4096);
             let store = Store { host: &host, keys: &keys, n };
-            let w = Writer { vm: 7, now_ms: 1, reclaim_after_ms: 1500 };
+            let w = Writer { vm: 7, now_ms: 1, lease_ms: 1500 };
             let _ = store.account(None, w, &vec![Default::default(); n], true);
             let _ = store.try_lease(7, 1500);
             let _ = store.update_health(0, |_| {});
