@@ -658,15 +658,17 @@ impl TryFrom<WireConfig> for Config {
 fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
     let path = e.path().to_string();
     let msg = e.inner().to_string();
+    // An empty key names nothing: the object's path, or the position, does.
     let key = msg
         .split('`')
         .nth(1)
+        .filter(|k| !k.is_empty())
         .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
     let field = match (path.as_str(), key) {
         ("." | "", Some(k)) => k.to_string(),
         (p, Some(k)) if !p.ends_with(k) => format!("{p}.{k}"),
         ("." | "", None) => format!("line {} column {}", e.inner().line(), e.inner().column()),
-        (p, _) => p.to_string(),
+        (p, _) => p.trim_end_matches('.').to_string(),
     };
     bad(field, msg)
 }
@@ -728,6 +730,15 @@ mod tests {
     fn unknown_field_is_named() {
         let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"stratgy":"random"}"#);
         assert_eq!(e.field, "stratgy");
+    }
+
+    #[test]
+    fn an_unknown_empty_key_is_placed() {
+        // Found by the config fuzz target: the field named was "".
+        let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"":1}"#);
+        assert!(e.field.starts_with("line 1 column"), "{e}");
+        let nested = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"metrics":{"":1}}"#);
+        assert_eq!(nested.field, "metrics");
     }
 
     #[test]
