@@ -658,18 +658,20 @@ impl TryFrom<WireConfig> for Config {
 fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
     let path = e.path().to_string();
     let msg = e.inner().to_string();
-    // An empty key names nothing: the object's path, or the position, does.
+    let position = || format!("line {} column {}", e.inner().line(), e.inner().column());
     let key = msg
         .split('`')
         .nth(1)
-        .filter(|k| !k.is_empty())
         .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"));
     let field = match (path.as_str(), key) {
+        // An empty key names nothing: the object holding it does.
+        (p, Some("")) => p.strip_suffix('.').unwrap_or(p).to_string(),
         ("." | "", Some(k)) => k.to_string(),
         (p, Some(k)) if !p.ends_with(k) => format!("{p}.{k}"),
-        ("." | "", None) => format!("line {} column {}", e.inner().line(), e.inner().column()),
-        (p, _) => p.trim_end_matches('.').to_string(),
+        ("." | "", None) => position(),
+        (p, _) => p.to_string(),
     };
+    let field = if field.is_empty() { position() } else { field };
     bad(field, msg)
 }
 
@@ -734,11 +736,14 @@ mod tests {
 
     #[test]
     fn an_unknown_empty_key_is_placed() {
-        // Found by the config fuzz target: the field named was "".
+        // Found by the config fuzz target: the field named was "" (then, for a key
+        // of dots, the dots trimmed away).
         let e = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"":1}"#);
         assert!(e.field.starts_with("line 1 column"), "{e}");
         let nested = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"metrics":{"":1}}"#);
         assert_eq!(nested.field, "metrics");
+        let dots = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"...":1}"#);
+        assert_eq!(dots.field, "...");
     }
 
     #[test]
