@@ -786,57 +786,31 @@ mod tests {
     #[test]
     fn out_of_range_values_are_named() {
         let base = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"#;
-        assert_eq!(
-            err(&format!("{base}\"block_bytes\":4}}")).field,
-            "block_bytes"
-        );
-        assert_eq!(
-            err(&format!("{base}\"balance\":{{\"eps\":-1}}}}")).field,
-            "balance.eps"
-        );
-        assert_eq!(
-            err(&format!("{base}\"balance\":{{\"warm_min_cap\":0}}}}")).field,
-            "balance.warm_min_cap"
-        );
-        assert_eq!(
-            err(&format!(
-                "{base}\"cache_aware\":{{\"prefill_slack_tokens\":99999999}}}}"
-            ))
-            .field,
-            "cache_aware.prefill_slack_tokens"
-        );
-        assert_eq!(
-            err(&format!(
-                "{base}\"metrics\":{{\"period_ms\":100,\"timeout_ms\":200}}}}"
-            ))
-            .field,
-            "metrics.timeout_ms"
-        );
-        assert_eq!(
-            err(&format!("{base}\"saturation\":{{\"max_kv_usage\":1.5}}}}")).field,
-            "saturation.max_kv_usage"
-        );
-        assert_eq!(
-            err(&format!("{base}\"route\":{{\"header\":\"bad header\"}}}}")).field,
-            "route.header"
-        );
-        assert_eq!(
-            err(&format!("{base}\"debug_match_counts\":true}}")).field,
-            "debug_match_counts"
-        );
-        // Sizes past what a wasm32 VM can hold.
-        assert_eq!(
-            err(&format!("{base}\"max_body_bytes\":1073741824}}")).field,
-            "max_body_bytes"
-        );
-        assert_eq!(
-            err(&format!("{base}\"index\":{{\"max_blocks\":67108864}}}}")).field,
-            "index.max_blocks"
-        );
-        assert_eq!(
-            err(&format!("{base}\"index\":{{\"log_bytes\":67108864}}}}")).field,
-            "index.log_bytes"
-        );
+        for (fields, named) in [
+            (r#""block_bytes":4"#, "block_bytes"),
+            (r#""balance":{"eps":-1}"#, "balance.eps"),
+            (r#""balance":{"warm_min_cap":0}"#, "balance.warm_min_cap"),
+            (
+                r#""cache_aware":{"prefill_slack_tokens":99999999}"#,
+                "cache_aware.prefill_slack_tokens",
+            ),
+            (
+                r#""metrics":{"period_ms":100,"timeout_ms":200}"#,
+                "metrics.timeout_ms",
+            ),
+            (
+                r#""saturation":{"max_kv_usage":1.5}"#,
+                "saturation.max_kv_usage",
+            ),
+            (r#""route":{"header":"bad header"}"#, "route.header"),
+            (r#""debug_match_counts":true"#, "debug_match_counts"),
+            // Sizes past what a wasm32 VM can hold.
+            (r#""max_body_bytes":1073741824"#, "max_body_bytes"),
+            (r#""index":{"max_blocks":67108864}"#, "index.max_blocks"),
+            (r#""index":{"log_bytes":67108864}"#, "index.log_bytes"),
+        ] {
+            assert_eq!(err(&format!("{base}{fields}}}")).field, named, "{fields}");
+        }
     }
 
     #[test]

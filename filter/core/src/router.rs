@@ -590,6 +590,22 @@ mod tests {
         .unwrap()
     }
 
+    /// Nothing in flight anywhere, by the ledger.
+    fn assert_idle(a: &Router, host: &MemoryHost) {
+        assert_eq!(
+            a.store(host).inflight().unwrap(),
+            vec![InFlight::default(); 3]
+        );
+    }
+
+    /// A request with this prompt and no session.
+    fn prompt(key: &PromptKey) -> Request<'_> {
+        Request {
+            key: Some(key),
+            session: None,
+        }
+    }
+
     fn chat(turns: &[(&str, &str)]) -> PromptKey {
         let messages: Vec<String> = turns
             .iter()
@@ -614,23 +630,11 @@ mod tests {
             ("assistant", &answer),
             ("user", "q2"),
         ]);
-        let first = a.route(
-            &host,
-            &Request {
-                key: Some(&turn1),
-                session: None,
-            },
-        );
+        let first = a.route(&host, &prompt(&turn1));
         a.release(&host, first.decision.order[0], Delta::requests(1))
             .unwrap();
         // Turn 2 goes through the other VM: only the shared log can tell it where turn 1 went.
-        let second = b.route(
-            &host,
-            &Request {
-                key: Some(&turn2),
-                session: None,
-            },
-        );
+        let second = b.route(&host, &prompt(&turn2));
         assert_eq!(second.decision.order[0], first.decision.order[0]);
         assert!(second.decision.matched >= 15, "{:?}", second.decision);
         assert_eq!(second.host_errors, 0);
@@ -680,10 +684,7 @@ mod tests {
         a.release(&host, picks[2], Delta::requests(1)).unwrap();
         assert_eq!(requests(&a), left);
         a.release(&host, next, Delta::requests(1)).unwrap();
-        assert_eq!(
-            a.store(&host).inflight().unwrap(),
-            vec![InFlight::default(); 3]
-        );
+        assert_idle(&a, &host);
     }
 
     #[test]
@@ -704,10 +705,7 @@ mod tests {
         );
         a.release(&host, first.decision.order[0], first.held)
             .unwrap();
-        assert_eq!(
-            a.store(&host).inflight().unwrap(),
-            vec![InFlight::default(); 3]
-        );
+        assert_idle(&a, &host);
     }
 
     #[test]
@@ -717,15 +715,7 @@ mod tests {
         let long = "x".repeat(4000);
         let turn1 = chat(&[("user", &long)]);
         let turn2 = chat(&[("user", &long), ("assistant", "ok"), ("user", &long)]);
-        let route = |a: &mut Router, key: &PromptKey| {
-            a.route(
-                &host,
-                &Request {
-                    key: Some(key),
-                    session: None,
-                },
-            )
-        };
+        let route = |a: &mut Router, key: &PromptKey| a.route(&host, &prompt(key));
         let first = route(&mut a, &turn1);
         let b = first.decision.order[0];
         assert_eq!(first.held.prefill_blocks as u32, first.blocks);
@@ -766,13 +756,7 @@ mod tests {
                 ("user", &format!("forged {i}")),
             ]);
             assert!(key.continuation);
-            a.route(
-                &host,
-                &Request {
-                    key: Some(&key),
-                    session: None,
-                },
-            );
+            a.route(&host, &prompt(&key));
         }
         let inflight = a.store(&host).inflight().unwrap();
         // The bound at the last decision: ceil((1 + eps) * (49 + 1) / 3) = 25.
@@ -788,10 +772,7 @@ mod tests {
         let mut b = Router::new(cfg("cache_aware"), &host);
         let long = "x".repeat(4000);
         let key = chat(&[("user", &long)]);
-        let req = Request {
-            key: Some(&key),
-            session: None,
-        };
+        let req = prompt(&key);
         for _ in 0..3 {
             a.route(&host, &req);
             b.route(&host, &req);
@@ -803,20 +784,8 @@ mod tests {
         assert!(b.route(&host, &req).log_gap, "the restart is counted");
         // A's events written from the new head reach B again.
         let other = chat(&[("user", &"y".repeat(4000))]);
-        let placed = a.route(
-            &host,
-            &Request {
-                key: Some(&other),
-                session: None,
-            },
-        );
-        let seen = b.route(
-            &host,
-            &Request {
-                key: Some(&other),
-                session: None,
-            },
-        );
+        let placed = a.route(&host, &prompt(&other));
+        let seen = b.route(&host, &prompt(&other));
         assert!(!seen.log_gap);
         assert_eq!(seen.decision.order[0], placed.decision.order[0]);
         assert!(seen.decision.matched > 0, "{seen:?}");

@@ -224,57 +224,31 @@ mod tests {
         body_json(r)["prompt"].as_str().unwrap().to_string()
     }
 
+    /// The same options give the same workload; another seed another.
+    fn assert_seeded<O>(same: &O, reseeded: &O, generate: impl Fn(&O) -> Workload) {
+        let (w1, w2) = (generate(same), generate(same));
+        assert_eq!(bodies(&w1), bodies(&w2));
+        assert_eq!(starts(&w1), starts(&w2));
+        assert_ne!(bodies(&w1), bodies(&generate(reseeded)));
+    }
+
     #[test]
     fn same_seed_same_bodies() {
         let ro = RenderOpts::default();
-        let a1 = agent(&AgentOpts::default(), &ro).unwrap();
-        let a2 = agent(&AgentOpts::default(), &ro).unwrap();
-        assert_eq!(bodies(&a1), bodies(&a2));
-        assert_eq!(starts(&a1), starts(&a2));
-        let a3 = agent(
-            &AgentOpts {
-                seed: 43,
-                ..Default::default()
-            },
-            &ro,
-        )
-        .unwrap();
-        assert_ne!(bodies(&a1), bodies(&a3));
-
-        let c1 = chat(&ChatOpts::default(), &ro).unwrap();
-        let c2 = chat(&ChatOpts::default(), &ro).unwrap();
-        assert_eq!(bodies(&c1), bodies(&c2));
-        assert_eq!(starts(&c1), starts(&c2));
-        assert_ne!(
-            bodies(&c1),
-            bodies(
-                &chat(
-                    &ChatOpts {
-                        seed: 1,
-                        ..Default::default()
-                    },
-                    &ro
-                )
-                .unwrap()
-            )
-        );
-
-        let u1 = uniform(&UniformOpts::default(), &ro).unwrap();
-        let u2 = uniform(&UniformOpts::default(), &ro).unwrap();
-        assert_eq!(bodies(&u1), bodies(&u2));
-        assert_eq!(starts(&u1), starts(&u2));
-        assert_ne!(
-            bodies(&u1),
-            bodies(
-                &uniform(
-                    &UniformOpts {
-                        seed: 1,
-                        ..Default::default()
-                    },
-                    &ro
-                )
-                .unwrap()
-            )
-        );
+        let a = AgentOpts {
+            seed: 43,
+            ..AgentOpts::default()
+        };
+        assert_seeded(&AgentOpts::default(), &a, |o| agent(o, &ro).unwrap());
+        let c = ChatOpts {
+            seed: 1,
+            ..ChatOpts::default()
+        };
+        assert_seeded(&ChatOpts::default(), &c, |o| chat(o, &ro).unwrap());
+        let u = UniformOpts {
+            seed: 1,
+            ..UniformOpts::default()
+        };
+        assert_seeded(&UniformOpts::default(), &u, |o| uniform(o, &ro).unwrap());
     }
 }
