@@ -97,11 +97,6 @@ impl Worker {
         self.router.config()
     }
 
-    /// The routing state (for tests and benches that look inside).
-    pub fn router(&self) -> &Router {
-        &self.router
-    }
-
     /// Request headers: strips client routing headers, reads the session, and
     /// either routes at once (no body to read) or pauses for the body.
     pub fn on_request_headers<H: Host>(
