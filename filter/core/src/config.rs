@@ -218,6 +218,8 @@ struct WireMetrics {
     period_ms: u64,
     timeout_ms: u64,
     unhealthy_after: u32,
+    healthy_after: u32,
+    eject_after_errors: u32,
     stale_after_ms: u64,
     model_name: Option<String>,
     names: WireMetricNames,
@@ -232,6 +234,8 @@ impl Default for WireMetrics {
             period_ms: 500,
             timeout_ms: 400,
             unhealthy_after: 2,
+            healthy_after: 2,
+            eject_after_errors: 3,
             stale_after_ms: 2000,
             model_name: None,
             names: WireMetricNames::default(),
@@ -362,7 +366,13 @@ pub struct MetricsConfig {
     pub timeout_ms: u64,
     /// Consecutive failed scrapes that take a backend out of rotation.
     pub unhealthy_after: u32,
-    /// Snapshots older than this are not trusted.
+    /// Consecutive good scrapes that bring it back.
+    pub healthy_after: u32,
+    /// Consecutive failed responses (5xx, upstream reset) that take a backend
+    /// out of one worker's rotation for `stale_after_ms`; 0: never.
+    pub eject_after_errors: u32,
+    /// Snapshots older than this are not trusted, and neither is a verdict of
+    /// `down` that no failed scrape has renewed for this long.
     pub stale_after_ms: u64,
     /// Label value of `model_name` to select; `None` sums all label sets.
     pub model_name: Option<String>,
@@ -624,6 +634,13 @@ impl TryFrom<WireConfig> for Config {
             period_ms,
             timeout_ms,
             unhealthy_after: in_range("metrics.unhealthy_after", m.unhealthy_after, 1, 1000)?,
+            healthy_after: in_range("metrics.healthy_after", m.healthy_after, 1, 1000)?,
+            eject_after_errors: in_range(
+                "metrics.eject_after_errors",
+                m.eject_after_errors,
+                0,
+                1000,
+            )?,
             stale_after_ms: in_range(
                 "metrics.stale_after_ms",
                 m.stale_after_ms,
@@ -797,6 +814,11 @@ mod tests {
             (
                 r#""metrics":{"period_ms":100,"timeout_ms":200}"#,
                 "metrics.timeout_ms",
+            ),
+            (r#""metrics":{"healthy_after":0}"#, "metrics.healthy_after"),
+            (
+                r#""metrics":{"eject_after_errors":5000}"#,
+                "metrics.eject_after_errors",
             ),
             (
                 r#""saturation":{"max_kv_usage":1.5}"#,

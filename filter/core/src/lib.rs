@@ -40,6 +40,7 @@ pub mod index_log;
 pub mod inflight;
 pub mod load;
 pub mod openai;
+pub mod passive;
 pub mod phases;
 pub mod policy;
 pub mod prefix;

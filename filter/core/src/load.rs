@@ -42,10 +42,12 @@ pub struct BackendLoad {
     pub prefill: f64,
 }
 
-/// Combines in-flight counts and health into per-backend load.
+/// Combines in-flight counts and health into per-backend load;
+/// `in_rotation[b]`: whether the health verdicts let `b` take traffic.
 pub fn backend_loads(
     inflight: &[InFlight],
     health: &[Health],
+    in_rotation: &[bool],
     now_ms: u64,
     stale_after_ms: u64,
     policy: &PolicyConfig,
@@ -68,7 +70,7 @@ pub fn backend_loads(
                 (inf, false)
             };
             BackendLoad {
-                healthy: !h.down,
+                healthy: in_rotation.get(b).copied().unwrap_or(true),
                 load,
                 saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
                 prefill: f.prefill_blocks as f64,
@@ -105,6 +107,7 @@ mod tests {
             backend_loads(
                 &[one, one],
                 &[busy, Health::default()],
+                &[true, true],
                 now,
                 2000,
                 &c.policy,
@@ -136,6 +139,7 @@ mod tests {
         let l = backend_loads(
             &[idle, idle],
             &[scraped(1.0), scraped(4.0)],
+            &[true, true],
             1100,
             2000,
             &c.policy,

@@ -20,18 +20,20 @@
 //! the tick of the VM holding the scrape lease, so each VM re-reads it at its
 //! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
 //! writes at once ([`Router::record_scrape`]). Another VM sees a scrape at most
-//! one tick late, on top of the scrape period it already waits.
+//! one tick late, on top of the scrape period it already waits. Each VM also
+//! keeps Envoy's own view of how its requests ended ([`crate::passive`]); a
+//! backend is in rotation when neither view keeps it out.
 
 use crate::config::{Config, Strategy};
 use crate::hash::{address_id, mix, session_hash};
-use crate::health::Health;
+use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad};
+use crate::passive::{recent, Answer, Passive};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
-use crate::scrape::Scrape;
 use crate::store::{Keys, Store, Writer};
 
 /// Anchor length for prompts without message structure (completions).
@@ -84,6 +86,8 @@ pub struct Router {
     matched: Vec<u32>,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
+    /// How the requests this VM routed ended, per backend.
+    passive: Passive,
     /// What this VM's ended requests gave back, per backend, that the ledger
     /// does not know yet: the next request's ledger write carries it (or the tick).
     unreleased: Vec<Delta>,
@@ -151,6 +155,7 @@ impl Router {
             requests: 0,
             matched: Vec::with_capacity(n),
             health: Vec::new(),
+            passive: Passive::new(n),
             unreleased: vec![Delta::default(); n],
             open_requests: 0,
             last_now: host.now_ms(),
@@ -255,6 +260,7 @@ impl Router {
         let loads = backend_loads(
             &inflight,
             &self.health,
+            &self.in_rotation(now),
             now,
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
@@ -487,6 +493,14 @@ impl Router {
         self.write_ledger(host, Some(read.raw), now_ms)
     }
 
+    /// Shares when this VM last saw each backend answer, if that changed (from the tick).
+    pub fn publish_served<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
+        match self.passive.served_news() {
+            Some(mine) => self.store(host).publish_served(&mine),
+            None => Ok(()),
+        }
+    }
+
     /// One ledger write of the waiting releases and this VM's heartbeat.
     fn write_ledger<H: Host>(
         &mut self,
@@ -522,6 +536,40 @@ impl Router {
         &self.health
     }
 
+    /// Whether each backend takes traffic from this VM at `now_ms`: its
+    /// scraped health and this VM's own view of its answers both allow it.
+    pub fn in_rotation(&self, now_ms: u64) -> Vec<bool> {
+        let stale = self.cfg.metrics.stale_after_ms;
+        (0..self.cfg.backends.len())
+            .map(|b| {
+                let scraped = self
+                    .health
+                    .get(b)
+                    .is_none_or(|h| h.in_rotation(now_ms, stale));
+                scraped && !self.passive.ejected(b, now_ms)
+            })
+            .collect()
+    }
+
+    /// The backend at `address` (`ip:port`), if it is one of the fleet's.
+    pub fn backend_at(&self, address: &str) -> Option<usize> {
+        let id = address_id(address);
+        self.ids.iter().position(|&i| i == id)
+    }
+
+    /// Folds how one routed request ended into this VM's view of `backend`;
+    /// returns true when that took it out of this VM's rotation.
+    pub fn answered(&mut self, backend: usize, answer: Answer, now_ms: u64) -> bool {
+        let m = &self.cfg.metrics;
+        self.passive.record(
+            backend,
+            answer,
+            now_ms,
+            m.eject_after_errors,
+            m.stale_after_ms,
+        )
+    }
+
     /// Re-reads every backend's health from shared data (from the tick); on a
     /// failed read the last known health stays.
     pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
@@ -530,19 +578,27 @@ impl Router {
         Ok(())
     }
 
-    /// Records one scrape of `backend` (`None`: it failed) in shared data and,
-    /// at once, in this VM's view. Returns the backend's new health.
+    /// Records one scrape of `backend` in shared data and, at once, in this
+    /// VM's view. Returns the backend's new health.
     pub fn record_scrape<H: Host>(
         &mut self,
         host: &H,
         backend: usize,
-        scrape: Option<Scrape>,
+        outcome: Outcome,
         now: u64,
     ) -> Result<Health, HostError> {
-        let after = self.cfg.metrics.unhealthy_after;
+        let m = &self.cfg.metrics;
+        // Only a slow scrape asks whether the pod still serves: then the
+        // shared view, since the scraping VM may route nothing itself.
+        let serving = outcome == Outcome::Slow
+            && (self.passive.served_within(backend, now, m.stale_after_ms)
+                || self.store(host).served().is_ok_and(|all| {
+                    all.get(backend)
+                        .is_some_and(|&t| recent(t, now, m.stale_after_ms))
+                }));
         let health = self
             .store(host)
-            .update_health(backend, |h| h.record(scrape, now, after))?;
+            .update_health(backend, |h| h.record(outcome, now, m, serving))?;
         if let Some(h) = self.health.get_mut(backend) {
             *h = health;
         }
@@ -576,6 +632,7 @@ impl Router {
 mod tests {
     use super::*;
     use crate::openai::{prompt_key, Endpoint};
+    use crate::scrape::Scrape;
     use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -814,11 +871,13 @@ mod tests {
             capacity_tokens: Some(tokens),
             ..Scrape::default()
         };
-        a.record_scrape(&host, 0, Some(scrape(6400)), 1).unwrap();
+        a.record_scrape(&host, 0, Outcome::Answered(scrape(6400)), 1)
+            .unwrap();
         assert_eq!(a.index.capacity(0), 100);
         // Another VM's scrape reaches this one at its tick.
         let mut b = Router::new(cfg("cache_aware"), &host);
-        b.record_scrape(&host, 1, Some(scrape(12_800)), 1).unwrap();
+        b.record_scrape(&host, 1, Outcome::Answered(scrape(12_800)), 1)
+            .unwrap();
         assert_eq!(a.index.capacity(1), a.index.capacity(2));
         a.refresh_health(&host).unwrap();
         assert_eq!(a.index.capacity(1), 200);

@@ -9,6 +9,7 @@
 //! routing decision itself on a short prompt.
 
 use crate::config::Config;
+use crate::health::Outcome;
 use crate::host::{Host, MetricKind};
 use crate::inflight::InFlight;
 use crate::policy::Reason;
@@ -111,6 +112,8 @@ pub struct Stats {
     healthy: Vec<Option<u32>>,
     scrape_ok: Counter,
     scrape_failed: Counter,
+    scrape_slow: Counter,
+    ejections: Counter,
     host_errors: Counter,
     log_gaps: Counter,
 }
@@ -163,6 +166,8 @@ impl Stats {
             healthy: gauges("healthy"),
             scrape_ok: counter("warmroute.scrape.ok".into()),
             scrape_failed: counter("warmroute.scrape.failed".into()),
+            scrape_slow: counter("warmroute.scrape.slow".into()),
+            ejections: counter("warmroute.ejections".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
         }
@@ -211,12 +216,17 @@ impl Stats {
     }
 
     /// A scrape result.
-    pub fn scraped(&mut self, ok: bool) {
-        if ok {
-            self.scrape_ok.add(1);
-        } else {
-            self.scrape_failed.add(1);
+    pub fn scraped(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Answered(_) => self.scrape_ok.add(1),
+            Outcome::Failed => self.scrape_failed.add(1),
+            Outcome::Slow => self.scrape_slow.add(1),
         }
+    }
+
+    /// A backend left this worker's rotation on its failed answers.
+    pub fn ejected(&mut self) {
+        self.ejections.add(1);
     }
 
     /// Adds every counter's pending increments to Envoy's stats.
@@ -233,6 +243,8 @@ impl Stats {
             &mut self.matched_blocks,
             &mut self.scrape_ok,
             &mut self.scrape_failed,
+            &mut self.scrape_slow,
+            &mut self.ejections,
             &mut self.host_errors,
             &mut self.log_gaps,
         ];

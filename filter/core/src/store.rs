@@ -60,6 +60,7 @@ pub struct Keys {
     vm_seq: String,
     lease: String,
     health: String,
+    served: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -75,6 +76,7 @@ impl Keys {
             vm_seq: k("vm_seq"),
             lease: k("lease"),
             health: k("health"),
+            served: k("served"),
             log_slots: (0..log_shape.slots)
                 .map(|i| k(&format!("index_log.{i}")))
                 .collect(),
@@ -380,6 +382,28 @@ impl<H: Host> Store<'_, H> {
         })
     }
 
+    /// When each backend last answered a request routed by any VM (0: never).
+    pub fn served(&self) -> Result<Vec<u64>, HostError> {
+        let v = self.host.get_shared(&self.keys.served)?.0;
+        Ok(decode_served(v.as_deref().unwrap_or_default(), self.n))
+    }
+
+    /// Merges one VM's last-answered times into the shared ones (the later wins).
+    pub fn publish_served(&self, mine: &[u64]) -> Result<(), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.served, |v| {
+            let mut all = decode_served(v.as_deref().unwrap_or_default(), n);
+            let mut newer = false;
+            for (a, &m) in all.iter_mut().zip(mine) {
+                newer |= m > *a;
+                *a = (*a).max(m);
+            }
+            let mut out = Vec::with_capacity(n * 8);
+            all.iter().for_each(|&t| put(&mut out, t));
+            (newer.then_some(out), ())
+        })
+    }
+
     /// Takes or renews the scraper lease; true when this VM holds it.
     pub fn try_lease(&self, me: u64, ttl_ms: u64) -> Result<bool, HostError> {
         let now = self.host.now_ms();
@@ -428,6 +452,14 @@ impl<H: Host> Store<'_, H> {
         );
         self.host.set_shared(self.keys.slot(seq), &event, None)
     }
+}
+
+/// Decodes `n` last-answered times; a blob of another length (another fleet) reads as "never".
+fn decode_served(bytes: &[u8], n: usize) -> Vec<u64> {
+    let mut r = Reader::new(bytes);
+    let all: Option<Vec<u64>> = (0..n).map(|_| r.get()).collect();
+    all.filter(|_| bytes.len() == n * 8)
+        .unwrap_or_else(|| vec![0; n])
 }
 
 #[cfg(test)]

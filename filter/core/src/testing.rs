@@ -26,6 +26,8 @@ pub struct TestExchange {
     pub status: Option<String>,
     /// Envoy's `response.code_details`.
     pub details: Option<String>,
+    /// The upstream Envoy last sent the exchange to.
+    pub upstream: Option<String>,
 }
 
 impl TestExchange {
@@ -206,6 +208,10 @@ impl Host for MemoryHost {
 
     fn response_details(&self) -> Option<String> {
         self.exchange.borrow().details.clone()
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        self.exchange.borrow().upstream.clone()
     }
 
     fn dispatch(&self, call: &Callout<'_>) -> Result<u32, HostError> {

@@ -19,9 +19,11 @@
 //! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
 
 use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
+use crate::health::Outcome;
 use crate::host::{Callout, Host};
 use crate::inflight::Delta;
 use crate::openai::{prompt_key, Endpoint, ParseError};
+use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
 use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
@@ -321,18 +323,44 @@ impl Worker {
         // A stream reset after the headers still has a :status; Envoy's details tell the
         // truth. A response whose last byte passed this filter was not reset upstream,
         // which spares most requests that host call.
-        let reset = !ex.response_done
-            && host
-                .response_details()
-                .is_some_and(|d| d.contains("reset") || d.contains("disconnect"));
-        let status = host
-            .response_status()
-            .and_then(|v| v.parse().ok())
-            .filter(|_| !reset);
-        self.stats.finished(status);
+        let details = (!ex.response_done)
+            .then(|| host.response_details())
+            .flatten();
+        let reset = details
+            .as_deref()
+            .is_some_and(|d| d.contains("reset") || d.contains("disconnect"));
+        let status: Option<u16> = host.response_status().and_then(|v| v.parse().ok());
+        self.stats
+            .finished(status.filter(|_| !reset).map(u32::from));
         let held = std::mem::take(&mut ex.held);
         if let Err(e) = self.router.release(host, b, held) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
+        }
+        self.answered(host, Answer::of(status, details.as_deref()));
+    }
+
+    /// Envoy's own view of the pod that served (or failed) the request: the
+    /// last upstream it tried, which a retry may have moved off the chosen one.
+    fn answered<H: Host>(&mut self, host: &H, answer: Option<Answer>) {
+        let Some(answer) = answer else { return };
+        let Some(b) = host
+            .upstream_address()
+            .and_then(|a| self.router.backend_at(&a))
+        else {
+            return;
+        };
+        if self.router.answered(b, answer, host.now_ms()) {
+            self.stats.ejected();
+            let name = self
+                .router
+                .config()
+                .backends
+                .get(b)
+                .map_or("", |x| x.name.as_str());
+            log::warn!(
+                "warmroute: backend {name} out of this worker's rotation after {} failed responses",
+                self.router.config().metrics.eject_after_errors
+            );
         }
     }
 
@@ -348,11 +376,14 @@ impl Worker {
             self.router.inflight(host).unwrap_or_default()
         });
         self.router.expire(now);
+        if let Err(e) = self.router.publish_served(host) {
+            log::debug!("warmroute: answered-request times not shared: {e:?}");
+        }
         if let Err(e) = self.router.refresh_health(host) {
             log::debug!("warmroute: health not refreshed: {e:?}");
         }
-        let healthy: Vec<bool> = self.router.health().iter().map(|h| !h.down).collect();
-        self.stats.gauges(host, &inflight, &healthy);
+        self.stats
+            .gauges(host, &inflight, &self.router.in_rotation(now));
         self.scrape(host, now);
     }
 
@@ -370,7 +401,7 @@ impl Worker {
         }
         let due = self.scheduler.due(now, lost_after);
         for b in due.lost {
-            self.scrape_failed(host, b, now);
+            self.scraped(host, b, Outcome::Slow, now);
         }
         for b in due.scrape {
             let cfg = self.router.config();
@@ -394,15 +425,10 @@ impl Worker {
                         "warmroute: scrape of {} not dispatched: {e:?}",
                         backend.name
                     );
-                    self.scrape_failed(host, b, now);
+                    self.scraped(host, b, Outcome::Failed, now);
                 }
             }
         }
-    }
-
-    fn scrape_failed<H: Host>(&mut self, host: &H, backend: usize, now: u64) {
-        let _ = self.router.record_scrape(host, backend, None, now);
-        self.stats.scraped(false);
     }
 
     /// A callout reply (`num_headers == 0`: Envoy failed or timed it out).
@@ -413,32 +439,46 @@ impl Worker {
         num_headers: usize,
         body_size: usize,
     ) {
-        let Some(b) = self.scheduler.completed(token) else {
+        let Some((b, sent_ms)) = self.scheduler.completed(token) else {
             return;
         };
+        let now = host.now_ms();
         let status = (num_headers > 0).then(|| host.callout_status()).flatten();
         let cfg = &self.router.config().metrics;
-        let scrape = match status.as_deref() {
-            Some("200") => host.callout_body(body_size).map(|body| {
-                extract(
-                    &String::from_utf8_lossy(&body),
-                    &cfg.names,
-                    cfg.model_name.as_deref(),
-                )
-            }),
-            _ => None,
+        let outcome = match status.as_deref() {
+            Some("200") => host
+                .callout_body(body_size)
+                .map_or(Outcome::Failed, |body| {
+                    let mut sc = extract(
+                        &String::from_utf8_lossy(&body),
+                        &cfg.names,
+                        cfg.model_name.as_deref(),
+                    );
+                    // What the scrape counts of this gateway's own traffic (see `load`).
+                    let inflight = self.router.inflight(host).unwrap_or_default();
+                    sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
+                    Outcome::Answered(sc)
+                }),
+            // Envoy answers a callout past its timeout with its own 504 (or, on some
+            // paths, no headers at all); either one that lasted the whole timeout (less
+            // a tenth, for the clock's granularity) timed out.
+            Some("504") | None
+                if now.saturating_sub(sent_ms) >= cfg.timeout_ms - cfg.timeout_ms / 10 =>
+            {
+                Outcome::Slow
+            }
+            _ => Outcome::Failed,
         };
-        self.stats.scraped(scrape.is_some());
-        // What the scrape counts of this gateway's own traffic (see `load`).
-        let scrape = scrape.map(|mut sc| {
-            let inflight = self.router.inflight(host).unwrap_or_default();
-            sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
-            sc
-        });
-        let now = host.now_ms();
+        self.scraped(host, b, outcome, now);
+    }
+
+    /// Records a scrape's outcome: stats, shared health, and a log line when
+    /// the backend leaves or rejoins the rotation.
+    fn scraped<H: Host>(&mut self, host: &H, b: usize, outcome: Outcome, now: u64) {
+        self.stats.scraped(&outcome);
         // This VM holds the scrape lease, so its own view is the last health written.
         let was_down = self.router.health().get(b).map(|x| x.down);
-        let result = self.router.record_scrape(host, b, scrape, now);
+        let result = self.router.record_scrape(host, b, outcome, now);
         let name = self
             .router
             .config()
@@ -453,7 +493,10 @@ impl Worker {
                 )
             }
             Ok(h) if !h.down && was_down == Some(true) => {
-                log::info!("warmroute: backend {name} back in rotation")
+                log::info!(
+                    "warmroute: backend {name} back in rotation after {} good scrapes",
+                    h.successes
+                )
             }
             Ok(_) => {}
             Err(e) => log::debug!("warmroute: health update for {name} lost: {e:?}"),
@@ -688,14 +731,112 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             assert_ne!(routed_to(&host).as_deref(), Some("127.0.0.1:2"));
             w.on_log(&host, &mut ex);
         }
-        // One good scrape brings it back, and the gauge says so at the next tick.
-        host.now.set(1500);
-        w.tick(&host);
-        answer(&mut w, &host, |_| ok(METRICS));
-        assert!(w.router.health().iter().all(|h| !h.down));
+        // Two good scrapes in a row bring it back (one could be a flap), and the
+        // gauge says so at the next tick.
+        for t in 3..=4 {
+            host.now.set(t * 500);
+            w.tick(&host);
+            answer(&mut w, &host, |_| ok(METRICS));
+            assert_eq!(w.router.health()[1].down, t == 3);
+        }
         w.tick(&host);
         assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(1));
         assert_eq!(host.metric("warmroute.scrape.failed"), Some(2));
+    }
+
+    /// Ends `ex` as Envoy would report it: `upstream` answered `status`.
+    fn end(w: &mut Worker, host: &MemoryHost, ex: &mut Exchange, upstream: &str, status: &str) {
+        {
+            let mut e = host.exchange.borrow_mut();
+            e.upstream = Some(upstream.into());
+            e.status = Some(status.into());
+            e.details = Some(if status.starts_with('5') {
+                "upstream_reset_before_response_started{remote_connection_failure}".into()
+            } else {
+                "via_upstream".into()
+            });
+        }
+        w.on_log(host, ex);
+    }
+
+    #[test]
+    fn a_slow_metrics_endpoint_does_not_eject_a_pod_that_serves() {
+        for serving in [true, false] {
+            let host = MemoryHost::default();
+            // The scraper holds the lease and routes nothing (as Envoy's main-thread
+            // VM); another worker sees the pod answer and says so at its tick.
+            let mut w = worker(&host);
+            let mut other = worker(&host);
+            for t in 1..=4u64 {
+                host.now.set(t * 500);
+                w.tick(&host);
+                let sent = host.take_callouts();
+                if serving {
+                    let mut ex = send(&mut other, &host, &chat_headers(), &chat_body("q"));
+                    end(&mut other, &host, &mut ex, "127.0.0.1:2", "200");
+                }
+                other.tick(&host);
+                assert!(host.take_callouts().is_empty());
+                // b's /metrics times out (Envoy fails the callout after timeout_ms).
+                host.now.set(t * 500 + 400);
+                deliver(&mut w, &host, &sent, |dest| {
+                    if dest == "127.0.0.1:2" {
+                        Reply::default()
+                    } else {
+                        ok(METRICS)
+                    }
+                });
+            }
+            assert_eq!(w.router.health()[1].down, !serving, "serving={serving}");
+            w.tick(&host);
+            assert_eq!(host.metric("warmroute.scrape.slow"), Some(4));
+        }
+    }
+
+    #[test]
+    fn a_pod_failing_its_requests_leaves_this_workers_rotation_for_a_while() {
+        let host = MemoryHost::default();
+        host.now.set(1000);
+        let mut w = worker(&host);
+        let mut to_b = 0;
+        // Whatever the filter chose, Envoy's last upstream is the one to blame: a
+        // request retried from b to c and served there counts for c.
+        for i in 0..3 {
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("r{i}")));
+            end(&mut w, &host, &mut ex, "127.0.0.1:3", "200");
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("f{i}")));
+            end(&mut w, &host, &mut ex, "127.0.0.1:2", "503");
+            to_b += usize::from(i == 2);
+        }
+        assert_eq!(to_b, 1);
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.ejections"), Some(1));
+        assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(0));
+        let routed = |w: &mut Worker, n: usize| {
+            (0..n)
+                .filter(|i| {
+                    let mut ex = send(w, &host, &chat_headers(), &chat_body(&format!("x{i}")));
+                    let to = routed_to(&host);
+                    end(w, &host, &mut ex, "127.0.0.1:1", "200");
+                    to.is_some_and(|d| d.starts_with("127.0.0.1:2"))
+                })
+                .count()
+        };
+        assert_eq!(routed(&mut w, 12), 0);
+        // The ejection lasts stale_after_ms; then real traffic probes the pod again.
+        host.now.set(1000 + w.config().metrics.stale_after_ms);
+        assert!(routed(&mut w, 12) > 0);
+        // A client that went away is nobody's fault.
+        for i in 0..3 {
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("g{i}")));
+            let mut e = host.exchange.borrow_mut();
+            e.upstream = Some("127.0.0.1:3".into());
+            e.details = Some("downstream_remote_disconnect".into());
+            e.status = Some("503".into());
+            drop(e);
+            w.on_log(&host, &mut ex);
+        }
+        assert!(w.router.in_rotation(host.now.get())[2]);
     }
 
     #[test]
