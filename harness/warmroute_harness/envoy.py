@@ -22,7 +22,7 @@ from .sim import Sim
 
 
 def spawn_envoy(cfg: dict, name: str, logdir: Path, admin_port: int, concurrency: int,
-                level: str = "info") -> subprocess.Popen:
+                level: str = "info", extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """Starts Envoy on `cfg` (written to logdir/<name>.yaml, log in <name>.log) and waits until
     its admin port says ready. `--base-id` is the admin port, so several Envoys coexist."""
     path = logdir / f"{name}.yaml"
@@ -36,6 +36,7 @@ def spawn_envoy(cfg: dict, name: str, logdir: Path, admin_port: int, concurrency
             "--base-id", str(admin_port),
             "-l", level,
             "--disable-hot-restart",
+            *extra_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -89,12 +90,18 @@ class Envoy:
     filter_overrides: dict = field(default_factory=dict)
     with_filter: bool = True
     lb: str | None = None  # replace the pool's policy: "round_robin" or "least_request" (no filter runs)
+    # Sims that are endpoints of the pool clusters (default: all); the filter still lists every sim.
+    endpoints: list[Sim] | None = None
     wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     config: dict = field(default_factory=dict)
     tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
+    # Serve the listener from a watched file (LDS) instead of static_resources, so that
+    # reconfigure() can change the filter's JSON in the running Envoy (a VM reload).
+    dynamic_listener: bool = False
+    lds_path: Path | None = None
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
@@ -116,12 +123,12 @@ class Envoy:
             hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
         for cluster in cfg["static_resources"]["clusters"]:
             eps = cluster.get("load_assignment", {}).get("endpoints")
-            if cluster["name"] == "pool" and eps is not None:
+            if cluster["name"] in ("pool", "pool-metrics") and eps is not None:
                 eps[0]["lb_endpoints"] = [
                     {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": s.port}}}}
-                    for s in self.sims
+                    for s in (self.sims if self.endpoints is None else self.endpoints)
                 ]
-                if self.lb:
+                if self.lb and cluster["name"] == "pool":
                     cluster.pop("load_balancing_policy", None)
                     cluster["lb_policy"] = self.lb.upper()
             elif cluster["name"].startswith("sim-") and eps is not None:
@@ -133,9 +140,55 @@ class Envoy:
         return cfg
 
     def start(self, logdir: Path) -> "Envoy":
+        cfg = self.render()
+        if self.dynamic_listener:
+            self.lds_path = logdir / f"lds-{self.port}" / "listeners.yaml"
+            self.lds_path.parent.mkdir(exist_ok=True)
+            self._write_listeners()
+            cfg = copy.deepcopy(cfg)
+            cfg["static_resources"].pop("listeners")
+            cfg.setdefault("node", {"id": f"warmroute-{self.port}", "cluster": "warmroute"})
+            cfg["dynamic_resources"] = {"lds_config": {"resource_api_version": "V3", "path_config_source": {
+                "path": str(self.lds_path), "watched_directory": {"path": str(self.lds_path.parent)}}}}
+        # A replaced listener (and the filter config it holds, whose VM still ticks) drains
+        # for 1 s rather than Envoy's default 10 minutes, so a reconfiguration completes.
+        extra = ("--drain-time-s", "1") if self.dynamic_listener else ()
         # The bench reads the filter's log by this name (envoy-<port>.log).
-        self.proc = spawn_envoy(self.render(), f"envoy-{self.port}", logdir, self.admin_port, self.concurrency)
+        self.proc = spawn_envoy(cfg, f"envoy-{self.port}", logdir, self.admin_port, self.concurrency,
+                                extra_args=extra)
         return self
+
+    def _write_listeners(self) -> None:
+        """Replaces the LDS file in one rename, which is what the watched directory reacts to."""
+        listeners = [{"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **listener}
+                     for listener in self.config["static_resources"]["listeners"]]
+        tmp = self.lds_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"resources": listeners}, sort_keys=False))
+        tmp.rename(self.lds_path)
+
+    def reconfigure(self, filter_overrides: dict, timeout: float = 10) -> None:
+        """Changes the filter's JSON in the running Envoy (needs `dynamic_listener`): the new
+        listener's filter configures a new root context in each VM, and the old listener
+        drains with its own (which ticks, and scrapes, until then). Returns once the new
+        listener serves and the old one is gone."""
+        assert self.lds_path is not None, "reconfigure needs dynamic_listener=True"
+        wasm = _wasm_filter(self.config)
+        fc = filter_config(self.config)
+        _deep_update(fc, filter_overrides)
+        wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
+        self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
+        before = int(self.stats().get("listener_manager.lds.update_success", "0"))
+        self._write_listeners()
+        deadline = time.time() + timeout
+        def settled() -> bool:
+            st = self.stats()
+            return (int(st.get("listener_manager.lds.update_success", "0")) > before
+                    and st.get("listener_manager.total_listeners_draining") == "0"
+                    and st.get("listener_manager.total_filter_chains_draining", "0") == "0")
+        while not settled():
+            if time.time() > deadline:
+                raise TimeoutError("Envoy did not take the new listener (see its log)")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         stop_envoy(self.proc)
