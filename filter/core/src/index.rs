@@ -393,8 +393,8 @@ mod tests {
 
     #[test]
     fn prompts_that_differ_past_the_last_sample_stay_bounded() {
-        // 35 blocks: 34 shared, the last (off the sample) differs per prompt. Each used
-        // to add an entry that counted no capacity, so only the TTL removed them.
+        // 35 blocks: 34 shared, the last (off the sample) differs per prompt. An entry
+        // that counted no capacity would grow the index until the TTL removed it.
         let cap = 1024;
         let mut ix = Index::new(1, cap, 600_000);
         let mut max_queue = 0;
