@@ -2,7 +2,8 @@
 
 The configuration is the repository's own `envoy.yaml` (or a variant under envoy/), patched
 only where a run must differ: ports, backend list, the filter's JSON, concurrency, the pool's
-load-balancing policy. Tests and the bench thus exercise the shipped config, not a copy.
+load-balancing policy, the listener's buffer limit. Tests and the bench thus exercise the shipped
+config, not a copy.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class Envoy:
     # Sims that are endpoints of the pool clusters (default: all); the filter still lists every sim.
     endpoints: list[Sim] | None = None
     wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
+    listener_buffer_limit: int | None = None  # replace the listener's per_connection_buffer_limit_bytes
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -108,6 +110,8 @@ class Envoy:
         cfg["admin"]["address"]["socket_address"]["port_value"] = self.admin_port
         listener = cfg["static_resources"]["listeners"][0]
         listener["address"]["socket_address"]["port_value"] = self.port
+        if self.listener_buffer_limit is not None:
+            listener["per_connection_buffer_limit_bytes"] = self.listener_buffer_limit
         wasm = _wasm_filter(cfg)
         wasm["config"]["vm_config"]["code"]["local"]["filename"] = str(self.wasm_file)
         fc = filter_config(cfg)
@@ -192,6 +196,15 @@ class Envoy:
 
     def stop(self) -> None:
         stop_envoy(self.proc)
+
+    def rss_bytes(self) -> int:
+        """Envoy's resident set size now (VmRSS of /proc/<pid>/status)."""
+        if self.proc is None:
+            raise RuntimeError("Envoy is not running")
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS in /proc/<pid>/status")
 
     def stats(self) -> dict[str, str]:
         """Every counter and gauge by name, from the admin's JSON stats (histograms left out).
