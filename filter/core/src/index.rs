@@ -346,6 +346,21 @@ impl Index {
         }
     }
 
+    /// Forgets everything `backend` held: its slot now stands for another pod.
+    pub fn forget(&mut self, backend: usize) {
+        let Some(lru) = self.lru.get_mut(backend) else {
+            return;
+        };
+        for r in lru.queue.drain(..) {
+            if let Entry::Occupied(e) = self.map.entry(r.key) {
+                if *e.get() == r.time() {
+                    e.remove();
+                }
+            }
+        }
+        lru.live = 0;
+    }
+
     /// Ages every backend's share out (called from the tick).
     pub fn expire(&mut self, now_ms: u64) {
         for b in 0..self.lru.len() {

@@ -39,6 +39,7 @@ pub mod index;
 pub mod index_log;
 pub mod inflight;
 pub mod load;
+pub mod membership;
 pub mod openai;
 pub mod passive;
 pub mod phases;

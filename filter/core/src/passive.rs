@@ -106,6 +106,13 @@ impl Passive {
         }
     }
 
+    /// Forgets `backend`'s record: its slot now stands for another pod.
+    pub fn forget(&mut self, backend: usize) {
+        if let Some(b) = self.backends.get_mut(backend) {
+            *b = Backend::default();
+        }
+    }
+
     /// Whether this worker keeps `backend` out of rotation at `now_ms`.
     pub fn ejected(&self, backend: usize, now_ms: u64) -> bool {
         self.backends

@@ -24,13 +24,14 @@
 //! keeps Envoy's own view of how its requests ended ([`crate::passive`]); a
 //! backend is in rotation when neither view keeps it out.
 
-use crate::config::{Config, Strategy};
+use crate::config::{Backend, Config, Strategy};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
 use crate::inflight::{Delta, InFlight};
-use crate::load::{backend_loads, BackendLoad};
+use crate::load::{backend_loads, BackendLoad, Standing};
+use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
 use crate::passive::{recent, Answer, Passive};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
@@ -74,6 +75,10 @@ pub struct Routed {
 pub struct Router {
     cfg: Config,
     keys: Keys,
+    /// Who holds each slot ([`crate::membership`]).
+    slots: Slots,
+    /// Each slot's pod as a backend (name, address, scrape target); `None`: empty.
+    fleet: Vec<Option<Backend>>,
     /// Each backend's rendezvous id (its address, hashed).
     ids: Vec<u64>,
     /// Fleet-unique id of this VM.
@@ -116,27 +121,38 @@ fn note_reclaimed(vms: &[u64]) {
 }
 
 /// The fleet's identity: the shared-data key space of everything this
-/// configuration's VMs share. The block size and the log's geometry are part
-/// of it: VMs of another shape must not read each other's records.
-fn fleet_id(cfg: &Config, ids: &[u64]) -> u64 {
-    let fleet = ids.iter().fold(cfg.block_bytes as u64, |h, &i| mix(h ^ i));
-    mix(fleet ^ cfg.index.log_bytes as u64)
+/// configuration's VMs share: a fixed list's addresses, or a discovered pool's
+/// cluster and slot count (its members come and go within it). The block size
+/// and the log's geometry are part of it: VMs of another shape must not read
+/// each other's records.
+fn fleet_id(cfg: &Config) -> u64 {
+    let fleet = match &cfg.pool {
+        Some(p) => mix(address_id(&p.cluster) ^ p.max_backends as u64),
+        None => cfg
+            .backends
+            .iter()
+            .fold(0, |h, b| mix(h ^ address_id(&b.address))),
+    };
+    mix(mix(fleet ^ cfg.block_bytes as u64) ^ cfg.index.log_bytes as u64)
 }
 
 impl Router {
     /// A router for `cfg`; takes a fleet-unique VM id from shared data.
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
-        let ids: Vec<u64> = cfg
-            .backends
-            .iter()
-            .map(|b| address_id(&b.address))
-            .collect();
-        let keys = Keys::new(fleet_id(&cfg, &ids), cfg.index.log_bytes);
-        let n = cfg.backends.len();
+        let keys = Keys::new(fleet_id(&cfg), cfg.index.log_bytes);
+        let n = cfg.slot_count();
         let store = Store {
             host,
             keys: &keys,
             n,
+        };
+        let slots = match cfg.pool {
+            Some(_) => store
+                .members()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| Slots::empty(n)),
+            None => Slots::fixed(cfg.backends.iter().map(|b| b.address.as_str())),
         };
         // Without shared data an id from the clock still keeps VMs apart.
         let vm_id = store.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
@@ -148,7 +164,9 @@ impl Router {
             .unwrap_or_else(|_| vec![Health::default(); n]);
         let mut router = Router {
             keys,
-            ids,
+            slots: Slots::empty(n),
+            fleet: vec![None; n],
+            ids: vec![0; n],
             vm_id,
             index,
             applied_seq,
@@ -162,7 +180,106 @@ impl Router {
             cfg,
         };
         router.set_all_health(health);
+        router.apply_slots(slots);
         router
+    }
+
+    /// Slots of per-pod state.
+    pub fn slot_count(&self) -> usize {
+        self.fleet.len()
+    }
+
+    /// The pod in slot `b`, if any.
+    pub fn backend(&self, b: usize) -> Option<&Backend> {
+        self.fleet.get(b).and_then(Option::as_ref)
+    }
+
+    /// Each slot's pod (`None`: empty).
+    pub fn fleet(&self) -> &[Option<Backend>] {
+        &self.fleet
+    }
+
+    /// The slot's name in stats and logs: the configured name, or `pod-<slot>`.
+    pub fn slot_name(cfg: &Config, b: usize) -> String {
+        match cfg.backends.get(b) {
+            Some(x) if cfg.pool.is_none() => x.name.clone(),
+            _ => format!("pod-{b}"),
+        }
+    }
+
+    /// Makes this VM's view hold `slots`: a slot whose pod changed starts
+    /// cold (no index entries, no passive record); returns the changed slots.
+    fn apply_slots(&mut self, slots: Slots) -> Vec<usize> {
+        let mut changed = Vec::new();
+        for (b, m) in slots.members.iter().enumerate() {
+            let before = self.slots.members.get(b).cloned().flatten();
+            if before.as_ref().map(|x| &x.address) != m.as_ref().map(|x| &x.address) {
+                changed.push(b);
+                self.index.forget(b);
+                self.passive.forget(b);
+            }
+            let backend = m.as_ref().map(|m| match self.cfg.backends.get(b) {
+                Some(fixed) if self.cfg.pool.is_none() => fixed.clone(),
+                _ => Backend {
+                    name: Router::slot_name(&self.cfg, b),
+                    address: m.address.clone(),
+                    host: m.address.clone(),
+                    metrics_path: self.cfg.metrics.path.clone(),
+                },
+            });
+            if let Some(id) = self.ids.get_mut(b) {
+                *id = m.as_ref().map_or(0, |m| address_id(&m.address));
+            }
+            if let Some(f) = self.fleet.get_mut(b) {
+                *f = backend;
+            }
+        }
+        self.slots = slots;
+        changed
+    }
+
+    /// Re-reads the slot table the scraping VM published (from the tick; a
+    /// fixed fleet has nothing to read). Returns the slots whose pod changed.
+    pub fn refresh_members<H: Host>(&mut self, host: &H) -> Result<Vec<usize>, HostError> {
+        if self.cfg.pool.is_none() {
+            return Ok(Vec::new());
+        }
+        match self.store(host).members()? {
+            Some(s) if s != self.slots => Ok(self.apply_slots(s)),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Folds Envoy's list of the pool's endpoints (an admin reply) into the
+    /// shared slot table and this VM's view; a changed slot's health starts over.
+    pub fn members_reply<H: Host>(
+        &mut self,
+        host: &H,
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<Changes, ReplyError>, HostError> {
+        let Some(pool) = &self.cfg.pool else {
+            return Ok(Err(ReplyError::WrongClusters));
+        };
+        let endpoints = match parse_endpoints(body, &pool.cluster) {
+            Ok(e) => e,
+            Err(e) => return Ok(Err(e)),
+        };
+        let n = self.fleet.len();
+        let (slots, changes) = self.store(host).update_members(|current| {
+            let mut s = current.unwrap_or_else(|| Slots::empty(n));
+            let c = s.assign(&endpoints, now);
+            (s, c)
+        })?;
+        for &(b, _) in changes.joined.iter().chain(&changes.left) {
+            self.store(host)
+                .update_health(b, |h| *h = Health::default())?;
+            if let Some(h) = self.health.get_mut(b) {
+                *h = Health::default();
+            }
+        }
+        self.apply_slots(slots);
+        Ok(Ok(changes))
     }
 
     /// The validated configuration.
@@ -180,7 +297,7 @@ impl Router {
         Store {
             host,
             keys: &self.keys,
-            n: self.cfg.backends.len(),
+            n: self.fleet.len(),
         }
     }
 
@@ -191,7 +308,7 @@ impl Router {
         let store = Store {
             host,
             keys: &self.keys,
-            n: self.cfg.backends.len(),
+            n: self.fleet.len(),
         };
         let slots = self.keys.log_shape().slots;
         let mut gap = false;
@@ -236,7 +353,7 @@ impl Router {
     fn observe<H: Host>(&mut self, host: &H, with_prompt: bool) -> Observed {
         let now = host.now_ms();
         self.last_now = now;
-        let n = self.cfg.backends.len();
+        let n = self.fleet.len();
         let mut host_errors = 0;
         let (mut inflight, ledger, log_gap) = match self.store(host).read_ledger() {
             Ok(r) => {
@@ -260,7 +377,7 @@ impl Router {
         let loads = backend_loads(
             &inflight,
             &self.health,
-            &self.in_rotation(now),
+            &self.standing(now),
             now,
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
@@ -340,7 +457,7 @@ impl Router {
             None => (chooser.fallback(random), 0),
         };
         let decision = decision.unwrap_or(Decision {
-            order: vec![0],
+            order: Vec::new(),
             matched: 0,
             reason: Reason::Fallback,
         });
@@ -359,7 +476,16 @@ impl Router {
         seen: Observed,
     ) -> Routed {
         let mut host_errors = seen.host_errors;
-        let primary = decision.order.first().copied().unwrap_or(0);
+        let Some(&primary) = decision.order.first() else {
+            // No pod to account on: Envoy routes by its fallback policy.
+            return Routed {
+                decision,
+                blocks,
+                held: Delta::default(),
+                host_errors,
+                log_gap: seen.log_gap,
+            };
+        };
         let held = Delta {
             requests: 1,
             prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
@@ -378,7 +504,7 @@ impl Router {
         let store = Store {
             host,
             keys: &self.keys,
-            n: self.cfg.backends.len(),
+            n: self.fleet.len(),
         };
         let writer = self.writer(seen.now);
         let held = match store.account(seen.ledger, writer, &self.unreleased, !chain.is_empty()) {
@@ -536,17 +662,28 @@ impl Router {
         &self.health
     }
 
-    /// Whether each backend takes traffic from this VM at `now_ms`: its
-    /// scraped health and this VM's own view of its answers both allow it.
-    pub fn in_rotation(&self, now_ms: u64) -> Vec<bool> {
+    /// Where each slot stands for this VM at `now_ms`: a member is in
+    /// rotation when Envoy would route to it and its scraped health and this
+    /// VM's own view of its answers both allow it.
+    pub fn standing(&self, now_ms: u64) -> Vec<Standing> {
         let stale = self.cfg.metrics.stale_after_ms;
-        (0..self.cfg.backends.len())
-            .map(|b| {
-                let scraped = self
-                    .health
-                    .get(b)
-                    .is_none_or(|h| h.in_rotation(now_ms, stale));
-                scraped && !self.passive.ejected(b, now_ms)
+        self.slots
+            .members
+            .iter()
+            .enumerate()
+            .map(|(b, m)| match m {
+                None => Standing::Absent,
+                Some(m) => {
+                    let scraped = self
+                        .health
+                        .get(b)
+                        .is_none_or(|h| h.in_rotation(now_ms, stale));
+                    if m.routable && scraped && !self.passive.ejected(b, now_ms) {
+                        Standing::In
+                    } else {
+                        Standing::Out
+                    }
+                }
             })
             .collect()
     }
@@ -607,7 +744,7 @@ impl Router {
     }
 
     fn set_all_health(&mut self, mut health: Vec<Health>) {
-        health.resize(self.cfg.backends.len(), Health::default());
+        health.resize(self.fleet.len(), Health::default());
         self.health = health;
         self.resize_index();
     }

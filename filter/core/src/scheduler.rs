@@ -73,6 +73,13 @@ impl Scheduler {
         Some((b, since))
     }
 
+    /// Forgets a pending scrape of `backend` (its slot now stands for another pod).
+    pub fn forget(&mut self, backend: usize) {
+        if let Some(p) = self.pending.get_mut(backend) {
+            *p = None;
+        }
+    }
+
     /// Forgets everything pending (lease lost).
     pub fn reset(&mut self) {
         self.pending.iter_mut().for_each(|p| *p = None);

@@ -125,16 +125,16 @@ fn set(host: &impl Host, id: Option<u32>, v: u64) {
 }
 
 impl Stats {
-    /// Defines every stat for this configuration.
-    pub fn define(cfg: &Config, host: &impl Host) -> Stats {
+    /// Defines every stat for this configuration; `names`: each slot's name.
+    pub fn define(cfg: &Config, names: &[String], host: &impl Host) -> Stats {
         let strategy = cfg.strategy.name();
         let gauges = |what: &str| {
-            cfg.backends
+            names
                 .iter()
-                .map(|b| {
+                .map(|name| {
                     host.define_metric(
                         MetricKind::Gauge,
-                        &format!("warmroute.backend.{}.{what}", b.name),
+                        &format!("warmroute.backend.{name}.{what}"),
                     )
                 })
                 .collect()
@@ -156,10 +156,9 @@ impl Stats {
             passthrough: counter("warmroute.passthrough".into()),
             prompt_blocks: counter("warmroute.prompt_blocks".into()),
             matched_blocks: counter("warmroute.matched_blocks".into()),
-            chosen: cfg
-                .backends
+            chosen: names
                 .iter()
-                .map(|b| counter(format!("warmroute.backend.{}.chosen", b.name)))
+                .map(|name| counter(format!("warmroute.backend.{name}.chosen")))
                 .collect(),
             inflight: gauges("inflight"),
             prefill: gauges("prefill_blocks"),
@@ -177,7 +176,7 @@ impl Stats {
     pub fn decided(
         &mut self,
         reason: Reason,
-        backend: usize,
+        backend: Option<usize>,
         (matched, blocks): (u32, u32),
         host_errors: u32,
         log_gap: bool,
@@ -185,7 +184,9 @@ impl Stats {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             add_at(&mut self.decisions, i, 1);
         }
-        add_at(&mut self.chosen, backend, 1);
+        if let Some(b) = backend {
+            add_at(&mut self.chosen, b, 1);
+        }
         self.prompt_blocks.add(blocks.into());
         self.matched_blocks.add(matched.min(blocks).into());
         self.host_errors.add(host_errors.into());

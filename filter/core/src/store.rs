@@ -48,6 +48,7 @@ use crate::health::{decode_health, encode_health, Health};
 use crate::host::{Host, HostError, Versioned};
 use crate::index_log::{Event, LogShape};
 use crate::inflight::{decode_inflight, encode_inflight, inflight_len, Delta, InFlight};
+use crate::membership::Slots;
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
@@ -61,6 +62,7 @@ pub struct Keys {
     lease: String,
     health: String,
     served: String,
+    members: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -77,6 +79,7 @@ impl Keys {
             lease: k("lease"),
             health: k("health"),
             served: k("served"),
+            members: k("members"),
             log_slots: (0..log_shape.slots)
                 .map(|i| k(&format!("index_log.{i}")))
                 .collect(),
@@ -379,6 +382,26 @@ impl<H: Host> Store<'_, H> {
                 *h
             });
             (Some(encode_health(&all)), out.unwrap_or_default())
+        })
+    }
+
+    /// The slot table of a discovered pool, as last published (`None`: none yet).
+    pub fn members(&self) -> Result<Option<Slots>, HostError> {
+        let v = self.host.get_shared(&self.keys.members)?.0;
+        Ok(v.and_then(|v| Slots::decode(&v, self.n)))
+    }
+
+    /// Read-modify-write of the slot table; written only when `f` changed it.
+    pub fn update_members<T>(
+        &self,
+        mut f: impl FnMut(Option<Slots>) -> (Slots, T),
+    ) -> Result<(Slots, T), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.members, |v| {
+            let current = v.as_deref().and_then(|v| Slots::decode(v, n));
+            let (slots, out) = f(current.clone());
+            let write = (current.as_ref() != Some(&slots)).then(|| slots.encode());
+            (write, (slots, out))
         })
     }
 
