@@ -104,6 +104,8 @@ class Envoy:
     # reconfigure() can change the filter's JSON in the running Envoy (a VM reload).
     dynamic_listener: bool = False
     lds_path: Path | None = None
+    # The pool's EDS file, for a config whose pool Envoy discovers (envoy/envoy-pool.yaml).
+    eds_path: Path | None = None
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
@@ -115,10 +117,11 @@ class Envoy:
         wasm = _wasm_filter(cfg)
         wasm["config"]["vm_config"]["code"]["local"]["filename"] = str(self.wasm_file)
         fc = filter_config(cfg)
-        fc["backends"] = [
-            {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
-            for i, s in enumerate(self.sims)
-        ]
+        if "pool" not in fc:  # a discovered pool lists no addresses
+            fc["backends"] = [
+                {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
+                for i, s in enumerate(self.sims)
+            ]
         _deep_update(fc, self.filter_overrides)
         self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
@@ -126,6 +129,13 @@ class Envoy:
         if not self.with_filter:
             hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
         for cluster in cfg["static_resources"]["clusters"]:
+            eds = cluster.get("eds_cluster_config", {}).get("eds_config", {}).get("path_config_source")
+            if eds is not None and self.eds_path is not None:
+                eds["path"] = str(self.eds_path)
+                eds["watched_directory"] = {"path": str(self.eds_path.parent)}
+            if cluster["name"] == "envoy-admin":
+                sa = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                sa["socket_address"]["port_value"] = self.admin_port
             eps = cluster.get("load_assignment", {}).get("endpoints")
             if cluster["name"] in ("pool", "pool-metrics") and eps is not None:
                 eps[0]["lb_endpoints"] = [
@@ -144,6 +154,10 @@ class Envoy:
         return cfg
 
     def start(self, logdir: Path) -> "Envoy":
+        if "eds_cluster_config" in self.config_file.read_text():
+            self.eds_path = logdir / f"eds-{self.port}" / "pool.yaml"
+            self.eds_path.parent.mkdir(exist_ok=True)
+            self.set_endpoints(self.sims if self.endpoints is None else self.endpoints)
         cfg = self.render()
         if self.dynamic_listener:
             self.lds_path = logdir / f"lds-{self.port}" / "listeners.yaml"
@@ -161,6 +175,18 @@ class Envoy:
         self.proc = spawn_envoy(cfg, f"envoy-{self.port}", logdir, self.admin_port, self.concurrency,
                                 extra_args=extra)
         return self
+
+    def set_endpoints(self, sims: list[Sim]) -> None:
+        """Replaces the pool's endpoints (file-based EDS, one rename): what a control plane
+        does when pods come and go."""
+        cla = {"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+               "cluster_name": "pool",
+               "endpoints": [{"lb_endpoints": [
+                   {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": s.port}}}}
+                   for s in sims]}]}
+        tmp = self.eds_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"resources": [cla]}, sort_keys=False))
+        tmp.rename(self.eds_path)
 
     def _write_listeners(self) -> None:
         """Replaces the LDS file in one rename, which is what the watched directory reacts to."""
