@@ -619,6 +619,13 @@ impl Router {
         self.write_ledger(host, Some(read.raw), now_ms)
     }
 
+    /// Heartbeats this fleet and empties the values of fleets gone silent
+    /// (from the tick; see [`crate::store`], "Fleets that are gone").
+    pub fn sweep_fleets<H: Host>(&self, host: &H, now: u64) -> Result<Vec<u64>, HostError> {
+        let idle = crate::store::FLEET_IDLE_MS.max(10 * lease_ms(self.cfg.metrics.period_ms));
+        self.store(host).sweep_fleets(now, idle)
+    }
+
     /// Shares when this VM last saw each backend answer, if that changed (from the tick).
     pub fn publish_served<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
         match self.passive.served_news() {

@@ -1,9 +1,19 @@
 //! Fleet state every worker VM shares through proxy-wasm shared data.
 //!
 //! Each value lives under `warmroute.<fleet>.<name>`, where `<fleet>` hashes
-//! the backend addresses: a reconfigured fleet never reads another fleet's
-//! bytes. Updates are read-modify-write with CAS, retried a bounded number of
-//! times (a worker that keeps losing gives up and counts it rather than spin).
+//! the backend addresses (or a discovered pool's cluster): a reconfigured
+//! fleet never reads another fleet's bytes. Updates are read-modify-write with
+//! CAS, retried a bounded number of times (a worker that keeps losing gives up
+//! and counts it rather than spin).
+//!
+//! ## Fleets that are gone
+//! Shared data lives as long as Envoy, so every reconfiguration to another
+//! backend list would strand its predecessor's keys (the index log alone is
+//! `index.log_bytes`). Every VM heartbeats its fleet in one registry value,
+//! `warmroute.fleets`, at its tick; a fleet silent for [`FLEET_IDLE_MS`] (or
+//! ten of its leases, if longer) is swept by the next tick of any other: each
+//! of its values is emptied and its entry dropped. Envoy has no delete, so
+//! the key names stay, a few bytes each.
 //!
 //! The value every routed request updates is the *ledger*: each VM's share
 //! of the in-flight records (per backend) and the sequence number the index
@@ -53,9 +63,17 @@ use crate::membership::Slots;
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
 
+/// The registry of the fleets using this Envoy's shared data.
+pub const FLEETS_KEY: &str = "warmroute.fleets";
+
+/// How long a fleet must be silent before its values are swept.
+pub const FLEET_IDLE_MS: u64 = 60_000;
+
 /// Names of this fleet's shared-data keys.
 #[derive(Debug, Clone)]
 pub struct Keys {
+    fleet: u64,
+    log_bytes: usize,
     ledger: String,
     rotation: String,
     vm_seq: String,
@@ -73,6 +91,8 @@ impl Keys {
         let k = |n: &str| format!("warmroute.{fleet:016x}.{n}");
         let log_shape = LogShape::new(log_bytes);
         Keys {
+            fleet,
+            log_bytes,
             ledger: k("ledger.v2"),
             rotation: k("rotation"),
             vm_seq: k("vm_seq"),
@@ -90,6 +110,22 @@ impl Keys {
     /// Geometry of the index log.
     pub fn log_shape(&self) -> LogShape {
         self.log_shape
+    }
+
+    /// Every value of the fleet.
+    fn every(&self) -> impl Iterator<Item = &str> {
+        [
+            &self.ledger,
+            &self.rotation,
+            &self.vm_seq,
+            &self.lease,
+            &self.health,
+            &self.served,
+            &self.members,
+        ]
+        .into_iter()
+        .chain(&self.log_slots)
+        .map(String::as_str)
     }
 
     fn slot(&self, seq: u64) -> &str {
@@ -425,6 +461,44 @@ impl<H: Host> Store<'_, H> {
             all.iter().for_each(|&t| put(&mut out, t));
             (newer.then_some(out), ())
         })
+    }
+
+    /// Heartbeats this fleet in the registry and sweeps the fleets silent for
+    /// `idle_ms` (see "Fleets that are gone"); returns the swept fleet ids.
+    pub fn sweep_fleets(&self, now_ms: u64, idle_ms: u64) -> Result<Vec<u64>, HostError> {
+        let me = (self.keys.fleet, self.keys.log_bytes as u64);
+        let gone = update(self.host, FLEETS_KEY, |v| {
+            let mut r = Reader::new(v.as_deref().unwrap_or_default());
+            let mut keep = Vec::new();
+            let mut gone = Vec::new();
+            while let (Some(id), Some(beat), Some(log)) = (r.get(), r.get(), r.get()) {
+                let entry: (u64, u64, u64) = (id, beat, log);
+                if id == me.0 {
+                    continue;
+                }
+                if now_ms.saturating_sub(beat) > idle_ms {
+                    gone.push(entry);
+                } else {
+                    keep.push(entry);
+                }
+            }
+            keep.push((me.0, now_ms, me.1));
+            let mut out = Vec::with_capacity(keep.len() * 24);
+            for (id, beat, log) in keep {
+                put(&mut out, id);
+                put(&mut out, beat);
+                put(&mut out, log);
+            }
+            (Some(out), gone)
+        })?;
+        for &(id, _, log) in &gone {
+            let keys = Keys::new(id, usize::try_from(log).unwrap_or(0));
+            for k in keys.every() {
+                // Best effort: an unswept value is a stranded one, as before.
+                let _ = self.host.set_shared(k, &[], None);
+            }
+        }
+        Ok(gone.into_iter().map(|(id, _, _)| id).collect())
     }
 
     /// Takes or renews the scraper lease; true when this VM holds it.

@@ -114,6 +114,18 @@ pub struct MemoryHost {
 }
 
 impl MemoryHost {
+    /// Every shared-data key with the size of its value, sorted by key.
+    pub fn shared_sizes(&self) -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = self
+            .data
+            .borrow()
+            .iter()
+            .map(|(k, (bytes, _))| (k.clone(), bytes.len()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The callouts dispatched since the last call.
     pub fn take_callouts(&self) -> Vec<SentCallout> {
         std::mem::take(&mut *self.callouts.borrow_mut())

@@ -394,6 +394,14 @@ impl Worker {
             self.router.inflight(host).unwrap_or_default()
         });
         self.router.expire(now);
+        match self.router.sweep_fleets(host, now) {
+            Ok(gone) => gone.iter().for_each(|id| {
+                log::info!(
+                    "warmroute: emptied the shared data of fleet {id:016x}, silent since long"
+                )
+            }),
+            Err(e) => log::debug!("warmroute: fleet registry not updated: {e:?}"),
+        }
         if let Err(e) = self.router.publish_served(host) {
             log::debug!("warmroute: answered-request times not shared: {e:?}");
         }
@@ -1239,5 +1247,61 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         w.on_log(&host, &mut ex);
         w.tick(&host);
         assert_eq!(host.metric("warmroute.matched_blocks"), Some(hits));
+    }
+
+    #[test]
+    fn a_fleet_gone_silent_leaves_no_shared_data_behind() {
+        let host = MemoryHost::default();
+        host.now.set(1000);
+        let mut old = worker(&host);
+        for i in 0..5 {
+            let mut ex = send(
+                &mut old,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("o{i}")),
+            );
+            old.on_log(&host, &mut ex);
+        }
+        old.tick(&host);
+        let fleet_keys = |host: &MemoryHost| -> Vec<(String, usize)> {
+            host.shared_sizes()
+                .into_iter()
+                .filter(|(k, _)| k != crate::store::FLEETS_KEY)
+                .collect()
+        };
+        let old_keys = fleet_keys(&host);
+        assert!(old_keys.iter().any(|(_, n)| *n > 0));
+        // Reconfigured to another backend list: the old VMs are gone.
+        let other = CONFIG.replace("127.0.0.1:3", "127.0.0.1:4");
+        let mut new = Worker::configure(&host, other.as_bytes()).unwrap();
+        for i in 0..5 {
+            let mut ex = send(
+                &mut new,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("n{i}")),
+            );
+            new.on_log(&host, &mut ex);
+        }
+        new.tick(&host);
+        let kept = |host: &MemoryHost| -> usize {
+            fleet_keys(host)
+                .iter()
+                .filter(|(k, _)| old_keys.iter().any(|(o, _)| o == k))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        assert!(kept(&host) > 0, "swept while still fresh");
+        host.now.set(1000 + crate::store::FLEET_IDLE_MS + 1);
+        new.tick(&host);
+        assert_eq!(kept(&host), 0, "{:?}", fleet_keys(&host));
+        // The fleet in use keeps its values.
+        let mut ex = send(&mut new, &host, &chat_headers(), &chat_body("after"));
+        assert!(routed_to(&host).is_some());
+        new.on_log(&host, &mut ex);
+        assert!(fleet_keys(&host)
+            .iter()
+            .any(|(k, n)| *n > 0 && !old_keys.iter().any(|(o, _)| o == k)));
     }
 }
