@@ -90,6 +90,10 @@ struct WireBackend {
     host: Option<String>,
     #[serde(default)]
     metrics_path: Option<String>,
+    #[serde(default)]
+    models: Vec<String>,
+    #[serde(default)]
+    adapters: Vec<String>,
 }
 
 // The wire structs below take every missing field from their `Default`: each
@@ -101,6 +105,7 @@ struct WireRoute {
     mode: RouteMode,
     header: Option<String>,
     fallbacks: usize,
+    model_header: Option<String>,
 }
 
 impl Default for WireRoute {
@@ -109,6 +114,7 @@ impl Default for WireRoute {
             mode: RouteMode::default(),
             header: None,
             fallbacks: 2,
+            model_header: None,
         }
     }
 }
@@ -250,6 +256,8 @@ struct WirePool {
     cluster: String,
     admin_cluster: String,
     max_backends: usize,
+    models: Vec<String>,
+    adapters: Vec<String>,
 }
 
 impl Default for WirePool {
@@ -258,6 +266,8 @@ impl Default for WirePool {
             cluster: "pool".into(),
             admin_cluster: "envoy-admin".into(),
             max_backends: 64,
+            models: Vec::new(),
+            adapters: Vec::new(),
         }
     }
 }
@@ -315,6 +325,28 @@ pub struct Backend {
     pub host: String,
     /// Path of the Prometheus endpoint.
     pub metrics_path: String,
+    /// What the pod serves.
+    pub serves: Serves,
+}
+
+/// The model names a pod serves, as the operator declared them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Serves {
+    /// Served model names; empty: not declared (any model may go there).
+    pub models: Vec<String>,
+    /// LoRA adapters it can load (vLLM's `--lora-modules`).
+    pub adapters: Vec<String>,
+}
+
+impl Serves {
+    /// Whether `model` is one of its base models or adapters; with no
+    /// declared models, unknown (`None`).
+    pub fn knows(&self, model: &str) -> Option<bool> {
+        if self.models.is_empty() && self.adapters.is_empty() {
+            return None;
+        }
+        Some(self.models.iter().chain(&self.adapters).any(|m| m == model))
+    }
 }
 
 /// Where and how the choice is written.
@@ -326,6 +358,9 @@ pub struct RouteConfig {
     pub header: String,
     /// Extra endpoints listed for Envoy retries (endpoint mode).
     pub fallbacks: usize,
+    /// Header the request's `model` is published in, for routes that match
+    /// on it (e.g. `x-gateway-model-name`); clients' copies are stripped.
+    pub model_header: Option<String>,
 }
 
 /// Tuning of the load bound and the cache/load weighing.
@@ -412,6 +447,8 @@ pub struct PoolConfig {
     pub admin_cluster: String,
     /// Slots: most pods the fleet holds at once ([`crate::membership`]).
     pub max_backends: usize,
+    /// What every pod of the pool serves.
+    pub serves: Serves,
 }
 
 /// The validated configuration.
@@ -501,6 +538,18 @@ fn metric_names(field: &str, names: Vec<String>) -> Result<Vec<String>, ConfigEr
     Ok(names)
 }
 
+fn serves(field: &str, models: Vec<String>, adapters: Vec<String>) -> Result<Serves, ConfigError> {
+    for (what, list) in [("models", &models), ("adapters", &adapters)] {
+        if list.iter().any(|m| m.is_empty() || m.len() > 256) {
+            return Err(bad(
+                format!("{field}.{what}"),
+                "names must be 1-256 characters",
+            ));
+        }
+    }
+    Ok(Serves { models, adapters })
+}
+
 fn cluster_name(field: &str, c: String) -> Result<String, ConfigError> {
     if c.is_empty() || c.contains(char::is_whitespace) {
         Err(bad(field, "must name an Envoy cluster"))
@@ -538,6 +587,7 @@ impl TryFrom<WireConfig> for Config {
                 cluster: cluster_name("pool.cluster", p.cluster)?,
                 admin_cluster: cluster_name("pool.admin_cluster", p.admin_cluster)?,
                 max_backends: in_range("pool.max_backends", p.max_backends, 1, MAX_BACKENDS)?,
+                serves: serves("pool", p.models, p.adapters)?,
             }),
             None => None,
         };
@@ -586,6 +636,7 @@ impl TryFrom<WireConfig> for Config {
                 None => default_path.clone(),
             };
             backends.push(Backend {
+                serves: serves(&format!("backends[{i}]"), b.models, b.adapters)?,
                 name: b.name,
                 address: b.address,
                 host,
@@ -607,10 +658,24 @@ impl TryFrom<WireConfig> for Config {
             (_, None) => ENDPOINT_HEADER.to_string(),
         };
         let block_bytes = in_range("block_bytes", w.block_bytes, 16, 65_536)?;
+        let model_header = match w.route.model_header {
+            Some(h) => {
+                let h = h.to_ascii_lowercase();
+                if !valid_header_name(&h) || h == header {
+                    return Err(bad(
+                        "route.model_header",
+                        "must be a valid header name other than route.header",
+                    ));
+                }
+                Some(h)
+            }
+            None => None,
+        };
         let route = RouteConfig {
             mode: w.route.mode,
             header,
             fallbacks: in_range("route.fallbacks", w.route.fallbacks, 0, 16)?,
+            model_header,
         };
         let session_header = w.session_header.to_ascii_lowercase();
         if !valid_header_name(&session_header) {

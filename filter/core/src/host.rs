@@ -71,6 +71,13 @@ pub trait Host {
     fn response_details(&self) -> Option<String>;
     /// `ip:port` of the upstream Envoy last sent the current exchange to.
     fn upstream_address(&self) -> Option<String>;
+    /// Answers the current exchange locally; it is not forwarded.
+    fn send_response(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError>;
 
     /// Dispatches a callout; its reply arrives as the root context's
     /// `on_http_call_response` with the returned token.

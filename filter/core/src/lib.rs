@@ -40,6 +40,7 @@ pub mod index_log;
 pub mod inflight;
 pub mod load;
 pub mod membership;
+pub mod models;
 pub mod openai;
 pub mod passive;
 pub mod phases;

@@ -306,6 +306,7 @@ pub fn prompt_key(
             Ok(PromptKey {
                 continuation,
                 history_bytes: if continuation { last_start } else { 0 },
+                model: req.model.map(Cow::into_owned),
                 ..h.finish()
             })
         }
@@ -318,7 +319,10 @@ pub fn prompt_key(
             let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
             h.begin_conversation();
             prompt.feed(&mut h);
-            Ok(h.finish())
+            Ok(PromptKey {
+                model: req.model.map(Cow::into_owned),
+                ..h.finish()
+            })
         }
         Endpoint::Responses => {
             let req: Responses = serde_json::from_slice(body).map_err(classify)?;
@@ -331,7 +335,10 @@ pub fn prompt_key(
             }
             h.begin_conversation();
             feed_piece(&mut h, b"input", &req.input);
-            Ok(h.finish())
+            Ok(PromptKey {
+                model: req.model.map(Cow::into_owned),
+                ..h.finish()
+            })
         }
     }
 }

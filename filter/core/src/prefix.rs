@@ -50,6 +50,8 @@ pub struct PromptKey {
     /// Canonical bytes before the last message: what the pod that served the
     /// previous turn holds already (0 when not a continuation).
     pub history_bytes: usize,
+    /// The request's `model` (a served model name or a LoRA adapter).
+    pub model: Option<String>,
 }
 
 use crate::hash::murmur;
@@ -171,6 +173,7 @@ impl PrefixHasher {
             total_bytes: self.total,
             continuation: false,
             history_bytes: 0,
+            model: None,
         }
     }
 }

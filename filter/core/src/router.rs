@@ -32,6 +32,7 @@ use crate::index::Index;
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
 use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
+use crate::models::{narrow, Fit, Lora};
 use crate::passive::{recent, Answer, Passive};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
@@ -69,6 +70,8 @@ pub struct Routed {
     pub host_errors: u32,
     /// Index events other VMs appended that this VM never saw (log trimmed).
     pub log_gap: bool,
+    /// No pod serves the request's model (and every pod says what it serves).
+    pub unknown_model: bool,
 }
 
 /// Per-VM routing state.
@@ -79,6 +82,8 @@ pub struct Router {
     slots: Slots,
     /// Each slot's pod as a backend (name, address, scrape target); `None`: empty.
     fleet: Vec<Option<Backend>>,
+    /// Each slot's LoRA adapters as last scraped ([`crate::models`]).
+    lora: Vec<Option<Lora>>,
     /// Each backend's rendezvous id (its address, hashed).
     ids: Vec<u64>,
     /// Fleet-unique id of this VM.
@@ -166,6 +171,7 @@ impl Router {
             keys,
             slots: Slots::empty(n),
             fleet: vec![None; n],
+            lora: vec![None; n],
             ids: vec![0; n],
             vm_id,
             index,
@@ -217,6 +223,9 @@ impl Router {
                 changed.push(b);
                 self.index.forget(b);
                 self.passive.forget(b);
+                if let Some(l) = self.lora.get_mut(b) {
+                    *l = None;
+                }
             }
             let backend = m.as_ref().map(|m| match self.cfg.backends.get(b) {
                 Some(fixed) if self.cfg.pool.is_none() => fixed.clone(),
@@ -225,6 +234,12 @@ impl Router {
                     address: m.address.clone(),
                     host: m.address.clone(),
                     metrics_path: self.cfg.metrics.path.clone(),
+                    serves: self
+                        .cfg
+                        .pool
+                        .as_ref()
+                        .map(|p| p.serves.clone())
+                        .unwrap_or_default(),
                 },
             });
             if let Some(id) = self.ids.get_mut(b) {
@@ -344,8 +359,37 @@ impl Router {
     /// Routes one request; never fails (host errors degrade to less information).
     pub fn route<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
         let mut seen = self.observe(host, req.key.is_some());
+        let model = req.key.and_then(|k| k.model.as_deref());
+        if model.is_some_and(|m| self.narrow_to_model(m, &mut seen.loads) == Fit::Unknown) {
+            let decision = Decision {
+                order: Vec::new(),
+                matched: 0,
+                reason: Reason::Fallback,
+            };
+            let blocks = req.key.map_or(0, |k| k.blocks.len() as u32);
+            return Routed {
+                unknown_model: true,
+                ..self.commit(host, req, decision, blocks, seen)
+            };
+        }
         let (decision, blocks) = self.decide(host, req, &mut seen);
         self.commit(host, req, decision, blocks, seen)
+    }
+
+    /// Keeps only the pods that serve `model` (and, for an adapter, those to
+    /// prefer) in `loads` ([`crate::models`]). Free when no pod says what it
+    /// serves and none reported an adapter.
+    fn narrow_to_model(&self, model: &str, loads: &mut [BackendLoad]) -> Fit {
+        let declared = |b: &Backend| !b.serves.models.is_empty() || !b.serves.adapters.is_empty();
+        if !self.fleet.iter().flatten().any(declared) && self.lora.iter().all(Option::is_none) {
+            return Fit::Served;
+        }
+        let serves: Vec<_> = self
+            .fleet
+            .iter()
+            .map(|f| f.as_ref().map(|b| &b.serves))
+            .collect();
+        narrow(model, &serves, &self.lora, loads)
     }
 
     /// Reads the ledger (and, for a request with a prompt, the index events
@@ -484,6 +528,7 @@ impl Router {
                 held: Delta::default(),
                 host_errors,
                 log_gap: seen.log_gap,
+                unknown_model: false,
             };
         };
         let held = Delta {
@@ -536,6 +581,7 @@ impl Router {
             held,
             host_errors,
             log_gap: seen.log_gap,
+            unknown_model: false,
         }
     }
 
@@ -617,6 +663,33 @@ impl Router {
             return Ok(read.value.inflight);
         }
         self.write_ledger(host, Some(read.raw), now_ms)
+    }
+
+    /// Records the LoRA state a scrape of `backend` reported, in shared data
+    /// when it changed (from the scraping VM).
+    pub fn record_lora<H: Host>(
+        &mut self,
+        host: &H,
+        backend: usize,
+        lora: Option<Lora>,
+    ) -> Result<(), HostError> {
+        if self.lora.get(backend) == Some(&lora) {
+            return Ok(());
+        }
+        let n = self.fleet.len();
+        let all = self.store(host).update_lora(n, |all| {
+            if let Some(l) = all.get_mut(backend) {
+                *l = lora.clone();
+            }
+        })?;
+        self.lora = all;
+        Ok(())
+    }
+
+    /// Re-reads every slot's LoRA state (from the tick).
+    pub fn refresh_lora<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
+        self.lora = self.store(host).lora()?;
+        Ok(())
     }
 
     /// Heartbeats this fleet and empties the values of fleets gone silent

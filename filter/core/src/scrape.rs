@@ -8,9 +8,11 @@
 //! meaning (counts ≥ 0, usage in 0..1, NaN and ±Inf read as 0): a hostile or
 //! broken `/metrics` can make a pod look busy or idle, never break routing.
 //! KV capacity comes from `vllm:cache_config_info`'s labels
-//! (`num_gpu_blocks × block_size` tokens).
+//! (`num_gpu_blocks × block_size` tokens); LoRA adapters from
+//! `vllm:lora_requests_info` ([`crate::models`]).
 
 use crate::config::MetricNames;
+use crate::models::Lora;
 use crate::prometheus::{self, Sample};
 
 /// What one scrape of a backend said.
@@ -52,12 +54,25 @@ fn pick(samples: &[Sample<'_>], names: &[String], model: Option<&str>, max: bool
 
 /// Extracts a [`Scrape`] from Prometheus text.
 pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
+    extract_with_lora(text, names, model).0
+}
+
+/// Extracts a [`Scrape`] and the pod's LoRA state from Prometheus text, in one pass.
+pub fn extract_with_lora(
+    text: &str,
+    names: &MetricNames,
+    model: Option<&str>,
+) -> (Scrape, Option<Lora>) {
     let mut samples = Vec::new();
     prometheus::parse(text, |s| {
-        if s.name == "vllm:cache_config_info" || names_contain(names, s.name) {
+        if s.name == "vllm:cache_config_info"
+            || s.name == "vllm:lora_requests_info"
+            || names_contain(names, s.name)
+        {
             samples.push(s)
         }
     });
+    let lora = Lora::from_samples(samples.iter());
     let capacity_tokens = samples
         .iter()
         .find(|s| s.name == "vllm:cache_config_info")
@@ -66,7 +81,7 @@ pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
             let size: u64 = s.label("block_size")?.parse().ok()?;
             blocks.checked_mul(size)
         });
-    Scrape {
+    let scrape = Scrape {
         running: pick(&samples, &names.running, model, false)
             .unwrap_or(0.0)
             .max(0.0),
@@ -78,7 +93,8 @@ pub fn extract(text: &str, names: &MetricNames, model: Option<&str>) -> Scrape {
             .clamp(0.0, 1.0),
         capacity_tokens,
         own_inflight: 0,
-    }
+    };
+    (scrape, lora)
 }
 
 fn names_contain(names: &MetricNames, n: &str) -> bool {

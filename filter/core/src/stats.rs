@@ -114,6 +114,7 @@ pub struct Stats {
     scrape_failed: Counter,
     scrape_slow: Counter,
     ejections: Counter,
+    unknown_model: Counter,
     host_errors: Counter,
     log_gaps: Counter,
 }
@@ -167,6 +168,7 @@ impl Stats {
             scrape_failed: counter("warmroute.scrape.failed".into()),
             scrape_slow: counter("warmroute.scrape.slow".into()),
             ejections: counter("warmroute.ejections".into()),
+            unknown_model: counter("warmroute.unknown_model".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
         }
@@ -225,6 +227,11 @@ impl Stats {
         }
     }
 
+    /// A request for a model no pod serves, answered 404.
+    pub fn unknown_model(&mut self) {
+        self.unknown_model.add(1);
+    }
+
     /// A backend left this worker's rotation on its failed answers.
     pub fn ejected(&mut self) {
         self.ejections.add(1);
@@ -246,6 +253,7 @@ impl Stats {
             &mut self.scrape_failed,
             &mut self.scrape_slow,
             &mut self.ejections,
+            &mut self.unknown_model,
             &mut self.host_errors,
             &mut self.log_gaps,
         ];

@@ -12,6 +12,10 @@ pub fn forbidden_client_headers(cfg: &Config) -> Vec<&str> {
     if cfg.route.mode != RouteMode::Authority && !v.contains(&cfg.route.header.as_str()) {
         v.push(cfg.route.header.as_str());
     }
+    // Routes may match on the published model: only the body says which it is.
+    if let Some(h) = &cfg.route.model_header {
+        v.push(h.as_str());
+    }
     v
 }
 

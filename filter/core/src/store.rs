@@ -59,6 +59,7 @@ use crate::host::{Host, HostError, Versioned};
 use crate::index_log::{Event, LogShape};
 use crate::inflight::{decode_inflight, encode_inflight, inflight_len, Delta, InFlight};
 use crate::membership::Slots;
+use crate::models::{decode_lora, encode_lora, Lora};
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
@@ -81,6 +82,7 @@ pub struct Keys {
     health: String,
     served: String,
     members: String,
+    lora: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -100,6 +102,7 @@ impl Keys {
             health: k("health"),
             served: k("served"),
             members: k("members"),
+            lora: k("lora"),
             log_slots: (0..log_shape.slots)
                 .map(|i| k(&format!("index_log.{i}")))
                 .collect(),
@@ -122,6 +125,7 @@ impl Keys {
             &self.health,
             &self.served,
             &self.members,
+            &self.lora,
         ]
         .into_iter()
         .chain(&self.log_slots)
@@ -438,6 +442,25 @@ impl<H: Host> Store<'_, H> {
             let (slots, out) = f(current.clone());
             let write = (current.as_ref() != Some(&slots)).then(|| slots.encode());
             (write, (slots, out))
+        })
+    }
+
+    /// Every slot's LoRA state as the scraper last published it.
+    pub fn lora(&self) -> Result<Vec<Option<Lora>>, HostError> {
+        let v = self.host.get_shared(&self.keys.lora)?.0;
+        Ok(decode_lora(v.as_deref().unwrap_or_default(), self.n))
+    }
+
+    /// Read-modify-write of every slot's LoRA state; returns the new state.
+    pub fn update_lora(
+        &self,
+        n: usize,
+        mut f: impl FnMut(&mut Vec<Option<Lora>>),
+    ) -> Result<Vec<Option<Lora>>, HostError> {
+        update(self.host, &self.keys.lora, |v| {
+            let mut all = decode_lora(v.as_deref().unwrap_or_default(), n);
+            f(&mut all);
+            (Some(encode_lora(&all)), all)
         })
     }
 

@@ -28,6 +28,19 @@ pub struct TestExchange {
     pub details: Option<String>,
     /// The upstream Envoy last sent the exchange to.
     pub upstream: Option<String>,
+    /// A local reply the worker sent instead of forwarding.
+    pub local_reply: Option<LocalReply>,
+}
+
+/// A response the worker sent itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalReply {
+    /// `:status`.
+    pub status: u32,
+    /// Headers.
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: Vec<u8>,
 }
 
 impl TestExchange {
@@ -204,6 +217,24 @@ impl Host for MemoryHost {
     fn request_body(&self, size: usize) -> Option<Vec<u8>> {
         let ex = self.exchange.borrow();
         Some(ex.body[..size.min(ex.body.len())].to_vec())
+    }
+
+    fn send_response(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError> {
+        let headers = headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.exchange.borrow_mut().local_reply = Some(LocalReply {
+            status,
+            headers,
+            body: body.to_vec(),
+        });
+        Ok(())
     }
 
     fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {

@@ -31,7 +31,7 @@ use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
 use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
-use crate::scrape::extract;
+use crate::scrape::extract_with_lora;
 use crate::stats::{Fallback, Stats};
 use crate::steering;
 
@@ -45,6 +45,21 @@ pub enum Step {
     Continue,
     /// Hold the request until more of the body arrives.
     Pause,
+    /// The filter answered the request itself (e.g. no pod serves its model).
+    Replied,
+}
+
+/// OpenAI's answer to a model nobody serves.
+fn model_not_found(model: &str) -> Vec<u8> {
+    let message = format!("The model `{model}` does not exist.");
+    serde_json::json!({"error": {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }})
+    .to_string()
+    .into_bytes()
 }
 
 /// One HTTP exchange's state between callbacks.
@@ -196,8 +211,7 @@ impl Worker {
             return Step::Pause;
         }
         ex.awaiting_body = false;
-        self.route_body(host, ex, body_size);
-        Step::Continue
+        self.route_body(host, ex, body_size)
     }
 
     /// Request trailers: the body ended without an end-of-stream body callback
@@ -212,20 +226,21 @@ impl Worker {
         } else {
             // Whatever Envoy holds, up to one byte past the limit: `route` judges the size.
             let most = self.router.config().max_body_bytes.saturating_add(1);
-            self.route_body(host, ex, most);
+            return self.route_body(host, ex, most);
         }
         Step::Continue
     }
 
     /// Reads up to `size` bytes of the buffered body and routes on them.
-    fn route_body<H: Host>(&mut self, host: &H, ex: &mut Exchange, size: usize) {
+    fn route_body<H: Host>(&mut self, host: &H, ex: &mut Exchange, size: usize) -> Step {
         let mut laps = Laps::start(host);
         let body = host.request_body(size).unwrap_or_default();
         laps.lap(host, Phase::Body);
-        self.route(host, ex, Some(&body), None, laps);
+        self.route(host, ex, Some(&body), None, laps)
     }
 
-    /// Decides, writes the routing header, accounts the request.
+    /// Decides, writes the routing header, accounts the request; or, when no
+    /// pod serves the request's model, answers it with a 404.
     fn route<H: Host>(
         &mut self,
         host: &H,
@@ -233,7 +248,7 @@ impl Worker {
         body: Option<&[u8]>,
         fallback: Option<Fallback>,
         mut laps: Laps,
-    ) {
+    ) -> Step {
         let cfg = self.router.config();
         let mut why = fallback;
         let key = match (ex.endpoint, body) {
@@ -271,6 +286,27 @@ impl Worker {
             },
         );
         laps.lap(host, Phase::Route);
+        if routed.unknown_model {
+            let model = key.as_ref().and_then(|k| k.model.as_deref()).unwrap_or("");
+            self.stats.unknown_model();
+            log::debug!("warmroute: no pod serves the requested model");
+            ex.chosen = None;
+            let body = model_not_found(model);
+            if let Err(e) = host.send_response(404, &[("content-type", "application/json")], &body)
+            {
+                log::warn!("warmroute: could not answer an unknown model: {e:?}");
+                return Step::Continue;
+            }
+            return Step::Replied;
+        }
+        if let (Some(name), Some(model)) = (
+            &self.router.config().route.model_header,
+            key.as_ref().and_then(|k| k.model.as_deref()),
+        ) {
+            if host.set_request_header(name, Some(model)).is_err() {
+                log::warn!("warmroute: could not set {name}");
+            }
+        }
         // No pod at all (a discovered pool before its first read): no header,
         // and Envoy's own fallback policy routes.
         let primary = routed.decision.order.first().copied();
@@ -312,6 +348,7 @@ impl Worker {
             let fallback = why.map_or(String::new(), |w| format!(";fallback={}", w.name()));
             ex.debug = Some(format!("backend={backend}{cache}{fallback}"));
         }
+        Step::Continue
     }
 
     /// Response headers: adds the debug header when configured.
@@ -411,6 +448,9 @@ impl Worker {
         }
         if let Err(e) = self.router.refresh_health(host) {
             log::debug!("warmroute: health not refreshed: {e:?}");
+        }
+        if let Err(e) = self.router.refresh_lora(host) {
+            log::debug!("warmroute: LoRA state not refreshed: {e:?}");
         }
         let in_rotation: Vec<bool> = self
             .router
@@ -563,17 +603,19 @@ impl Worker {
             return;
         };
         let now = host.now_ms();
+        let mut lora_seen = None;
         let status = (num_headers > 0).then(|| host.callout_status()).flatten();
         let cfg = &self.router.config().metrics;
         let outcome = match status.as_deref() {
             Some("200") => host
                 .callout_body(body_size)
                 .map_or(Outcome::Failed, |body| {
-                    let mut sc = extract(
+                    let (mut sc, lora) = extract_with_lora(
                         &String::from_utf8_lossy(&body),
                         &cfg.names,
                         cfg.model_name.as_deref(),
                     );
+                    lora_seen = Some(lora);
                     // What the scrape counts of this gateway's own traffic (see `load`).
                     let inflight = self.router.inflight(host).unwrap_or_default();
                     sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
@@ -589,6 +631,11 @@ impl Worker {
             }
             _ => Outcome::Failed,
         };
+        if let Some(lora) = lora_seen {
+            if let Err(e) = self.router.record_lora(host, b, lora) {
+                log::debug!("warmroute: LoRA state not shared: {e:?}");
+            }
+        }
         self.scraped(host, b, outcome, now);
     }
 
@@ -1303,5 +1350,89 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         assert!(fleet_keys(&host)
             .iter()
             .any(|(k, n)| *n > 0 && !old_keys.iter().any(|(o, _)| o == k)));
+    }
+
+    const MODELS: &str = r#"{"backends":[
+        {"name":"a","address":"127.0.0.1:1","models":["llama"],"adapters":["sql"]},
+        {"name":"b","address":"127.0.0.1:2","models":["qwen"]},
+        {"name":"c","address":"127.0.0.1:3","models":["llama"],"adapters":["sql"]}],
+        "route":{"model_header":"x-gateway-model-name"},
+        "metrics":{"period_ms":500,"timeout_ms":400}}"#;
+
+    fn ask(w: &mut Worker, host: &MemoryHost, model: &str, tag: &str) -> (Step, Option<String>) {
+        let body = format!(
+            r#"{{"model":"{model}","messages":[{{"role":"user","content":"{tag} {}"}}]}}"#,
+            "w ".repeat(300)
+        );
+        let mut headers = chat_headers();
+        headers.push(("x-gateway-model-name", "forged"));
+        *host.exchange.borrow_mut() = TestExchange::request(&headers, body.as_bytes());
+        let mut ex = Exchange::default();
+        assert_eq!(w.on_request_headers(host, &mut ex, false), Step::Pause);
+        let step = w.on_request_body(host, &mut ex, body.len(), true);
+        let to = routed_to(host).map(|d| d.split(',').next().unwrap_or("").to_string());
+        w.on_log(host, &mut ex);
+        (step, to)
+    }
+
+    #[test]
+    fn requests_go_to_pods_that_serve_their_model_and_an_unknown_one_gets_a_404() {
+        let host = MemoryHost::default();
+        let mut w = Worker::configure(&host, MODELS.as_bytes()).unwrap();
+        for i in 0..20 {
+            let (_, to) = ask(&mut w, &host, "qwen", &format!("q{i}"));
+            assert_eq!(to.as_deref(), Some("127.0.0.1:2"));
+            assert_eq!(
+                host.exchange
+                    .borrow()
+                    .header("x-gateway-model-name")
+                    .as_deref(),
+                Some("qwen"),
+                "the body's model is published, the client's copy is not"
+            );
+            let (_, to) = ask(&mut w, &host, "llama", &format!("l{i}"));
+            assert_ne!(to.as_deref(), Some("127.0.0.1:2"));
+        }
+        let (step, to) = ask(&mut w, &host, "mistral", "m");
+        assert_eq!((step, to), (Step::Replied, None));
+        let reply = host.exchange.borrow().local_reply.clone().unwrap();
+        assert_eq!(reply.status, 404);
+        let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(body["error"]["code"], "model_not_found");
+        assert_eq!(
+            body["error"]["message"],
+            "The model `mistral` does not exist."
+        );
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.unknown_model"), Some(1));
+        assert_eq!(inflight(&w, &host), vec![0, 0, 0], "a 404 holds nothing");
+    }
+
+    #[test]
+    fn adapter_requests_stay_on_the_pods_that_have_it_loaded() {
+        let host = MemoryHost::default();
+        host.now.set(500);
+        let mut w = Worker::configure(&host, MODELS.as_bytes()).unwrap();
+        w.tick(&host);
+        let lora = |running: &str| {
+            format!(
+                "{METRICS}vllm:lora_requests_info{{max_lora=\"1\",running_lora_adapters=\"{running}\",waiting_lora_adapters=\"\"}} 1.8e9\n"
+            )
+        };
+        // c has `sql` loaded, a another adapter (its only slot taken).
+        answer(&mut w, &host, |dest| match dest {
+            "127.0.0.1:1" => ok(&lora("law")),
+            "127.0.0.1:3" => ok(&lora("sql")),
+            _ => ok(METRICS),
+        });
+        for i in 0..20 {
+            let (_, to) = ask(&mut w, &host, "sql", &format!("s{i}"));
+            assert_eq!(to.as_deref(), Some("127.0.0.1:3"), "request {i}");
+        }
+        // Another VM learns it at its tick.
+        let mut other = Worker::configure(&host, MODELS.as_bytes()).unwrap();
+        other.tick(&host);
+        let (_, to) = ask(&mut other, &host, "sql", "o");
+        assert_eq!(to.as_deref(), Some("127.0.0.1:3"));
     }
 }

@@ -91,6 +91,15 @@ impl Host for Proxy {
         property(&["upstream", "address"])
     }
 
+    fn send_response(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError> {
+        hostcalls::send_http_response(status, headers.to_vec(), Some(body)).map_err(err)
+    }
+
     fn dispatch(&self, call: &Callout<'_>) -> Result<u32, HostError> {
         hostcalls::dispatch_http_call(
             call.cluster,
@@ -148,7 +157,7 @@ fn with<T>(worker: &WorkerCell, f: impl FnOnce(&mut Worker) -> T) -> Option<T> {
 
 fn action(step: Option<Step>) -> Action {
     match step {
-        Some(Step::Pause) => Action::Pause,
+        Some(Step::Pause | Step::Replied) => Action::Pause,
         Some(Step::Continue) | None => Action::Continue,
     }
 }
