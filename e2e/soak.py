@@ -22,7 +22,8 @@ Checks (exit status 1 if one fails; every figure is printed either way):
 - lost requests: every failed request must have been in flight on the killed pod when it died
   (started before it was reaped, ended after the kill signal, answered by it);
 - the reload: LDS accepted it, new VMs were created and configured (the filter's configure log
-  line), the new tick period is in force (the scrape rate doubles), and the old VMs are gone;
+  line), the new tick period is in force (the scrape rate doubles from phase A to a quiet window
+  after the load), and the old VMs are gone;
 - memory flat after warm-up: over phase A and over phase B, Envoy's RSS within RSS_SLACK and
   every VM's linear memory unchanged. Between the phases the reload may raise the high-water
   mark (a second module compiled, two sets of VMs while the old listener drains); phase B holds
@@ -270,10 +271,13 @@ def run(args: argparse.Namespace) -> int:
         final = soak.sample()
         soak.stop.set()
         sampler.join(5)
+        # The scrape rate of the new configuration, over a quiet window: all pods up, no load.
+        time.sleep(3.0)
+        quiet = soak.sample()
         configured_after = configure_lines(logdir)
         report = json.loads(report_path.read_text())
         records = [json.loads(line) for line in records_path.open()]
-        return verdict(soak, args, before, after, end_of_load, final, report, records,
+        return verdict(soak, args, before, after, end_of_load, final, quiet, report, records,
                        configured_before, configured_after, time.time() - t0)
     finally:
         soak.teardown()
@@ -289,8 +293,9 @@ def mib(n: float) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample, report: dict,
-            records: list[dict], configured_before: int, configured_after: int, wall: float) -> int:
+def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample, quiet: Sample,
+            report: dict, records: list[dict], configured_before: int, configured_after: int,
+            wall: float) -> int:
     problems: list[str] = []
     start = report["started_unix_ms"] / 1000
     victim = soak.sims[1].name
@@ -335,7 +340,7 @@ def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample,
     created = int(after.get("wasm.envoy.wasm.runtime.v8.created", "0")) - int(before.get("wasm.envoy.wasm.runtime.v8.created", "0"))
     active_before = int(before.get("wasm.envoy.wasm.runtime.v8.active", "0"))
     active_after = int(after.get("wasm.envoy.wasm.runtime.v8.active", "0"))
-    rate = scrape_rates(soak)
+    rate = scrape_rates(soak, final, quiet)
     print(f"reload at +{soak.reload_at - start:.1f} s: LDS updates accepted {lds}, VMs created {created}, "
           f"active VMs {active_before} before -> {active_after} at the end, "
           f"configure log lines {configured_before} -> {configured_after}, "
@@ -389,21 +394,12 @@ def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample,
     return 1 if problems else 0
 
 
-def scrape_rates(soak: Soak) -> tuple[float, float]:
-    """Scrapes (good or failed) per second over the 5 s before the reload and from 3 s after it
-    to the end of the load, leaving out the seconds around a kill (the dead pod's scrapes stall
-    until their timeout)."""
-    def clear(t: float) -> bool:
-        return not any(k.sent - 1 <= t <= k.restarted + 2 for k in soak.kills)
-
-    def rate(lo: float, hi: float) -> float:
-        w = [s for s in soak.samples if lo <= s.t <= hi]
-        pairs = [(a, b) for a, b in zip(w, w[1:]) if clear(a.t) and clear(b.t)]
-        span = sum(b.t - a.t for a, b in pairs)
-        return sum(b.scrapes - a.scrapes for a, b in pairs) / span if span > 0 else 0.0
-    if not soak.reload_at:
-        return 0.0, 0.0
-    return rate(soak.reload_at - 5, soak.reload_at), rate(soak.reload_at + 3, soak.samples[-1].t)
+def scrape_rates(soak: Soak, final: Sample, quiet: Sample) -> tuple[float, float]:
+    """Scrapes (good or failed) per second under the first configuration, over phase A (no
+    fault, no reload), and under the second, over a window after the load with every pod up."""
+    def rate(a: Sample | None, b: Sample | None) -> float:
+        return (b.scrapes - a.scrapes) / (b.t - a.t) if a and b and b.t > a.t else 0.0
+    return rate(soak.marks.get("A0"), soak.marks.get("A1")), rate(final, quiet)
 
 
 def main() -> int:
