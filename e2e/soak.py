@@ -28,7 +28,10 @@ Checks (exit status 1 if one fails; every figure is printed either way):
   every VM's linear memory unchanged. Between the phases the reload may raise the high-water
   mark (a second module compiled, two sets of VMs while the old listener drains); phase B holds
   a fault the VMs have met before, which must not raise it again;
-- the filter's in-flight and prefill gauges back to 0 once the load has stopped.
+- the filter's in-flight and prefill gauges back to 0 once the load has stopped;
+- no retry dropped by the pool's max_retries, no upstream connection refused by its
+  max_connections (a pod back from a restart would get none and serve its queue one request
+  at a time).
 
 The filter exports no memory gauge and Envoy none per VM (`wasm.*` stats count VMs, `/memory`
 is Envoy's own heap), so each VM's linear memory is read from /proc/<envoy>/maps: V8 reserves
@@ -325,15 +328,25 @@ def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample,
     print(f"lost requests (failed, not in flight on the killed pod): {len(lost)}")
     for r in lost[:5]:
         print(f"   start +{r['start_ms'] / 1000:.3f} s replica {r.get('replica')} status {r.get('status')} {r.get('error')}")
+    overflow = int(after.get("cluster.pool.upstream_rq_retry_overflow", "0"))
+    pool = {k: int(after.get(f"cluster.pool.{k}", "0")) for k in (
+        "upstream_rq_retry", "upstream_rq_retry_success", "upstream_cx_total", "upstream_cx_active",
+        "upstream_cx_overflow", "upstream_rq_pending_overflow", "upstream_cx_connect_fail")}
+    print(f"Envoy retries: {pool['upstream_rq_retry']} (succeeded {pool['upstream_rq_retry_success']}, "
+          f"overflowed {overflow}); upstream connections: {pool['upstream_cx_total']} opened, "
+          f"{pool['upstream_cx_active']} open at the end, {pool['upstream_cx_connect_fail']} refused, "
+          f"{pool['upstream_cx_overflow']} over max_connections, "
+          f"{pool['upstream_rq_pending_overflow']} requests over max_pending_requests")
+    if overflow:
+        problems.append(f"{overflow} retries dropped over max_retries")
+    if pool["upstream_cx_overflow"]:
+        problems.append("Envoy refused upstream connections over max_connections")
     if len(soak.kills) != 2:
         problems.append(f"{len(soak.kills)} kills instead of 2")
     if lost:
         problems.append(f"{len(lost)} requests lost")
     if report["aborted"] or report["skipped"] or len(records) != args.requests:
         problems.append("the load did not run to completion within --max-seconds")
-    overflow = int(after.get("cluster.pool.upstream_rq_retry_overflow", "0"))
-    print(f"Envoy retries: {int(after.get('cluster.pool.upstream_rq_retry', '0'))} "
-          f"(succeeded {int(after.get('cluster.pool.upstream_rq_retry_success', '0'))}, overflowed {overflow})")
 
     # The reload.
     lds = int(after.get("listener_manager.lds.update_success", "0")) - int(before.get("listener_manager.lds.update_success", "0"))
