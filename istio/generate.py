@@ -16,7 +16,9 @@ Outputs (in --out, default istio/generated/):
                                 included) that the WasmPlugin manifests embed
   envoyfilter-wasm-gateway.yaml the same plugin as an EnvoyFilter (ECDS ADD)
   envoyfilter-wasm-sidecar.yaml  with allow_on_headers_stop_iteration: true,
-                                which WasmPlugin cannot express (see README)
+                                which WasmPlugin cannot express (see README),
+                                and the per-request body buffer the filter
+                                needs (request_body_buffer_limit)
 
 Python 3 standard library only. Deterministic output: re-running with the
 same arguments gives byte-identical files (deploy/validate.sh checks this).
@@ -40,6 +42,14 @@ POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 # --pod-ips is not given, so the committed sample is self-evidently a sample.
 PLACEHOLDER_NET = "192.0.2."
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+# The filter reads prompts up to this size; larger ones are routed by load and proxied as is.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# What one request may buffer on the proxy while the filter reads it. Istio leaves listeners at
+# Envoy's 1 MiB, and one socket read (up to that + 16 KiB) lands on top of the up-to-
+# MAX_BODY_BYTES the filter holds before it lets go, so this must be at least
+# MAX_BODY_BYTES + 1 MiB + 16 KiB, or bodies just past MAX_BODY_BYTES get 413 (deploy/validate.sh
+# checks it). Set per virtual host, it leaves every other listener's buffers as they are.
+REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
 RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 
 
@@ -145,7 +155,7 @@ def plugin_config(args) -> dict:
         "strategy": "cache_aware",
         "route": route,
         "block_bytes": 256,
-        "max_body_bytes": 8388608,
+        "max_body_bytes": MAX_BODY_BYTES,
         "session_header": "x-session-id",
         "balance": {"eps": 0.25},
         "cache_aware": {"tie_margin": 0.05, "min_match_blocks": 1, "prefill_slack_tokens": 8192},
@@ -239,8 +249,11 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
     """
     if where == "gateway":
         namespace, selector, context = args.gateway_namespace, {"istio": "ingressgateway"}, "GATEWAY"
+        # The routes generated for our Gateway only, whatever hosts and ports it serves.
+        routes = {"gateway": args.gateway}
     else:
         namespace, selector, context = args.client_namespace, {"app": args.client_app}, "SIDECAR_OUTBOUND"
+        routes = {"portNumber": args.port, "vhost": {"name": f"{fqdn(args.service, args.namespace)}:{args.port}"}}
     ext_name = f"{namespace}.warmroute"
     listener_match = {"filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager",
                                                  "subFilter": {"name": "envoy.filters.http.router"}}}}
@@ -314,6 +327,14 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
                             },
                         },
                     },
+                },
+                {
+                    # The body buffer the filter needs (see REQUEST_BODY_BUFFER_LIMIT). Envoy applies
+                    # a virtual host's limit from the moment the route matches, before any filter
+                    # buffers (Envoy >= 1.37).
+                    "applyTo": "VIRTUAL_HOST",
+                    "match": {"context": context, "routeConfiguration": routes},
+                    "patch": {"operation": "MERGE", "value": {"request_body_buffer_limit": REQUEST_BODY_BUFFER_LIMIT}},
                 },
             ],
         },

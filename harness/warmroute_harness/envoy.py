@@ -2,7 +2,8 @@
 
 The configuration is the repository's own `envoy.yaml` (or a variant under envoy/), patched
 only where a run must differ: ports, backend list, the filter's JSON, concurrency, the pool's
-load-balancing policy. Tests and the bench thus exercise the shipped config, not a copy.
+load-balancing policy, the listener's buffer limit. Tests and the bench thus exercise the shipped
+config, not a copy.
 """
 
 from __future__ import annotations
@@ -91,25 +92,37 @@ class Envoy:
     filter_overrides: dict = field(default_factory=dict)
     with_filter: bool = True
     lb: str | None = None  # replace the pool's policy: "round_robin" or "least_request" (no filter runs)
+    # Sims that are endpoints of the pool clusters (default: all); the filter still lists every sim.
+    endpoints: list[Sim] | None = None
     wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
+    listener_buffer_limit: int | None = None  # replace the listener's per_connection_buffer_limit_bytes
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     config: dict = field(default_factory=dict)
     tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
+    # Serve the listener from a watched file (LDS) instead of static_resources, so that
+    # reconfigure() can change the filter's JSON in the running Envoy (a VM reload).
+    dynamic_listener: bool = False
+    lds_path: Path | None = None
+    # The pool's EDS file, for a config whose pool Envoy discovers (envoy/envoy-pool.yaml).
+    eds_path: Path | None = None
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
         cfg["admin"]["address"]["socket_address"]["port_value"] = self.admin_port
         listener = cfg["static_resources"]["listeners"][0]
         listener["address"]["socket_address"]["port_value"] = self.port
+        if self.listener_buffer_limit is not None:
+            listener["per_connection_buffer_limit_bytes"] = self.listener_buffer_limit
         wasm = _wasm_filter(cfg)
         wasm["config"]["vm_config"]["code"]["local"]["filename"] = str(self.wasm_file)
         fc = filter_config(cfg)
-        fc["backends"] = [
-            {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
-            for i, s in enumerate(self.sims)
-        ]
+        if "pool" not in fc:  # a discovered pool lists no addresses
+            fc["backends"] = [
+                {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
+                for i, s in enumerate(self.sims)
+            ]
         _deep_update(fc, self.filter_overrides)
         self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
@@ -117,13 +130,20 @@ class Envoy:
         if not self.with_filter:
             hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
         for cluster in cfg["static_resources"]["clusters"]:
+            eds = cluster.get("eds_cluster_config", {}).get("eds_config", {}).get("path_config_source")
+            if eds is not None and self.eds_path is not None:
+                eds["path"] = str(self.eds_path)
+                eds["watched_directory"] = {"path": str(self.eds_path.parent)}
+            if cluster["name"] == "envoy-admin":
+                sa = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                sa["socket_address"]["port_value"] = self.admin_port
             eps = cluster.get("load_assignment", {}).get("endpoints")
-            if cluster["name"] == "pool" and eps is not None:
+            if cluster["name"] in ("pool", "pool-metrics") and eps is not None:
                 eps[0]["lb_endpoints"] = [
                     {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": s.port}}}}
-                    for s in self.sims
+                    for s in (self.sims if self.endpoints is None else self.endpoints)
                 ]
-                if self.lb:
+                if self.lb and cluster["name"] == "pool":
                     cluster.pop("load_balancing_policy", None)
                     cluster["lb_policy"] = self.lb.upper()
             elif cluster["name"].startswith("sim-") and eps is not None:
@@ -135,12 +155,83 @@ class Envoy:
         return cfg
 
     def start(self, logdir: Path) -> "Envoy":
+        if "eds_cluster_config" in self.config_file.read_text():
+            self.eds_path = logdir / f"eds-{self.port}" / "pool.yaml"
+            self.eds_path.parent.mkdir(exist_ok=True)
+            self.set_endpoints(self.sims if self.endpoints is None else self.endpoints)
+        cfg = self.render()
+        if self.dynamic_listener:
+            self.lds_path = logdir / f"lds-{self.port}" / "listeners.yaml"
+            self.lds_path.parent.mkdir(exist_ok=True)
+            self._write_listeners()
+            cfg = copy.deepcopy(cfg)
+            cfg["static_resources"].pop("listeners")
+            cfg.setdefault("node", {"id": f"warmroute-{self.port}", "cluster": "warmroute"})
+            cfg["dynamic_resources"] = {"lds_config": {"resource_api_version": "V3", "path_config_source": {
+                "path": str(self.lds_path), "watched_directory": {"path": str(self.lds_path.parent)}}}}
+        # A replaced listener (and the filter config it holds, whose VM still ticks) drains
+        # for 1 s rather than Envoy's default 10 minutes, so a reconfiguration completes.
+        extra = ("--drain-time-s", "1") if self.dynamic_listener else ()
         # The bench reads the filter's log by this name (envoy-<port>.log).
-        self.proc = spawn_envoy(self.render(), f"envoy-{self.port}", logdir, self.admin_port, self.concurrency)
+        self.proc = spawn_envoy(cfg, f"envoy-{self.port}", logdir, self.admin_port, self.concurrency,
+                                extra_args=extra)
         return self
+
+    def set_endpoints(self, sims: list[Sim]) -> None:
+        """Replaces the pool's endpoints (file-based EDS, one rename): what a control plane
+        does when pods come and go."""
+        cla = {"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+               "cluster_name": "pool",
+               "endpoints": [{"lb_endpoints": [
+                   {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": s.port}}}}
+                   for s in sims]}]}
+        tmp = self.eds_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"resources": [cla]}, sort_keys=False))
+        tmp.rename(self.eds_path)
+
+    def _write_listeners(self) -> None:
+        """Replaces the LDS file in one rename, which is what the watched directory reacts to."""
+        listeners = [{"@type": "type.googleapis.com/envoy.config.listener.v3.Listener", **listener}
+                     for listener in self.config["static_resources"]["listeners"]]
+        tmp = self.lds_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump({"resources": listeners}, sort_keys=False))
+        tmp.rename(self.lds_path)
+
+    def reconfigure(self, filter_overrides: dict, timeout: float = 10) -> None:
+        """Changes the filter's JSON in the running Envoy (needs `dynamic_listener`): the new
+        listener's filter configures a new root context in each VM, and the old listener
+        drains with its own (which ticks, and scrapes, until then). Returns once the new
+        listener serves and the old one is gone."""
+        assert self.lds_path is not None, "reconfigure needs dynamic_listener=True"
+        wasm = _wasm_filter(self.config)
+        fc = filter_config(self.config)
+        _deep_update(fc, filter_overrides)
+        wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
+        self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
+        before = int(self.stats().get("listener_manager.lds.update_success", "0"))
+        self._write_listeners()
+        deadline = time.time() + timeout
+        def settled() -> bool:
+            st = self.stats()
+            return (int(st.get("listener_manager.lds.update_success", "0")) > before
+                    and st.get("listener_manager.total_listeners_draining") == "0"
+                    and st.get("listener_manager.total_filter_chains_draining", "0") == "0")
+        while not settled():
+            if time.time() > deadline:
+                raise TimeoutError("Envoy did not take the new listener (see its log)")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         stop_envoy(self.proc)
+
+    def rss_bytes(self) -> int:
+        """Envoy's resident set size now (VmRSS of /proc/<pid>/status)."""
+        if self.proc is None:
+            raise RuntimeError("Envoy is not running")
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS in /proc/<pid>/status")
 
     def stats(self) -> dict[str, str]:
         """Every counter and gauge by name, from the admin's JSON stats (histograms left out).

@@ -18,21 +18,27 @@ use wasmtime::{bail, format_err, Engine, Extern, Linker, Module, Result, Store};
 use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::WasiCtxBuilder;
 
-/// Compiled modules are cached per process (keyed by a hash of the bytes) so that each test
-/// can build its own `Host` cheaply. No host *state* is global.
-fn compile(bytes: &[u8]) -> Result<(Engine, Module)> {
-    type Cache = Mutex<HashMap<(u64, usize), (Engine, Module)>>;
+/// Fuel each VM of a metering host starts with: far more than any test spends, so
+/// metering measures and never traps.
+pub(crate) const FUEL_BUDGET: u64 = u64::MAX;
+
+/// Compiled modules are cached per process (keyed by a hash of the bytes and whether the
+/// code meters fuel) so that each test can build its own `Host` cheaply. No host *state* is
+/// global.
+fn compile(bytes: &[u8], fuel: bool) -> Result<(Engine, Module)> {
+    type Cache = Mutex<HashMap<(u64, usize, bool), (Engine, Module)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
-    let key = (h.finish(), bytes.len());
+    let key = (h.finish(), bytes.len(), fuel);
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((e, m)) = cache.get(&key) {
         return Ok((e.clone(), m.clone()));
     }
-    let engine = Engine::default();
+    // Metered code checks its fuel at every block: compiled only for the tests that ask.
+    let engine = Engine::new(wasmtime::Config::new().consume_fuel(fuel))?;
     let module = Module::new(&engine, bytes)?;
     cache.insert(key, (engine.clone(), module.clone()));
     Ok((engine, module))
@@ -55,6 +61,11 @@ pub struct HostOptions {
     pub max_logs: usize,
     /// Seed for the guest's WASI random source (deterministic).
     pub seed: u64,
+    /// Meter the guest's work in wasmtime fuel (about one unit per wasm instruction, one
+    /// per byte of a bulk copy or fill; host calls cost nothing): [`Vm::fuel_used`].
+    /// Deterministic, unlike time, so a test can assert on it. Off by default: metered
+    /// code runs slower and is compiled separately.
+    pub fuel: bool,
 }
 
 impl Default for HostOptions {
@@ -67,6 +78,7 @@ impl Default for HostOptions {
             echo_logs: std::env::var("HOST_TESTS_ECHO_LOGS").is_ok_and(|v| v == "1"),
             max_logs: 20_000,
             seed: 0x5eed,
+            fuel: false,
         }
     }
 }
@@ -138,7 +150,7 @@ impl Host {
     }
 
     pub fn from_bytes_with(bytes: &[u8], opts: HostOptions) -> Result<Host> {
-        let (engine, module) = compile(bytes)?;
+        let (engine, module) = compile(bytes, opts.fuel)?;
         let mut linker: Linker<VmState> = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut VmState| &mut s.wasi)?;
         abi::add_to_linker(&mut linker)?;
@@ -267,6 +279,9 @@ impl Host {
             hooks: SendCell(h.hooks.clone()),
         };
         let mut store = Store::new(&h.engine, state);
+        if h.opts.fuel {
+            store.set_fuel(FUEL_BUDGET)?;
+        }
         let instance = h.linker.instantiate(&mut store, &h.module).map_err(|e| {
             format_err!("instantiating the module failed (missing or mistyped import?): {e:?}")
         })?;

@@ -2,6 +2,7 @@
 //! plugin, and the HTTP streams running in it.
 
 use crate::headers::HeaderMap;
+use crate::host::FUEL_BUDGET;
 use crate::http_call::HttpCallReply;
 use crate::state::{LocalResponse, LogEntry, StreamState, VmState};
 use crate::types::{Action, LogLevel, StreamType};
@@ -265,6 +266,15 @@ impl Vm {
             .memory
             .map(|m| m.data_size(&inner.store))
             .unwrap_or(0)
+    }
+
+    /// Fuel the guest has burnt in this VM since it was instantiated, every callback
+    /// included; `None` unless the host meters fuel (`HostOptions::fuel`). The cost of a span
+    /// of calls is the difference of two readings.
+    pub fn fuel_used(&self) -> Option<u64> {
+        let inner = self.inner.borrow();
+        let left = inner.store.get_fuel().ok()?;
+        Some(FUEL_BUDGET - left)
     }
 
     /// Set a property visible to `proxy_get_property` (path segments joined by \0).

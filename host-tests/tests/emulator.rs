@@ -84,3 +84,41 @@ fn missing_abi_marker_is_rejected() {
     let err = format!("{:?}", host.start_vm("").unwrap_err());
     assert!(err.contains("ABI version"), "{err}");
 }
+
+#[test]
+fn fuel_counts_the_guest_work_of_a_span_of_calls() {
+    // Each tick runs a loop of `n` iterations, n set by the plugin configuration's size.
+    let wasm = module(
+        "",
+        r#"(global $n (mut i32) (i32.const 0))
+           (func (export "proxy_on_configure") (param i32 i32) (result i32)
+             (global.set $n (local.get 1)) (i32.const 1))
+           (func (export "proxy_on_tick") (param i32)
+             (local $i i32)
+             (loop $again
+               (local.set $i (i32.add (local.get $i) (i32.const 1)))
+               (br_if $again (i32.lt_u (local.get $i) (global.get $n)))))"#,
+    );
+    let plain = Host::from_bytes(&wasm).unwrap().start_vm("").unwrap();
+    assert_eq!(plain.fuel_used(), None, "metering is opt-in");
+    let metered = Host::from_bytes_with(
+        &wasm,
+        HostOptions {
+            fuel: true,
+            ..HostOptions::default()
+        },
+    )
+    .unwrap();
+    let cost = |n: usize| {
+        let vm = metered.start_vm("x".repeat(n)).unwrap();
+        let before = vm.fuel_used().unwrap();
+        vm.tick().unwrap();
+        vm.tick().unwrap();
+        vm.fuel_used().unwrap() - before
+    };
+    let (small, large) = (cost(10), cost(1010));
+    // Deterministic, and linear in the loop's iterations (a handful of instructions each).
+    assert_eq!(small, cost(10));
+    let per_iteration = (large - small) / 2 / 1000;
+    assert!((3..=10).contains(&per_iteration), "{small} {large}");
+}

@@ -60,6 +60,7 @@ pub struct AppState {
     pub replica: Arc<str>,
     replica_header: HeaderValue,
     cache_info: Option<CacheInfo>,
+    metrics_delay: std::time::Duration,
     default_max_tokens: usize,
     max_len: usize,
     started: u64,
@@ -89,6 +90,7 @@ impl AppState {
             replica: replica.into(),
             replica_header,
             cache_info,
+            metrics_delay: std::time::Duration::from_millis(args.metrics_delay_ms),
             default_max_tokens: args.default_max_tokens.max(1),
             max_len,
             started,
@@ -196,6 +198,9 @@ async fn models(State(st): State<AppState>) -> Json<Value> {
 }
 
 async fn metrics_handler(State(st): State<AppState>) -> Response {
+    if !st.metrics_delay.is_zero() {
+        tokio::time::sleep(st.metrics_delay).await;
+    }
     let body = metrics::render(&st.model, &st.engine.snapshot(), st.cache_info.as_ref());
     (
         [(

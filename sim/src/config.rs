@@ -63,6 +63,10 @@ pub struct Args {
     /// Export `vllm:cache_config_info` (on by default; `--cache-config-info false` to hide it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub cache_config_info: bool,
+    /// Answer `/metrics` this many wall-clock milliseconds late (a pod whose
+    /// metrics handler is slow under load while it still serves requests).
+    #[arg(long, default_value_t = 0)]
+    pub metrics_delay_ms: u64,
 }
 
 impl Default for Args {

@@ -625,3 +625,20 @@ async fn client_disconnect_aborts_and_frees_kv() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test]
+async fn metrics_can_be_answered_late() {
+    let sim = start(&["--metrics-delay-ms", "300"]).await;
+    let started = std::time::Instant::now();
+    let m = sim.metrics().await;
+    assert!(started.elapsed() >= std::time::Duration::from_millis(300));
+    assert!(m.contains_key("vllm:num_requests_running"));
+    // Requests are not delayed.
+    let (status, _, _) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "sim-llama-8b", "prompt": "hi", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 200);
+}

@@ -58,6 +58,18 @@ impl<'a> Reader<'a> {
     pub fn rest(&self) -> &'a [u8] {
         self.rest
     }
+
+    /// The next `len` bytes as they are; `None` when the record is too short.
+    pub fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+        let (head, rest) = self.rest.split_at_checked(len)?;
+        self.rest = rest;
+        Some(head)
+    }
+
+    /// Whether every byte has been read.
+    pub fn is_empty(&self) -> bool {
+        self.rest.is_empty()
+    }
 }
 
 /// A record holding a single `u64` (counters, sequence numbers); anything

@@ -218,6 +218,8 @@ struct WireMetrics {
     period_ms: u64,
     timeout_ms: u64,
     unhealthy_after: u32,
+    healthy_after: u32,
+    eject_after_errors: u32,
     stale_after_ms: u64,
     model_name: Option<String>,
     names: WireMetricNames,
@@ -232,6 +234,8 @@ impl Default for WireMetrics {
             period_ms: 500,
             timeout_ms: 400,
             unhealthy_after: 2,
+            healthy_after: 2,
+            eject_after_errors: 3,
             stale_after_ms: 2000,
             model_name: None,
             names: WireMetricNames::default(),
@@ -239,12 +243,32 @@ impl Default for WireMetrics {
     }
 }
 
-/// `backends` has no useful default: an empty list is rejected by validation,
-/// which names the field.
+/// A pool whose endpoints Envoy knows (EDS keeps them current).
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct WirePool {
+    cluster: String,
+    admin_cluster: String,
+    max_backends: usize,
+}
+
+impl Default for WirePool {
+    fn default() -> Self {
+        WirePool {
+            cluster: "pool".into(),
+            admin_cluster: "envoy-admin".into(),
+            max_backends: 64,
+        }
+    }
+}
+
+/// `backends` has no useful default: an empty list (without a `pool`) is
+/// rejected by validation, which names the field.
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct WireConfig {
     backends: Vec<WireBackend>,
+    pool: Option<WirePool>,
     strategy: Strategy,
     route: WireRoute,
     block_bytes: usize,
@@ -263,6 +287,7 @@ impl Default for WireConfig {
     fn default() -> Self {
         WireConfig {
             backends: Vec::new(),
+            pool: None,
             strategy: Strategy::default(),
             route: WireRoute::default(),
             block_bytes: 256,
@@ -362,7 +387,15 @@ pub struct MetricsConfig {
     pub timeout_ms: u64,
     /// Consecutive failed scrapes that take a backend out of rotation.
     pub unhealthy_after: u32,
-    /// Snapshots older than this are not trusted.
+    /// Consecutive good scrapes that bring it back.
+    pub healthy_after: u32,
+    /// Consecutive failed responses (5xx, upstream reset) that take a backend
+    /// out of one worker's rotation for `stale_after_ms`; 0: never.
+    pub eject_after_errors: u32,
+    /// Prometheus path of pods the pool discovers.
+    pub path: String,
+    /// Snapshots older than this are not trusted, and neither is a verdict of
+    /// `down` that no failed scrape has renewed for this long.
     pub stale_after_ms: u64,
     /// Label value of `model_name` to select; `None` sums all label sets.
     pub model_name: Option<String>,
@@ -370,11 +403,24 @@ pub struct MetricsConfig {
     pub names: MetricNames,
 }
 
+/// Where the fleet's members come from when no static list is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    /// The Envoy cluster whose endpoints are the fleet (the one `override_host` routes in).
+    pub cluster: String,
+    /// An Envoy cluster pointing at Envoy's own admin interface; no route may name it.
+    pub admin_cluster: String,
+    /// Slots: most pods the fleet holds at once ([`crate::membership`]).
+    pub max_backends: usize,
+}
+
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
-    /// The fleet, in configured order (indices are stable ids).
+    /// The fleet, in configured order (indices are stable ids); empty with a `pool`.
     pub backends: Vec<Backend>,
+    /// The pool Envoy discovers, when the fleet is not a fixed list.
+    pub pool: Option<PoolConfig>,
     /// Active strategy.
     pub strategy: Strategy,
     /// How the choice reaches Envoy.
@@ -455,6 +501,14 @@ fn metric_names(field: &str, names: Vec<String>) -> Result<Vec<String>, ConfigEr
     Ok(names)
 }
 
+fn cluster_name(field: &str, c: String) -> Result<String, ConfigError> {
+    if c.is_empty() || c.contains(char::is_whitespace) {
+        Err(bad(field, "must name an Envoy cluster"))
+    } else {
+        Ok(c)
+    }
+}
+
 fn path(field: &str, p: String) -> Result<String, ConfigError> {
     if p.starts_with('/') {
         Ok(p)
@@ -467,9 +521,26 @@ impl TryFrom<WireConfig> for Config {
     type Error = ConfigError;
 
     fn try_from(w: WireConfig) -> Result<Self, ConfigError> {
-        if w.backends.is_empty() {
-            return Err(bad("backends", "must list at least one backend"));
+        if w.backends.is_empty() && w.pool.is_none() {
+            return Err(bad(
+                "backends",
+                "must list at least one backend (or give a pool)",
+            ));
         }
+        if !w.backends.is_empty() && w.pool.is_some() {
+            return Err(bad(
+                "pool",
+                "a fixed backends list and a discovered pool exclude each other",
+            ));
+        }
+        let pool = match w.pool {
+            Some(p) => Some(PoolConfig {
+                cluster: cluster_name("pool.cluster", p.cluster)?,
+                admin_cluster: cluster_name("pool.admin_cluster", p.admin_cluster)?,
+                max_backends: in_range("pool.max_backends", p.max_backends, 1, MAX_BACKENDS)?,
+            }),
+            None => None,
+        };
         if w.backends.len() > MAX_BACKENDS {
             return Err(bad("backends", format!("at most {MAX_BACKENDS} backends")));
         }
@@ -615,15 +686,20 @@ impl TryFrom<WireConfig> for Config {
                 "must be shorter than metrics.period_ms",
             ));
         }
-        if m.cluster.is_empty() {
-            return Err(bad("metrics.cluster", "must name an Envoy cluster"));
-        }
         let metrics = MetricsConfig {
             enabled: m.enabled,
-            cluster: m.cluster,
+            cluster: cluster_name("metrics.cluster", m.cluster)?,
+            path: default_path,
             period_ms,
             timeout_ms,
             unhealthy_after: in_range("metrics.unhealthy_after", m.unhealthy_after, 1, 1000)?,
+            healthy_after: in_range("metrics.healthy_after", m.healthy_after, 1, 1000)?,
+            eject_after_errors: in_range(
+                "metrics.eject_after_errors",
+                m.eject_after_errors,
+                0,
+                1000,
+            )?,
             stale_after_ms: in_range(
                 "metrics.stale_after_ms",
                 m.stale_after_ms,
@@ -639,6 +715,7 @@ impl TryFrom<WireConfig> for Config {
         };
         Ok(Config {
             backends,
+            pool,
             strategy: w.strategy,
             route,
             block_bytes,
@@ -676,6 +753,13 @@ fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError 
 }
 
 impl Config {
+    /// Slots of per-pod state: the fixed list's length, or the pool's `max_backends`.
+    pub fn slot_count(&self) -> usize {
+        self.pool
+            .as_ref()
+            .map_or(self.backends.len(), |p| p.max_backends)
+    }
+
     /// Parse and validate the plugin configuration bytes.
     pub fn parse(bytes: &[u8]) -> Result<Config, ConfigError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
@@ -797,6 +881,11 @@ mod tests {
             (
                 r#""metrics":{"period_ms":100,"timeout_ms":200}"#,
                 "metrics.timeout_ms",
+            ),
+            (r#""metrics":{"healthy_after":0}"#, "metrics.healthy_after"),
+            (
+                r#""metrics":{"eject_after_errors":5000}"#,
+                "metrics.eject_after_errors",
             ),
             (
                 r#""saturation":{"max_kv_usage":1.5}"#,

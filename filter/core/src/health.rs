@@ -2,13 +2,25 @@
 //! the last good scrape, and whether the backend is in rotation.
 //!
 //! ```text
-//! good scrape:   scrape := it, scraped_ms := now, failures := 0, down := false
-//! failed scrape: failures += 1;  down := failures ≥ unhealthy_after
+//! answered:  scrape := it, scraped_ms := now, failures := 0, successes += 1
+//!            down := down ∧ successes < healthy_after
+//! failed:    failures += 1, successes := 0, failed_ms := now
+//!            down := down ∨ failures ≥ unhealthy_after
+//! slow:      as failed, unless the pod answered routed traffic within
+//!            stale_after_ms (then no news)
+//! in rotation at t ⇔ ¬down ∨ t − failed_ms > stale_after_ms
 //! ```
-//! `unhealthy_after` consecutive failures take a backend out of rotation (for
-//! every strategy); one good scrape brings it back. A failure is a callout
-//! that Envoy failed, a status other than 200, or no reply within
-//! `timeout + period` ([`crate::scheduler`]).
+//! | parameter | default | why |
+//! |---|---|---|
+//! | `unhealthy_after` | 2 | one lost scrape (a GC pause, a dropped packet) is not an outage |
+//! | `healthy_after` | 2 | one good scrape of a flapping pod does not pull traffic back |
+//! | `stale_after_ms` | 2000 | a verdict nobody renews expires: a pod marked down while scraping stopped (config change, no VM holding the lease) gets traffic again |
+//!
+//! A *failed* scrape is a callout Envoy refused or failed early (connection
+//! refused, no such endpoint in the scrape cluster), or a status other than
+//! 200. A *slow* one timed out or never came back ([`crate::scheduler`]): a
+//! `/metrics` handler that is slow under load says little while the pod keeps
+//! answering requests, which is Envoy's own view of it ([`crate::passive`]).
 //!
 //! The record every VM reads at its tick is all backends' [`Health`] in one
 //! shared-data value, fixed-width fields ([`crate::codec`]); a value of
@@ -16,44 +28,75 @@
 //! reconfigured fleet starts from scratch rather than from a stranger's state.
 
 use crate::codec::{put, Reader};
+use crate::config::MetricsConfig;
 use crate::scrape::Scrape;
+
+/// How one scrape ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Outcome {
+    /// A 200 with metrics.
+    Answered(Scrape),
+    /// Refused, failed early, or a status other than 200.
+    Failed,
+    /// Timed out, or no reply at all.
+    Slow,
+}
 
 /// What the tick knows of one backend (shared by all workers).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Health {
     /// Last good scrape, host ms (0 = never).
     pub scraped_ms: u64,
+    /// Last failed scrape, host ms (0 = never).
+    pub failed_ms: u64,
     /// Consecutive failed scrapes.
     pub failures: u32,
-    /// Whether the backend is out of rotation.
+    /// Consecutive good scrapes.
+    pub successes: u32,
+    /// Whether the last verdict took the backend out of rotation.
     pub down: bool,
     /// Last good scrape.
     pub scrape: Scrape,
 }
 
 impl Health {
-    /// Folds one scrape outcome (`None`: it failed) into this backend's health.
-    pub fn record(&mut self, outcome: Option<Scrape>, now_ms: u64, unhealthy_after: u32) {
+    /// Folds one scrape outcome into this backend's health; `serving`: the pod
+    /// answered routed traffic within `stale_after_ms`.
+    pub fn record(&mut self, outcome: Outcome, now_ms: u64, m: &MetricsConfig, serving: bool) {
         match outcome {
-            Some(s) => {
+            Outcome::Answered(s) => {
                 self.scrape = s;
                 self.scraped_ms = now_ms.max(1);
                 self.failures = 0;
-                self.down = false;
+                self.successes = self.successes.saturating_add(1);
+                if self.successes >= m.healthy_after {
+                    self.down = false;
+                }
             }
-            None => {
+            Outcome::Slow if serving => {}
+            Outcome::Failed | Outcome::Slow => {
                 self.failures = self.failures.saturating_add(1);
-                if self.failures >= unhealthy_after {
+                self.successes = 0;
+                self.failed_ms = now_ms.max(1);
+                if self.failures >= m.unhealthy_after {
                     self.down = true;
                 }
             }
         }
     }
 
+    /// Whether the backend is in rotation at `now_ms`: not down, or down on a
+    /// verdict older than `stale_after_ms`.
+    pub fn in_rotation(&self, now_ms: u64, stale_after_ms: u64) -> bool {
+        !self.down || now_ms.saturating_sub(self.failed_ms) > stale_after_ms
+    }
+
     fn encode(&self, out: &mut Vec<u8>) {
         let s = &self.scrape;
         put(out, self.scraped_ms);
+        put(out, self.failed_ms);
         put(out, self.failures);
+        put(out, self.successes);
         put(out, self.down as u8);
         for v in [
             s.running,
@@ -68,11 +111,14 @@ impl Health {
 
     fn decode(record: &[u8]) -> Option<Health> {
         let mut r = Reader::new(record);
-        let (scraped_ms, failures, down) = (r.get()?, r.get()?, r.get::<u8>()? == 1);
+        let (scraped_ms, failed_ms) = (r.get()?, r.get()?);
+        let (failures, successes, down) = (r.get()?, r.get()?, r.get::<u8>()? == 1);
         let (running, waiting, kv_usage, cap) = (r.get()?, r.get()?, r.get()?, r.get::<f64>()?);
         Some(Health {
             scraped_ms,
+            failed_ms,
             failures,
+            successes,
             down,
             scrape: Scrape {
                 running,
@@ -85,7 +131,7 @@ impl Health {
     }
 }
 
-const HEALTH_LEN: usize = 8 + 4 + 1 + 8 * 4 + 4;
+const HEALTH_LEN: usize = 8 + 8 + 4 + 4 + 1 + 8 * 4 + 4;
 
 /// Encodes every backend's health for shared data.
 pub fn encode_health(all: &[Health]) -> Vec<u8> {
@@ -118,7 +164,9 @@ mod tests {
         let h = vec![
             Health {
                 scraped_ms: 5,
+                failed_ms: 6,
                 failures: 2,
+                successes: 1,
                 down: true,
                 scrape: Scrape {
                     running: 1.0,
@@ -137,23 +185,66 @@ mod tests {
         );
     }
 
+    fn metrics() -> MetricsConfig {
+        crate::testing::config(1).metrics
+    }
+
+    fn answered(running: f64) -> Outcome {
+        Outcome::Answered(Scrape {
+            running,
+            ..Scrape::default()
+        })
+    }
+
     #[test]
-    fn failures_take_a_backend_down_and_a_good_scrape_brings_it_back() {
+    fn failures_take_a_backend_down_and_good_scrapes_bring_it_back() {
+        let m = metrics();
+        assert_eq!((m.unhealthy_after, m.healthy_after), (2, 2));
         let mut h = Health::default();
-        h.record(None, 10, 2);
+        h.record(Outcome::Failed, 10, &m, false);
         assert!(!h.down);
-        h.record(None, 20, 2);
+        h.record(Outcome::Failed, 20, &m, false);
+        assert!(h.down && !h.in_rotation(20, m.stale_after_ms));
+        // One good scrape of a flapping pod is not enough.
+        h.record(answered(1.0), 30, &m, false);
         assert!(h.down);
-        h.record(
-            Some(Scrape {
-                running: 1.0,
-                ..Scrape::default()
-            }),
-            30,
-            2,
-        );
+        h.record(answered(2.0), 40, &m, false);
         assert!(!h.down);
-        assert_eq!((h.failures, h.scraped_ms, h.scrape.running), (0, 30, 1.0));
+        assert_eq!((h.failures, h.scraped_ms, h.scrape.running), (0, 40, 2.0));
+        // A failure in between starts the count again.
+        h.record(Outcome::Failed, 50, &m, false);
+        h.record(Outcome::Failed, 60, &m, false);
+        h.record(answered(1.0), 70, &m, false);
+        h.record(Outcome::Failed, 80, &m, false);
+        h.record(answered(1.0), 90, &m, false);
+        assert!(h.down);
+    }
+
+    #[test]
+    fn a_slow_scrape_of_a_serving_pod_is_no_news() {
+        let m = metrics();
+        let mut h = Health::default();
+        for t in 1..10 {
+            h.record(Outcome::Slow, t * 500, &m, true);
+        }
+        assert_eq!((h.down, h.failures), (false, 0));
+        // Without traffic to vouch for it, slow is as good as failed.
+        h.record(Outcome::Slow, 6000, &m, false);
+        h.record(Outcome::Slow, 6500, &m, false);
+        assert!(h.down);
+    }
+
+    #[test]
+    fn a_down_verdict_nobody_renews_expires() {
+        let m = metrics();
+        let mut h = Health::default();
+        h.record(Outcome::Failed, 1000, &m, false);
+        h.record(Outcome::Failed, 1500, &m, false);
+        assert!(!h.in_rotation(1500 + m.stale_after_ms, m.stale_after_ms));
+        assert!(h.in_rotation(1501 + m.stale_after_ms, m.stale_after_ms));
+        // While scrapes keep failing, the verdict is renewed.
+        h.record(Outcome::Failed, 3400, &m, false);
+        assert!(!h.in_rotation(3501, m.stale_after_ms));
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -174,9 +265,13 @@ mod tests {
         }
 
         fn health() -> impl Strategy<Value = Health> {
-            (any::<u64>(), any::<u32>(), any::<bool>(), scrape()).prop_map(|(t, f, d, s)| Health {
+            let times = (any::<u64>(), any::<u64>());
+            let counts = (any::<u32>(), any::<u32>());
+            (times, counts, any::<bool>(), scrape()).prop_map(|((t, ft), (f, ok), d, s)| Health {
                 scraped_ms: t,
+                failed_ms: ft,
                 failures: f,
+                successes: ok,
                 down: d,
                 scrape: s,
             })

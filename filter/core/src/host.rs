@@ -69,6 +69,8 @@ pub trait Host {
     fn response_status(&self) -> Option<String>;
     /// Envoy's `response.code_details` of the current exchange (why it ended).
     fn response_details(&self) -> Option<String>;
+    /// `ip:port` of the upstream Envoy last sent the current exchange to.
+    fn upstream_address(&self) -> Option<String>;
 
     /// Dispatches a callout; its reply arrives as the root context's
     /// `on_http_call_response` with the returned token.

@@ -54,7 +54,16 @@
 //! Memory: every entry counts at least one block, so each backend holds at
 //! most `capacity` entries and `max_blocks` bounds the whole map; the LRU
 //! queue holds at most one stale record per live one (plus 1024) before it is
-//! compacted, so compaction is amortised O(1) per record.
+//! compacted, so compaction is amortised O(1) per record. The map grows, to
+//! twice its size, before more than half of it is live, so it is as large as
+//! it gets once the index is full. A removal from hashbrown's table mostly
+//! leaves a tombstone; when they have used up its spare slots it clears them
+//! in place if at most half the table is live, else it doubles. A map its own
+//! growth left between half and 7/8 full therefore doubled under eviction
+//! churn long after the index filled (within about five capacities of churn
+//! on wasm32, whose 8-slot probe groups leave more tombstones than SSE2's 16).
+//! Each entry takes 2.3 to 4.6 slots of 17 bytes: 18 MB for the default
+//! `max_blocks` filled with one-block entries, what churn grew it to anyway.
 //!
 //! Cost: lookup O(matched entries); record O(entries) amortised.
 
@@ -95,6 +104,18 @@ fn span(i: usize) -> u32 {
         stride(i) as u32
     } else {
         1
+    }
+}
+
+/// Makes room for one more entry in `map` while keeping at most half of its
+/// `capacity` (as of its last growth) live, doubling it when needed (see "Memory").
+fn make_room(map: &mut HashMap<u64, u64>, capacity: &mut usize) {
+    if map.len().saturating_add(1).saturating_mul(2) > *capacity {
+        // More than the spare slots left: hashbrown allocates for the whole
+        // `capacity + 1` rather than rehash in place.
+        let more = capacity.saturating_add(1).saturating_sub(map.len()).max(1);
+        map.reserve(more);
+        *capacity = map.capacity();
     }
 }
 
@@ -141,6 +162,9 @@ struct Lru {
 pub struct Index {
     /// Entry key (block hash salted by backend, see [`Index::key`]) → last use.
     map: HashMap<u64, u64>,
+    /// The map's capacity as of its last growth (no tombstones then): it grows
+    /// again before half of that is live (see "Memory").
+    map_capacity: usize,
     /// Per-backend salts: block hashes are uniform, so an xor keeps keys distinct.
     salts: Vec<u64>,
     lru: Vec<Lru>,
@@ -153,6 +177,7 @@ impl Index {
     pub fn new(backends: usize, max_blocks: usize, ttl_ms: u64) -> Index {
         let mut ix = Index {
             map: HashMap::new(),
+            map_capacity: 0,
             salts: (0..backends as u64)
                 .map(|b| crate::hash::mix(b ^ 0x1de5_a17e))
                 .collect(),
@@ -278,6 +303,7 @@ impl Index {
             }
             let key = h ^ salt;
             let span = span(i);
+            make_room(&mut self.map, &mut self.map_capacity);
             match self.map.entry(key) {
                 Entry::Occupied(mut e) => {
                     if now_ms.saturating_sub(*e.get()) < REFRESH_MS {
@@ -318,6 +344,21 @@ impl Index {
             let map = &self.map;
             lru.queue.retain(|r| map.get(&r.key) == Some(&r.time()));
         }
+    }
+
+    /// Forgets everything `backend` held: its slot now stands for another pod.
+    pub fn forget(&mut self, backend: usize) {
+        let Some(lru) = self.lru.get_mut(backend) else {
+            return;
+        };
+        for r in lru.queue.drain(..) {
+            if let Entry::Occupied(e) = self.map.entry(r.key) {
+                if *e.get() == r.time() {
+                    e.remove();
+                }
+            }
+        }
+        lru.live = 0;
     }
 
     /// Ages every backend's share out (called from the tick).
@@ -367,8 +408,8 @@ mod tests {
 
     #[test]
     fn prompts_that_differ_past_the_last_sample_stay_bounded() {
-        // 35 blocks: 34 shared, the last (off the sample) differs per prompt. Each used
-        // to add an entry that counted no capacity, so only the TTL removed them.
+        // 35 blocks: 34 shared, the last (off the sample) differs per prompt. An entry
+        // that counted no capacity would grow the index until the TTL removed it.
         let cap = 1024;
         let mut ix = Index::new(1, cap, 600_000);
         let mut max_queue = 0;
@@ -383,6 +424,34 @@ mod tests {
         assert!(max_queue <= 2 * cap + 1024 + 35, "queue {max_queue}");
         // The shared part is still there (it is refreshed by every prompt).
         assert_eq!(lens(&ix, &chain(1, 34), 50_000), vec![34]);
+    }
+
+    #[test]
+    fn the_map_is_as_large_as_it_gets_once_the_index_is_full() {
+        // hashbrown's own growth would hold 1536 entries in 2048 slots (1792 usable):
+        // more than half full, too full to clear removals' tombstones in place.
+        let cap = 1024 + 512;
+        let mut ix = Index::new(1, cap, 600_000);
+        let prompt = |p: u64| {
+            let mut blocks = chain(1, 34);
+            blocks.push(0xdead_0000_0000 | p);
+            blocks
+        };
+        let mut p = 0;
+        while ix.len_of(0) < cap {
+            ix.record(&prompt(p), 0, p);
+            p += 1;
+        }
+        let full = ix.map.allocation_size();
+        // Churn: every prompt evicts the oldest one's block.
+        for p in p..p + 20 * cap as u64 {
+            ix.record(&prompt(p), 0, p);
+            assert_eq!(
+                ix.map.allocation_size(),
+                full,
+                "the map grew after {p} prompts"
+            );
+        }
     }
 
     #[test]

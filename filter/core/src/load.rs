@@ -29,9 +29,23 @@ use crate::config::PolicyConfig;
 use crate::health::Health;
 use crate::inflight::InFlight;
 
+/// Where a slot stands in the fleet at decision time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// No pod holds the slot: never routed to.
+    Absent,
+    /// A member that the health verdicts keep out of rotation (routed to
+    /// only when every member is out).
+    Out,
+    /// A member in rotation.
+    In,
+}
+
 /// The load picture of one backend at decision time.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct BackendLoad {
+    /// A pod holds this slot.
+    pub member: bool,
     /// In rotation.
     pub healthy: bool,
     /// Requests, per the formula at the top of this module.
@@ -46,6 +60,7 @@ pub struct BackendLoad {
 pub fn backend_loads(
     inflight: &[InFlight],
     health: &[Health],
+    standing: &[Standing],
     now_ms: u64,
     stale_after_ms: u64,
     policy: &PolicyConfig,
@@ -68,7 +83,8 @@ pub fn backend_loads(
                 (inf, false)
             };
             BackendLoad {
-                healthy: !h.down,
+                member: standing.get(b).is_some_and(|&s| s != Standing::Absent),
+                healthy: standing.get(b) == Some(&Standing::In),
                 load,
                 saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
                 prefill: f.prefill_blocks as f64,
@@ -105,6 +121,7 @@ mod tests {
             backend_loads(
                 &[one, one],
                 &[busy, Health::default()],
+                &[Standing::In, Standing::In],
                 now,
                 2000,
                 &c.policy,
@@ -136,6 +153,7 @@ mod tests {
         let l = backend_loads(
             &[idle, idle],
             &[scraped(1.0), scraped(4.0)],
+            &[Standing::In, Standing::In],
             1100,
             2000,
             &c.policy,

@@ -190,7 +190,9 @@ impl Chooser<'_> {
             .filter(|&b| self.loads[b].healthy)
             .collect();
         if h.is_empty() {
-            (0..self.loads.len()).collect()
+            (0..self.loads.len())
+                .filter(|&b| self.loads[b].member)
+                .collect()
         } else {
             h
         }
@@ -239,6 +241,9 @@ impl Chooser<'_> {
     /// Runs `strategy` for one request.
     pub fn choose(&self, strategy: Strategy, req: &RequestKey<'_>) -> Option<Decision> {
         let healthy = self.healthy();
+        if healthy.is_empty() {
+            return None;
+        }
         let cap = self.cap(&healthy);
         let matched = |b: usize| req.matched.get(b).copied().unwrap_or(0);
         match strategy {
@@ -426,6 +431,7 @@ mod tests {
     fn loads(v: &[f64]) -> Vec<BackendLoad> {
         v.iter()
             .map(|&l| BackendLoad {
+                member: true,
                 healthy: true,
                 load: l,
                 saturated: false,
@@ -903,5 +909,28 @@ mod tests {
         l[1].healthy = false;
         let d = pick(Strategy::RoundRobin, &l, RequestKey::default());
         assert_eq!(d.order.len(), 2);
+        // An empty slot is never chosen, not even when every member is out.
+        l.push(BackendLoad::default());
+        for r in 0..10 {
+            let d = pick(
+                Strategy::Random,
+                &l,
+                RequestKey {
+                    random: r,
+                    ..RequestKey::default()
+                },
+            );
+            assert!(!d.order.contains(&2), "{:?}", d.order);
+        }
+        let none = Chooser {
+            cfg: &policy(),
+            loads: &[BackendLoad::default(); 3],
+            ids: &[1, 2, 3],
+            fallbacks: 2,
+        };
+        assert!(none
+            .choose(Strategy::Random, &RequestKey::default())
+            .is_none());
+        assert!(none.fallback(7).is_none());
     }
 }

@@ -20,18 +20,21 @@
 //! the tick of the VM holding the scrape lease, so each VM re-reads it at its
 //! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
 //! writes at once ([`Router::record_scrape`]). Another VM sees a scrape at most
-//! one tick late, on top of the scrape period it already waits.
+//! one tick late, on top of the scrape period it already waits. Each VM also
+//! keeps Envoy's own view of how its requests ended ([`crate::passive`]); a
+//! backend is in rotation when neither view keeps it out.
 
-use crate::config::{Config, Strategy};
+use crate::config::{Backend, Config, Strategy};
 use crate::hash::{address_id, mix, session_hash};
-use crate::health::Health;
+use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
 use crate::inflight::{Delta, InFlight};
-use crate::load::{backend_loads, BackendLoad};
+use crate::load::{backend_loads, BackendLoad, Standing};
+use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
+use crate::passive::{recent, Answer, Passive};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
-use crate::scrape::Scrape;
 use crate::store::{Keys, Store, Writer};
 
 /// Anchor length for prompts without message structure (completions).
@@ -72,6 +75,10 @@ pub struct Routed {
 pub struct Router {
     cfg: Config,
     keys: Keys,
+    /// Who holds each slot ([`crate::membership`]).
+    slots: Slots,
+    /// Each slot's pod as a backend (name, address, scrape target); `None`: empty.
+    fleet: Vec<Option<Backend>>,
     /// Each backend's rendezvous id (its address, hashed).
     ids: Vec<u64>,
     /// Fleet-unique id of this VM.
@@ -84,6 +91,8 @@ pub struct Router {
     matched: Vec<u32>,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
+    /// How the requests this VM routed ended, per backend.
+    passive: Passive,
     /// What this VM's ended requests gave back, per backend, that the ledger
     /// does not know yet: the next request's ledger write carries it (or the tick).
     unreleased: Vec<Delta>,
@@ -112,27 +121,38 @@ fn note_reclaimed(vms: &[u64]) {
 }
 
 /// The fleet's identity: the shared-data key space of everything this
-/// configuration's VMs share. The block size and the log's geometry are part
-/// of it: VMs of another shape must not read each other's records.
-fn fleet_id(cfg: &Config, ids: &[u64]) -> u64 {
-    let fleet = ids.iter().fold(cfg.block_bytes as u64, |h, &i| mix(h ^ i));
-    mix(fleet ^ cfg.index.log_bytes as u64)
+/// configuration's VMs share: a fixed list's addresses, or a discovered pool's
+/// cluster and slot count (its members come and go within it). The block size
+/// and the log's geometry are part of it: VMs of another shape must not read
+/// each other's records.
+fn fleet_id(cfg: &Config) -> u64 {
+    let fleet = match &cfg.pool {
+        Some(p) => mix(address_id(&p.cluster) ^ p.max_backends as u64),
+        None => cfg
+            .backends
+            .iter()
+            .fold(0, |h, b| mix(h ^ address_id(&b.address))),
+    };
+    mix(mix(fleet ^ cfg.block_bytes as u64) ^ cfg.index.log_bytes as u64)
 }
 
 impl Router {
     /// A router for `cfg`; takes a fleet-unique VM id from shared data.
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
-        let ids: Vec<u64> = cfg
-            .backends
-            .iter()
-            .map(|b| address_id(&b.address))
-            .collect();
-        let keys = Keys::new(fleet_id(&cfg, &ids), cfg.index.log_bytes);
-        let n = cfg.backends.len();
+        let keys = Keys::new(fleet_id(&cfg), cfg.index.log_bytes);
+        let n = cfg.slot_count();
         let store = Store {
             host,
             keys: &keys,
             n,
+        };
+        let slots = match cfg.pool {
+            Some(_) => store
+                .members()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| Slots::empty(n)),
+            None => Slots::fixed(cfg.backends.iter().map(|b| b.address.as_str())),
         };
         // Without shared data an id from the clock still keeps VMs apart.
         let vm_id = store.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
@@ -144,20 +164,122 @@ impl Router {
             .unwrap_or_else(|_| vec![Health::default(); n]);
         let mut router = Router {
             keys,
-            ids,
+            slots: Slots::empty(n),
+            fleet: vec![None; n],
+            ids: vec![0; n],
             vm_id,
             index,
             applied_seq,
             requests: 0,
             matched: Vec::with_capacity(n),
             health: Vec::new(),
+            passive: Passive::new(n),
             unreleased: vec![Delta::default(); n],
             open_requests: 0,
             last_now: host.now_ms(),
             cfg,
         };
         router.set_all_health(health);
+        router.apply_slots(slots);
         router
+    }
+
+    /// Slots of per-pod state.
+    pub fn slot_count(&self) -> usize {
+        self.fleet.len()
+    }
+
+    /// The pod in slot `b`, if any.
+    pub fn backend(&self, b: usize) -> Option<&Backend> {
+        self.fleet.get(b).and_then(Option::as_ref)
+    }
+
+    /// Each slot's pod (`None`: empty).
+    pub fn fleet(&self) -> &[Option<Backend>] {
+        &self.fleet
+    }
+
+    /// The slot's name in stats and logs: the configured name, or `pod-<slot>`.
+    pub fn slot_name(cfg: &Config, b: usize) -> String {
+        match cfg.backends.get(b) {
+            Some(x) if cfg.pool.is_none() => x.name.clone(),
+            _ => format!("pod-{b}"),
+        }
+    }
+
+    /// Makes this VM's view hold `slots`: a slot whose pod changed starts
+    /// cold (no index entries, no passive record); returns the changed slots.
+    fn apply_slots(&mut self, slots: Slots) -> Vec<usize> {
+        let mut changed = Vec::new();
+        for (b, m) in slots.members.iter().enumerate() {
+            let before = self.slots.members.get(b).cloned().flatten();
+            if before.as_ref().map(|x| &x.address) != m.as_ref().map(|x| &x.address) {
+                changed.push(b);
+                self.index.forget(b);
+                self.passive.forget(b);
+            }
+            let backend = m.as_ref().map(|m| match self.cfg.backends.get(b) {
+                Some(fixed) if self.cfg.pool.is_none() => fixed.clone(),
+                _ => Backend {
+                    name: Router::slot_name(&self.cfg, b),
+                    address: m.address.clone(),
+                    host: m.address.clone(),
+                    metrics_path: self.cfg.metrics.path.clone(),
+                },
+            });
+            if let Some(id) = self.ids.get_mut(b) {
+                *id = m.as_ref().map_or(0, |m| address_id(&m.address));
+            }
+            if let Some(f) = self.fleet.get_mut(b) {
+                *f = backend;
+            }
+        }
+        self.slots = slots;
+        changed
+    }
+
+    /// Re-reads the slot table the scraping VM published (from the tick; a
+    /// fixed fleet has nothing to read). Returns the slots whose pod changed.
+    pub fn refresh_members<H: Host>(&mut self, host: &H) -> Result<Vec<usize>, HostError> {
+        if self.cfg.pool.is_none() {
+            return Ok(Vec::new());
+        }
+        match self.store(host).members()? {
+            Some(s) if s != self.slots => Ok(self.apply_slots(s)),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// Folds Envoy's list of the pool's endpoints (an admin reply) into the
+    /// shared slot table and this VM's view; a changed slot's health starts over.
+    pub fn members_reply<H: Host>(
+        &mut self,
+        host: &H,
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<Changes, ReplyError>, HostError> {
+        let Some(pool) = &self.cfg.pool else {
+            return Ok(Err(ReplyError::WrongClusters));
+        };
+        let endpoints = match parse_endpoints(body, &pool.cluster) {
+            Ok(e) => e,
+            Err(e) => return Ok(Err(e)),
+        };
+        let n = self.fleet.len();
+        let (slots, changes) = self.store(host).update_members(|current| {
+            let mut s = current.unwrap_or_else(|| Slots::empty(n));
+            let c = s.assign(&endpoints, now);
+            (s, c)
+        })?;
+        for &(b, _) in changes.joined.iter().chain(&changes.left) {
+            self.store(host)
+                .update_health(b, |h| *h = Health::default())?;
+            if let Some(h) = self.health.get_mut(b) {
+                *h = Health::default();
+            }
+        }
+        self.apply_slots(slots);
+        Ok(Ok(changes))
     }
 
     /// The validated configuration.
@@ -175,7 +297,7 @@ impl Router {
         Store {
             host,
             keys: &self.keys,
-            n: self.cfg.backends.len(),
+            n: self.fleet.len(),
         }
     }
 
@@ -186,7 +308,7 @@ impl Router {
         let store = Store {
             host,
             keys: &self.keys,
-            n: self.cfg.backends.len(),
+            n: self.fleet.len(),
         };
         let slots = self.keys.log_shape().slots;
         let mut gap = false;
@@ -231,7 +353,7 @@ impl Router {
     fn observe<H: Host>(&mut self, host: &H, with_prompt: bool) -> Observed {
         let now = host.now_ms();
         self.last_now = now;
-        let n = self.cfg.backends.len();
+        let n = self.fleet.len();
         let mut host_errors = 0;
         let (mut inflight, ledger, log_gap) = match self.store(host).read_ledger() {
             Ok(r) => {
@@ -255,6 +377,7 @@ impl Router {
         let loads = backend_loads(
             &inflight,
             &self.health,
+            &self.standing(now),
             now,
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
@@ -334,7 +457,7 @@ impl Router {
             None => (chooser.fallback(random), 0),
         };
         let decision = decision.unwrap_or(Decision {
-            order: vec![0],
+            order: Vec::new(),
             matched: 0,
             reason: Reason::Fallback,
         });
@@ -353,7 +476,16 @@ impl Router {
         seen: Observed,
     ) -> Routed {
         let mut host_errors = seen.host_errors;
-        let primary = decision.order.first().copied().unwrap_or(0);
+        let Some(&primary) = decision.order.first() else {
+            // No pod to account on: Envoy routes by its fallback policy.
+            return Routed {
+                decision,
+                blocks,
+                held: Delta::default(),
+                host_errors,
+                log_gap: seen.log_gap,
+            };
+        };
         let held = Delta {
             requests: 1,
             prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
@@ -372,7 +504,7 @@ impl Router {
         let store = Store {
             host,
             keys: &self.keys,
-            n: self.cfg.backends.len(),
+            n: self.fleet.len(),
         };
         let writer = self.writer(seen.now);
         let held = match store.account(seen.ledger, writer, &self.unreleased, !chain.is_empty()) {
@@ -487,6 +619,21 @@ impl Router {
         self.write_ledger(host, Some(read.raw), now_ms)
     }
 
+    /// Heartbeats this fleet and empties the values of fleets gone silent
+    /// (from the tick; see [`crate::store`], "Fleets that are gone").
+    pub fn sweep_fleets<H: Host>(&self, host: &H, now: u64) -> Result<Vec<u64>, HostError> {
+        let idle = crate::store::FLEET_IDLE_MS.max(10 * lease_ms(self.cfg.metrics.period_ms));
+        self.store(host).sweep_fleets(now, idle)
+    }
+
+    /// Shares when this VM last saw each backend answer, if that changed (from the tick).
+    pub fn publish_served<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
+        match self.passive.served_news() {
+            Some(mine) => self.store(host).publish_served(&mine),
+            None => Ok(()),
+        }
+    }
+
     /// One ledger write of the waiting releases and this VM's heartbeat.
     fn write_ledger<H: Host>(
         &mut self,
@@ -522,6 +669,51 @@ impl Router {
         &self.health
     }
 
+    /// Where each slot stands for this VM at `now_ms`: a member is in
+    /// rotation when Envoy would route to it and its scraped health and this
+    /// VM's own view of its answers both allow it.
+    pub fn standing(&self, now_ms: u64) -> Vec<Standing> {
+        let stale = self.cfg.metrics.stale_after_ms;
+        self.slots
+            .members
+            .iter()
+            .enumerate()
+            .map(|(b, m)| match m {
+                None => Standing::Absent,
+                Some(m) => {
+                    let scraped = self
+                        .health
+                        .get(b)
+                        .is_none_or(|h| h.in_rotation(now_ms, stale));
+                    if m.routable && scraped && !self.passive.ejected(b, now_ms) {
+                        Standing::In
+                    } else {
+                        Standing::Out
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// The backend at `address` (`ip:port`), if it is one of the fleet's.
+    pub fn backend_at(&self, address: &str) -> Option<usize> {
+        let id = address_id(address);
+        self.ids.iter().position(|&i| i == id)
+    }
+
+    /// Folds how one routed request ended into this VM's view of `backend`;
+    /// returns true when that took it out of this VM's rotation.
+    pub fn answered(&mut self, backend: usize, answer: Answer, now_ms: u64) -> bool {
+        let m = &self.cfg.metrics;
+        self.passive.record(
+            backend,
+            answer,
+            now_ms,
+            m.eject_after_errors,
+            m.stale_after_ms,
+        )
+    }
+
     /// Re-reads every backend's health from shared data (from the tick); on a
     /// failed read the last known health stays.
     pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
@@ -530,19 +722,27 @@ impl Router {
         Ok(())
     }
 
-    /// Records one scrape of `backend` (`None`: it failed) in shared data and,
-    /// at once, in this VM's view. Returns the backend's new health.
+    /// Records one scrape of `backend` in shared data and, at once, in this
+    /// VM's view. Returns the backend's new health.
     pub fn record_scrape<H: Host>(
         &mut self,
         host: &H,
         backend: usize,
-        scrape: Option<Scrape>,
+        outcome: Outcome,
         now: u64,
     ) -> Result<Health, HostError> {
-        let after = self.cfg.metrics.unhealthy_after;
+        let m = &self.cfg.metrics;
+        // Only a slow scrape asks whether the pod still serves: then the
+        // shared view, since the scraping VM may route nothing itself.
+        let serving = outcome == Outcome::Slow
+            && (self.passive.served_within(backend, now, m.stale_after_ms)
+                || self.store(host).served().is_ok_and(|all| {
+                    all.get(backend)
+                        .is_some_and(|&t| recent(t, now, m.stale_after_ms))
+                }));
         let health = self
             .store(host)
-            .update_health(backend, |h| h.record(scrape, now, after))?;
+            .update_health(backend, |h| h.record(outcome, now, m, serving))?;
         if let Some(h) = self.health.get_mut(backend) {
             *h = health;
         }
@@ -551,7 +751,7 @@ impl Router {
     }
 
     fn set_all_health(&mut self, mut health: Vec<Health>) {
-        health.resize(self.cfg.backends.len(), Health::default());
+        health.resize(self.fleet.len(), Health::default());
         self.health = health;
         self.resize_index();
     }
@@ -576,6 +776,7 @@ impl Router {
 mod tests {
     use super::*;
     use crate::openai::{prompt_key, Endpoint};
+    use crate::scrape::Scrape;
     use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -814,11 +1015,13 @@ mod tests {
             capacity_tokens: Some(tokens),
             ..Scrape::default()
         };
-        a.record_scrape(&host, 0, Some(scrape(6400)), 1).unwrap();
+        a.record_scrape(&host, 0, Outcome::Answered(scrape(6400)), 1)
+            .unwrap();
         assert_eq!(a.index.capacity(0), 100);
         // Another VM's scrape reaches this one at its tick.
         let mut b = Router::new(cfg("cache_aware"), &host);
-        b.record_scrape(&host, 1, Some(scrape(12_800)), 1).unwrap();
+        b.record_scrape(&host, 1, Outcome::Answered(scrape(12_800)), 1)
+            .unwrap();
         assert_eq!(a.index.capacity(1), a.index.capacity(2));
         a.refresh_health(&host).unwrap();
         assert_eq!(a.index.capacity(1), 200);

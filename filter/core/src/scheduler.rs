@@ -63,14 +63,21 @@ impl Scheduler {
         }
     }
 
-    /// The callout `token` finished; returns its backend.
-    pub fn completed(&mut self, token: u32) -> Option<usize> {
+    /// The callout `token` finished; returns its backend and when it was sent.
+    pub fn completed(&mut self, token: u32) -> Option<(usize, u64)> {
         let b = self
             .pending
             .iter()
             .position(|p| p.is_some_and(|q| q.token == token))?;
-        self.pending[b] = None;
-        Some(b)
+        let since = self.pending[b].take().map_or(0, |p| p.since_ms);
+        Some((b, since))
+    }
+
+    /// Forgets a pending scrape of `backend` (its slot now stands for another pod).
+    pub fn forget(&mut self, backend: usize) {
+        if let Some(p) = self.pending.get_mut(backend) {
+            *p = None;
+        }
     }
 
     /// Forgets everything pending (lease lost).
@@ -92,7 +99,7 @@ mod tests {
         s.dispatched(0, 7, 0);
         s.dispatched(1, 8, 0);
         assert_eq!(s.due(500, 900), Due::default());
-        assert_eq!(s.completed(7), Some(0));
+        assert_eq!(s.completed(7), Some((0, 0)));
         assert_eq!(s.completed(7), None);
         let d = s.due(1000, 900);
         assert_eq!(d.scrape, vec![0, 1]);

@@ -9,6 +9,7 @@
 //! routing decision itself on a short prompt.
 
 use crate::config::Config;
+use crate::health::Outcome;
 use crate::host::{Host, MetricKind};
 use crate::inflight::InFlight;
 use crate::policy::Reason;
@@ -111,6 +112,8 @@ pub struct Stats {
     healthy: Vec<Option<u32>>,
     scrape_ok: Counter,
     scrape_failed: Counter,
+    scrape_slow: Counter,
+    ejections: Counter,
     host_errors: Counter,
     log_gaps: Counter,
 }
@@ -122,16 +125,16 @@ fn set(host: &impl Host, id: Option<u32>, v: u64) {
 }
 
 impl Stats {
-    /// Defines every stat for this configuration.
-    pub fn define(cfg: &Config, host: &impl Host) -> Stats {
+    /// Defines every stat for this configuration; `names`: each slot's name.
+    pub fn define(cfg: &Config, names: &[String], host: &impl Host) -> Stats {
         let strategy = cfg.strategy.name();
         let gauges = |what: &str| {
-            cfg.backends
+            names
                 .iter()
-                .map(|b| {
+                .map(|name| {
                     host.define_metric(
                         MetricKind::Gauge,
-                        &format!("warmroute.backend.{}.{what}", b.name),
+                        &format!("warmroute.backend.{name}.{what}"),
                     )
                 })
                 .collect()
@@ -153,16 +156,17 @@ impl Stats {
             passthrough: counter("warmroute.passthrough".into()),
             prompt_blocks: counter("warmroute.prompt_blocks".into()),
             matched_blocks: counter("warmroute.matched_blocks".into()),
-            chosen: cfg
-                .backends
+            chosen: names
                 .iter()
-                .map(|b| counter(format!("warmroute.backend.{}.chosen", b.name)))
+                .map(|name| counter(format!("warmroute.backend.{name}.chosen")))
                 .collect(),
             inflight: gauges("inflight"),
             prefill: gauges("prefill_blocks"),
             healthy: gauges("healthy"),
             scrape_ok: counter("warmroute.scrape.ok".into()),
             scrape_failed: counter("warmroute.scrape.failed".into()),
+            scrape_slow: counter("warmroute.scrape.slow".into()),
+            ejections: counter("warmroute.ejections".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
         }
@@ -172,7 +176,7 @@ impl Stats {
     pub fn decided(
         &mut self,
         reason: Reason,
-        backend: usize,
+        backend: Option<usize>,
         (matched, blocks): (u32, u32),
         host_errors: u32,
         log_gap: bool,
@@ -180,7 +184,9 @@ impl Stats {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             add_at(&mut self.decisions, i, 1);
         }
-        add_at(&mut self.chosen, backend, 1);
+        if let Some(b) = backend {
+            add_at(&mut self.chosen, b, 1);
+        }
         self.prompt_blocks.add(blocks.into());
         self.matched_blocks.add(matched.min(blocks).into());
         self.host_errors.add(host_errors.into());
@@ -211,12 +217,17 @@ impl Stats {
     }
 
     /// A scrape result.
-    pub fn scraped(&mut self, ok: bool) {
-        if ok {
-            self.scrape_ok.add(1);
-        } else {
-            self.scrape_failed.add(1);
+    pub fn scraped(&mut self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Answered(_) => self.scrape_ok.add(1),
+            Outcome::Failed => self.scrape_failed.add(1),
+            Outcome::Slow => self.scrape_slow.add(1),
         }
+    }
+
+    /// A backend left this worker's rotation on its failed answers.
+    pub fn ejected(&mut self) {
+        self.ejections.add(1);
     }
 
     /// Adds every counter's pending increments to Envoy's stats.
@@ -233,6 +244,8 @@ impl Stats {
             &mut self.matched_blocks,
             &mut self.scrape_ok,
             &mut self.scrape_failed,
+            &mut self.scrape_slow,
+            &mut self.ejections,
             &mut self.host_errors,
             &mut self.log_gaps,
         ];

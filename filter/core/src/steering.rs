@@ -1,7 +1,7 @@
 //! How a decision reaches Envoy: which header to write, and which client
 //! headers to strip so a client can never pick its upstream.
 
-use crate::config::{Config, RouteMode, BACKEND_HEADER, ENDPOINT_HEADER};
+use crate::config::{Backend, Config, RouteMode, BACKEND_HEADER, ENDPOINT_HEADER};
 
 /// Envoy's pseudo-header for the request authority.
 pub const AUTHORITY: &str = ":authority";
@@ -15,15 +15,21 @@ pub fn forbidden_client_headers(cfg: &Config) -> Vec<&str> {
     v
 }
 
-/// The header (name, value) that steers Envoy to `order[0]` (then the fallbacks).
-pub fn route_header<'c>(cfg: &'c Config, order: &[usize]) -> Option<(&'c str, String)> {
-    let primary = cfg.backends.get(*order.first()?)?;
+/// The header (name, value) that steers Envoy to `order[0]` (then the
+/// fallbacks), slots being indices into `fleet`.
+pub fn route_header<'c>(
+    cfg: &'c Config,
+    fleet: &[Option<Backend>],
+    order: &[usize],
+) -> Option<(&'c str, String)> {
+    let slot = |b: usize| fleet.get(b).and_then(Option::as_ref);
+    let primary = slot(*order.first()?)?;
     Some(match cfg.route.mode {
         RouteMode::Endpoint => {
             let list: Vec<&str> = order
                 .iter()
                 .take(1 + cfg.route.fallbacks)
-                .filter_map(|&b| cfg.backends.get(b).map(|x| x.address.as_str()))
+                .filter_map(|&b| slot(b).map(|x| x.address.as_str()))
                 .collect();
             (cfg.route.header.as_str(), list.join(","))
         }
@@ -48,11 +54,20 @@ mod tests {
         .unwrap()
     }
 
+    fn fleet(c: &Config) -> Vec<Option<Backend>> {
+        c.backends.iter().cloned().map(Some).collect()
+    }
+
+    fn route(mode: &str, order: &[usize]) -> Option<(String, String)> {
+        let c = cfg(mode);
+        route_header(&c, &fleet(&c), order).map(|(h, v)| (h.to_string(), v))
+    }
+
     #[test]
     fn endpoint_mode_lists_fallbacks() {
         let c = cfg(r#"{"mode":"endpoint","fallbacks":1}"#);
         assert_eq!(
-            route_header(&c, &[2, 0, 1]),
+            route_header(&c, &fleet(&c), &[2, 0, 1]),
             Some((ENDPOINT_HEADER, "10.0.0.3:8000,10.0.0.1:8000".to_string()))
         );
     }
@@ -60,14 +75,23 @@ mod tests {
     #[test]
     fn header_and_authority_modes() {
         assert_eq!(
-            route_header(&cfg(r#"{"mode":"header"}"#), &[1]),
-            Some((BACKEND_HEADER, "b".to_string()))
+            route(r#"{"mode":"header"}"#, &[1]),
+            Some((BACKEND_HEADER.to_string(), "b".to_string()))
         );
         assert_eq!(
-            route_header(&cfg(r#"{"mode":"authority"}"#), &[0]),
-            Some((AUTHORITY, "a.svc:8000".to_string()))
+            route(r#"{"mode":"authority"}"#, &[0]),
+            Some((AUTHORITY.to_string(), "a.svc:8000".to_string()))
         );
-        assert_eq!(route_header(&cfg(r#"{"mode":"header"}"#), &[]), None);
+        assert_eq!(route(r#"{"mode":"header"}"#, &[]), None);
+        // An empty slot steers nowhere.
+        let c = cfg(r#"{"mode":"endpoint"}"#);
+        let mut f = fleet(&c);
+        f[1] = None;
+        assert_eq!(route_header(&c, &f, &[1, 0]), None);
+        assert_eq!(
+            route_header(&c, &f, &[0, 1, 2]),
+            Some((ENDPOINT_HEADER, "10.0.0.1:8000,10.0.0.3:8000".to_string()))
+        );
     }
 
     #[test]

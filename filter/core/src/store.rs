@@ -1,9 +1,19 @@
 //! Fleet state every worker VM shares through proxy-wasm shared data.
 //!
 //! Each value lives under `warmroute.<fleet>.<name>`, where `<fleet>` hashes
-//! the backend addresses: a reconfigured fleet never reads another fleet's
-//! bytes. Updates are read-modify-write with CAS, retried a bounded number of
-//! times (a worker that keeps losing gives up and counts it rather than spin).
+//! the backend addresses (or a discovered pool's cluster): a reconfigured
+//! fleet never reads another fleet's bytes. Updates are read-modify-write with
+//! CAS, retried a bounded number of times (a worker that keeps losing gives up
+//! and counts it rather than spin).
+//!
+//! ## Fleets that are gone
+//! Shared data lives as long as Envoy, so every reconfiguration to another
+//! backend list would strand its predecessor's keys (the index log alone is
+//! `index.log_bytes`). Every VM heartbeats its fleet in one registry value,
+//! `warmroute.fleets`, at its tick; a fleet silent for [`FLEET_IDLE_MS`] (or
+//! ten of its leases, if longer) is swept by the next tick of any other: each
+//! of its values is emptied and its entry dropped. Envoy has no delete, so
+//! the key names stay, a few bytes each.
 //!
 //! The value every routed request updates is the *ledger*: each VM's share
 //! of the in-flight records (per backend) and the sequence number the index
@@ -48,18 +58,29 @@ use crate::health::{decode_health, encode_health, Health};
 use crate::host::{Host, HostError, Versioned};
 use crate::index_log::{Event, LogShape};
 use crate::inflight::{decode_inflight, encode_inflight, inflight_len, Delta, InFlight};
+use crate::membership::Slots;
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
 
+/// The registry of the fleets using this Envoy's shared data.
+pub const FLEETS_KEY: &str = "warmroute.fleets";
+
+/// How long a fleet must be silent before its values are swept.
+pub const FLEET_IDLE_MS: u64 = 60_000;
+
 /// Names of this fleet's shared-data keys.
 #[derive(Debug, Clone)]
 pub struct Keys {
+    fleet: u64,
+    log_bytes: usize,
     ledger: String,
     rotation: String,
     vm_seq: String,
     lease: String,
     health: String,
+    served: String,
+    members: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -70,11 +91,15 @@ impl Keys {
         let k = |n: &str| format!("warmroute.{fleet:016x}.{n}");
         let log_shape = LogShape::new(log_bytes);
         Keys {
+            fleet,
+            log_bytes,
             ledger: k("ledger.v2"),
             rotation: k("rotation"),
             vm_seq: k("vm_seq"),
             lease: k("lease"),
             health: k("health"),
+            served: k("served"),
+            members: k("members"),
             log_slots: (0..log_shape.slots)
                 .map(|i| k(&format!("index_log.{i}")))
                 .collect(),
@@ -85,6 +110,22 @@ impl Keys {
     /// Geometry of the index log.
     pub fn log_shape(&self) -> LogShape {
         self.log_shape
+    }
+
+    /// Every value of the fleet.
+    fn every(&self) -> impl Iterator<Item = &str> {
+        [
+            &self.ledger,
+            &self.rotation,
+            &self.vm_seq,
+            &self.lease,
+            &self.health,
+            &self.served,
+            &self.members,
+        ]
+        .into_iter()
+        .chain(&self.log_slots)
+        .map(String::as_str)
     }
 
     fn slot(&self, seq: u64) -> &str {
@@ -380,6 +421,86 @@ impl<H: Host> Store<'_, H> {
         })
     }
 
+    /// The slot table of a discovered pool, as last published (`None`: none yet).
+    pub fn members(&self) -> Result<Option<Slots>, HostError> {
+        let v = self.host.get_shared(&self.keys.members)?.0;
+        Ok(v.and_then(|v| Slots::decode(&v, self.n)))
+    }
+
+    /// Read-modify-write of the slot table; written only when `f` changed it.
+    pub fn update_members<T>(
+        &self,
+        mut f: impl FnMut(Option<Slots>) -> (Slots, T),
+    ) -> Result<(Slots, T), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.members, |v| {
+            let current = v.as_deref().and_then(|v| Slots::decode(v, n));
+            let (slots, out) = f(current.clone());
+            let write = (current.as_ref() != Some(&slots)).then(|| slots.encode());
+            (write, (slots, out))
+        })
+    }
+
+    /// When each backend last answered a request routed by any VM (0: never).
+    pub fn served(&self) -> Result<Vec<u64>, HostError> {
+        let v = self.host.get_shared(&self.keys.served)?.0;
+        Ok(decode_served(v.as_deref().unwrap_or_default(), self.n))
+    }
+
+    /// Merges one VM's last-answered times into the shared ones (the later wins).
+    pub fn publish_served(&self, mine: &[u64]) -> Result<(), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.served, |v| {
+            let mut all = decode_served(v.as_deref().unwrap_or_default(), n);
+            let mut newer = false;
+            for (a, &m) in all.iter_mut().zip(mine) {
+                newer |= m > *a;
+                *a = (*a).max(m);
+            }
+            let mut out = Vec::with_capacity(n * 8);
+            all.iter().for_each(|&t| put(&mut out, t));
+            (newer.then_some(out), ())
+        })
+    }
+
+    /// Heartbeats this fleet in the registry and sweeps the fleets silent for
+    /// `idle_ms` (see "Fleets that are gone"); returns the swept fleet ids.
+    pub fn sweep_fleets(&self, now_ms: u64, idle_ms: u64) -> Result<Vec<u64>, HostError> {
+        let me = (self.keys.fleet, self.keys.log_bytes as u64);
+        let gone = update(self.host, FLEETS_KEY, |v| {
+            let mut r = Reader::new(v.as_deref().unwrap_or_default());
+            let mut keep = Vec::new();
+            let mut gone = Vec::new();
+            while let (Some(id), Some(beat), Some(log)) = (r.get(), r.get(), r.get()) {
+                let entry: (u64, u64, u64) = (id, beat, log);
+                if id == me.0 {
+                    continue;
+                }
+                if now_ms.saturating_sub(beat) > idle_ms {
+                    gone.push(entry);
+                } else {
+                    keep.push(entry);
+                }
+            }
+            keep.push((me.0, now_ms, me.1));
+            let mut out = Vec::with_capacity(keep.len() * 24);
+            for (id, beat, log) in keep {
+                put(&mut out, id);
+                put(&mut out, beat);
+                put(&mut out, log);
+            }
+            (Some(out), gone)
+        })?;
+        for &(id, _, log) in &gone {
+            let keys = Keys::new(id, usize::try_from(log).unwrap_or(0));
+            for k in keys.every() {
+                // Best effort: an unswept value is a stranded one, as before.
+                let _ = self.host.set_shared(k, &[], None);
+            }
+        }
+        Ok(gone.into_iter().map(|(id, _, _)| id).collect())
+    }
+
     /// Takes or renews the scraper lease; true when this VM holds it.
     pub fn try_lease(&self, me: u64, ttl_ms: u64) -> Result<bool, HostError> {
         let now = self.host.now_ms();
@@ -428,6 +549,14 @@ impl<H: Host> Store<'_, H> {
         );
         self.host.set_shared(self.keys.slot(seq), &event, None)
     }
+}
+
+/// Decodes `n` last-answered times; a blob of another length (another fleet) reads as "never".
+fn decode_served(bytes: &[u8], n: usize) -> Vec<u64> {
+    let mut r = Reader::new(bytes);
+    let all: Option<Vec<u64>> = (0..n).map(|_| r.get()).collect();
+    all.filter(|_| bytes.len() == n * 8)
+        .unwrap_or_else(|| vec![0; n])
 }
 
 #[cfg(test)]

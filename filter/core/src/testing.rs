@@ -26,6 +26,8 @@ pub struct TestExchange {
     pub status: Option<String>,
     /// Envoy's `response.code_details`.
     pub details: Option<String>,
+    /// The upstream Envoy last sent the exchange to.
+    pub upstream: Option<String>,
 }
 
 impl TestExchange {
@@ -112,6 +114,18 @@ pub struct MemoryHost {
 }
 
 impl MemoryHost {
+    /// Every shared-data key with the size of its value, sorted by key.
+    pub fn shared_sizes(&self) -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = self
+            .data
+            .borrow()
+            .iter()
+            .map(|(k, (bytes, _))| (k.clone(), bytes.len()))
+            .collect();
+        v.sort();
+        v
+    }
+
     /// The callouts dispatched since the last call.
     pub fn take_callouts(&self) -> Vec<SentCallout> {
         std::mem::take(&mut *self.callouts.borrow_mut())
@@ -206,6 +220,10 @@ impl Host for MemoryHost {
 
     fn response_details(&self) -> Option<String> {
         self.exchange.borrow().details.clone()
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        self.exchange.borrow().upstream.clone()
     }
 
     fn dispatch(&self, call: &Callout<'_>) -> Result<u32, HostError> {

@@ -12,16 +12,22 @@
 //! tick                flush stats and releases, heartbeat, take back silent VMs'
 //!                     in-flight, expire the index, re-read health; the lease
 //!                     holder dispatches the scrapes that are due
-//! on_scrape           a scrape reply (or failure) → health, shared with every VM
+//! on_scrape           a scrape reply (or failure) → health, shared with every VM;
+//!                     or, for a discovered pool, Envoy's list of its endpoints
+//!                     → the slot table ([`crate::membership`])
 //! ```
 //! A body that cannot be read (too large, compressed, not JSON, another
 //! shape) is still routed, by the load-only fallback, and proxied unchanged.
 //! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
 
 use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
+use crate::health::Outcome;
 use crate::host::{Callout, Host};
 use crate::inflight::Delta;
+use crate::load::Standing;
+use crate::membership::admin_path;
 use crate::openai::{prompt_key, Endpoint, ParseError};
+use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
 use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
@@ -62,6 +68,10 @@ pub struct Worker {
     router: Router,
     stats: Stats,
     scheduler: Scheduler,
+    /// The pending read of the pool's endpoints: token, when sent.
+    members_call: Option<(u32, u64)>,
+    /// Whether the last read of the pool's endpoints was usable (logs only changes).
+    members_ok: bool,
 }
 
 impl Worker {
@@ -69,9 +79,12 @@ impl Worker {
     /// defines its stats and sets the tick period.
     pub fn configure<H: Host>(host: &H, config: &[u8]) -> Result<Worker, ConfigError> {
         let cfg = Config::parse(config)?;
+        let fleet = match &cfg.pool {
+            Some(p) => format!("pool {} (up to {} pods)", p.cluster, p.max_backends),
+            None => format!("{} backends", cfg.backends.len()),
+        };
         log::info!(
-            "warmroute: {} backends, strategy {}, route mode {:?} ({})",
-            cfg.backends.len(),
+            "warmroute: {fleet}, strategy {}, route mode {:?} ({})",
             cfg.strategy.name(),
             cfg.route.mode,
             cfg.route.header
@@ -83,12 +96,17 @@ impl Worker {
                  this worker's in-flight counts live only as long as it routes"
             );
         }
-        let stats = Stats::define(&cfg, host);
-        let scheduler = Scheduler::new(cfg.backends.len());
+        let names: Vec<String> = (0..cfg.slot_count())
+            .map(|b| Router::slot_name(&cfg, b))
+            .collect();
+        let stats = Stats::define(&cfg, &names, host);
+        let scheduler = Scheduler::new(cfg.slot_count());
         Ok(Worker {
             router: Router::new(cfg, host),
             stats,
             scheduler,
+            members_call: None,
+            members_ok: true,
         })
     }
 
@@ -253,8 +271,10 @@ impl Worker {
             },
         );
         laps.lap(host, Phase::Route);
-        let primary = routed.decision.order.first().copied().unwrap_or(0);
-        ex.chosen = Some(primary);
+        // No pod at all (a discovered pool before its first read): no header,
+        // and Envoy's own fallback policy routes.
+        let primary = routed.decision.order.first().copied();
+        ex.chosen = primary;
         ex.held = routed.held;
         self.stats.decided(
             routed.decision.reason,
@@ -264,7 +284,9 @@ impl Worker {
             routed.log_gap,
         );
         let cfg = self.router.config();
-        if let Some((name, value)) = steering::route_header(cfg, &routed.decision.order) {
+        if let Some((name, value)) =
+            steering::route_header(cfg, self.router.fleet(), &routed.decision.order)
+        {
             if host.set_request_header(name, Some(&value)).is_err() {
                 log::warn!("warmroute: could not set {name}");
             }
@@ -272,7 +294,9 @@ impl Worker {
         laps.lap(host, Phase::Header);
         laps.done();
         if cfg.debug_header {
-            let backend = cfg.backends.get(primary).map_or("", |b| b.name.as_str());
+            let backend = primary
+                .and_then(|b| self.router.backend(b))
+                .map_or("", |b| b.name.as_str());
             // The match and the reason only on request: either tells whether anyone
             // sent this prefix lately (a cache hit is a match).
             let cache = if cfg.debug_match_counts {
@@ -321,25 +345,47 @@ impl Worker {
         // A stream reset after the headers still has a :status; Envoy's details tell the
         // truth. A response whose last byte passed this filter was not reset upstream,
         // which spares most requests that host call.
-        let reset = !ex.response_done
-            && host
-                .response_details()
-                .is_some_and(|d| d.contains("reset") || d.contains("disconnect"));
-        let status = host
-            .response_status()
-            .and_then(|v| v.parse().ok())
-            .filter(|_| !reset);
-        self.stats.finished(status);
+        let details = (!ex.response_done)
+            .then(|| host.response_details())
+            .flatten();
+        let reset = details
+            .as_deref()
+            .is_some_and(|d| d.contains("reset") || d.contains("disconnect"));
+        let status: Option<u16> = host.response_status().and_then(|v| v.parse().ok());
+        self.stats
+            .finished(status.filter(|_| !reset).map(u32::from));
         let held = std::mem::take(&mut ex.held);
         if let Err(e) = self.router.release(host, b, held) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
+        }
+        self.answered(host, Answer::of(status, details.as_deref()));
+    }
+
+    /// Envoy's own view of the pod that served (or failed) the request: the
+    /// last upstream it tried, which a retry may have moved off the chosen one.
+    fn answered<H: Host>(&mut self, host: &H, answer: Option<Answer>) {
+        let Some(answer) = answer else { return };
+        let Some(b) = host
+            .upstream_address()
+            .and_then(|a| self.router.backend_at(&a))
+        else {
+            return;
+        };
+        if self.router.answered(b, answer, host.now_ms()) {
+            self.stats.ejected();
+            let name = self.router.backend(b).map_or("", |x| x.name.as_str());
+            log::warn!(
+                "warmroute: backend {name} out of this worker's rotation after {} failed responses",
+                self.router.config().metrics.eject_after_errors
+            );
         }
     }
 
     /// The root context's tick: flushes stats; writes pending releases and this
     /// VM's heartbeat, and takes back silent VMs' in-flight shares; ages the
-    /// index, re-reads health, refreshes the gauges and, in the VM holding
-    /// the scrape lease, dispatches the scrapes that are due.
+    /// index, re-reads the slot table and health, refreshes the gauges and, in
+    /// the VM holding the lease, reads the pool's endpoints from Envoy and
+    /// dispatches the scrapes that are due.
     pub fn tick<H: Host>(&mut self, host: &H) {
         self.stats.flush(host);
         let now = host.now_ms();
@@ -348,33 +394,134 @@ impl Worker {
             self.router.inflight(host).unwrap_or_default()
         });
         self.router.expire(now);
+        match self.router.sweep_fleets(host, now) {
+            Ok(gone) => gone.iter().for_each(|id| {
+                log::info!(
+                    "warmroute: emptied the shared data of fleet {id:016x}, silent since long"
+                )
+            }),
+            Err(e) => log::debug!("warmroute: fleet registry not updated: {e:?}"),
+        }
+        if let Err(e) = self.router.publish_served(host) {
+            log::debug!("warmroute: answered-request times not shared: {e:?}");
+        }
+        match self.router.refresh_members(host) {
+            Ok(changed) => changed.into_iter().for_each(|b| self.scheduler.forget(b)),
+            Err(e) => log::debug!("warmroute: slot table not refreshed: {e:?}"),
+        }
         if let Err(e) = self.router.refresh_health(host) {
             log::debug!("warmroute: health not refreshed: {e:?}");
         }
-        let healthy: Vec<bool> = self.router.health().iter().map(|h| !h.down).collect();
-        self.stats.gauges(host, &inflight, &healthy);
-        self.scrape(host, now);
+        let in_rotation: Vec<bool> = self
+            .router
+            .standing(now)
+            .into_iter()
+            .map(|s| s == Standing::In)
+            .collect();
+        self.stats.gauges(host, &inflight, &in_rotation);
+        let cfg = self.router.config();
+        if !cfg.metrics.enabled && cfg.pool.is_none() {
+            return;
+        }
+        let vm = self.router.vm_id();
+        if !self
+            .router
+            .store(host)
+            .try_lease(vm, 3 * cfg.metrics.period_ms)
+            .unwrap_or(false)
+        {
+            self.scheduler.reset();
+            self.members_call = None;
+            return;
+        }
+        self.read_members(host, now);
+        if self.router.config().metrics.enabled {
+            self.scrape(host, now);
+        }
     }
 
-    /// Takes or renews the scrape lease and dispatches what is due.
+    /// Asks Envoy for the pool's endpoints, unless a read is under way.
+    fn read_members<H: Host>(&mut self, host: &H, now: u64) {
+        let cfg = self.router.config();
+        let Some(pool) = &cfg.pool else { return };
+        let lost_after = cfg.metrics.timeout_ms + cfg.metrics.period_ms;
+        if self
+            .members_call
+            .is_some_and(|(_, since)| now.saturating_sub(since) <= lost_after)
+        {
+            return;
+        }
+        let path = admin_path(&pool.cluster);
+        let call = Callout {
+            cluster: &pool.admin_cluster,
+            headers: vec![
+                (":method", "GET"),
+                (":path", &path),
+                (":authority", "envoy-admin"),
+            ],
+            timeout_ms: cfg.metrics.timeout_ms,
+        };
+        self.members_call = match host.dispatch(&call) {
+            Ok(token) => Some((token, now)),
+            Err(e) => {
+                self.members_failed(format_args!("not dispatched: {e:?}"));
+                None
+            }
+        };
+    }
+
+    /// Envoy's answer to [`Worker::read_members`].
+    fn on_members<H: Host>(&mut self, host: &H, num_headers: usize, body_size: usize) {
+        let status = (num_headers > 0).then(|| host.callout_status()).flatten();
+        if status.as_deref() != Some("200") {
+            let status = status.unwrap_or_else(|| "none".into());
+            return self.members_failed(format_args!("admin status {status}"));
+        }
+        let body = host.callout_body(body_size).unwrap_or_default();
+        match self.router.members_reply(host, &body, host.now_ms()) {
+            Ok(Ok(changes)) => {
+                self.members_ok = true;
+                for (b, address) in &changes.left {
+                    log::info!("warmroute: pod {address} left the pool (slot pod-{b})");
+                    self.scheduler.forget(*b);
+                }
+                for (b, address) in &changes.joined {
+                    log::info!("warmroute: pod {address} joined the pool as slot pod-{b}");
+                    self.scheduler.forget(*b);
+                }
+                if changes.unplaced > 0 {
+                    log::warn!(
+                        "warmroute: {} pods left out: all {} slots are taken (pool.max_backends)",
+                        changes.unplaced,
+                        self.router.slot_count()
+                    );
+                }
+            }
+            Ok(Err(e)) => self.members_failed(format_args!("unusable admin reply: {e:?}")),
+            Err(e) => self.members_failed(format_args!("slot table not written: {e:?}")),
+        }
+    }
+
+    /// A read of the pool's endpoints failed: members stay as they were.
+    fn members_failed(&mut self, why: std::fmt::Arguments<'_>) {
+        if std::mem::take(&mut self.members_ok) {
+            log::warn!("warmroute: pool endpoints not read ({why}); keeping the last members");
+        } else {
+            log::debug!("warmroute: pool endpoints not read ({why})");
+        }
+    }
+
+    /// Dispatches the scrapes that are due (this VM holds the lease).
     fn scrape<H: Host>(&mut self, host: &H, now: u64) {
         let m = &self.router.config().metrics;
-        if !m.enabled {
-            return;
-        }
-        let (ttl, lost_after) = (3 * m.period_ms, m.timeout_ms + m.period_ms);
-        let vm = self.router.vm_id();
-        if !self.router.store(host).try_lease(vm, ttl).unwrap_or(false) {
-            self.scheduler.reset();
-            return;
-        }
+        let lost_after = m.timeout_ms + m.period_ms;
         let due = self.scheduler.due(now, lost_after);
         for b in due.lost {
-            self.scrape_failed(host, b, now);
+            self.scraped(host, b, Outcome::Slow, now);
         }
         for b in due.scrape {
             let cfg = self.router.config();
-            let Some(backend) = cfg.backends.get(b) else {
+            let Some(backend) = self.router.backend(b) else {
                 continue;
             };
             let call = Callout {
@@ -394,15 +541,10 @@ impl Worker {
                         "warmroute: scrape of {} not dispatched: {e:?}",
                         backend.name
                     );
-                    self.scrape_failed(host, b, now);
+                    self.scraped(host, b, Outcome::Failed, now);
                 }
             }
         }
-    }
-
-    fn scrape_failed<H: Host>(&mut self, host: &H, backend: usize, now: u64) {
-        let _ = self.router.record_scrape(host, backend, None, now);
-        self.stats.scraped(false);
     }
 
     /// A callout reply (`num_headers == 0`: Envoy failed or timed it out).
@@ -413,38 +555,51 @@ impl Worker {
         num_headers: usize,
         body_size: usize,
     ) {
-        let Some(b) = self.scheduler.completed(token) else {
+        if self.members_call.is_some_and(|(t, _)| t == token) {
+            self.members_call = None;
+            return self.on_members(host, num_headers, body_size);
+        }
+        let Some((b, sent_ms)) = self.scheduler.completed(token) else {
             return;
         };
+        let now = host.now_ms();
         let status = (num_headers > 0).then(|| host.callout_status()).flatten();
         let cfg = &self.router.config().metrics;
-        let scrape = match status.as_deref() {
-            Some("200") => host.callout_body(body_size).map(|body| {
-                extract(
-                    &String::from_utf8_lossy(&body),
-                    &cfg.names,
-                    cfg.model_name.as_deref(),
-                )
-            }),
-            _ => None,
+        let outcome = match status.as_deref() {
+            Some("200") => host
+                .callout_body(body_size)
+                .map_or(Outcome::Failed, |body| {
+                    let mut sc = extract(
+                        &String::from_utf8_lossy(&body),
+                        &cfg.names,
+                        cfg.model_name.as_deref(),
+                    );
+                    // What the scrape counts of this gateway's own traffic (see `load`).
+                    let inflight = self.router.inflight(host).unwrap_or_default();
+                    sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
+                    Outcome::Answered(sc)
+                }),
+            // Envoy answers a callout past its timeout with its own 504 (or, on some
+            // paths, no headers at all); either one that lasted the whole timeout (less
+            // a tenth, for the clock's granularity) timed out.
+            Some("504") | None
+                if now.saturating_sub(sent_ms) >= cfg.timeout_ms - cfg.timeout_ms / 10 =>
+            {
+                Outcome::Slow
+            }
+            _ => Outcome::Failed,
         };
-        self.stats.scraped(scrape.is_some());
-        // What the scrape counts of this gateway's own traffic (see `load`).
-        let scrape = scrape.map(|mut sc| {
-            let inflight = self.router.inflight(host).unwrap_or_default();
-            sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
-            sc
-        });
-        let now = host.now_ms();
+        self.scraped(host, b, outcome, now);
+    }
+
+    /// Records a scrape's outcome: stats, shared health, and a log line when
+    /// the backend leaves or rejoins the rotation.
+    fn scraped<H: Host>(&mut self, host: &H, b: usize, outcome: Outcome, now: u64) {
+        self.stats.scraped(&outcome);
         // This VM holds the scrape lease, so its own view is the last health written.
         let was_down = self.router.health().get(b).map(|x| x.down);
-        let result = self.router.record_scrape(host, b, scrape, now);
-        let name = self
-            .router
-            .config()
-            .backends
-            .get(b)
-            .map_or("", |x| x.name.as_str());
+        let result = self.router.record_scrape(host, b, outcome, now);
+        let name = self.router.backend(b).map_or("", |x| x.name.as_str());
         match result {
             Ok(h) if h.down && was_down == Some(false) => {
                 log::warn!(
@@ -453,7 +608,10 @@ impl Worker {
                 )
             }
             Ok(h) if !h.down && was_down == Some(true) => {
-                log::info!("warmroute: backend {name} back in rotation")
+                log::info!(
+                    "warmroute: backend {name} back in rotation after {} good scrapes",
+                    h.successes
+                )
             }
             Ok(_) => {}
             Err(e) => log::debug!("warmroute: health update for {name} lost: {e:?}"),
@@ -473,6 +631,7 @@ impl Worker {
 mod tests {
     use super::*;
     use crate::testing::{MemoryHost, Reply, SentCallout, TestExchange};
+    use std::collections::BTreeSet;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -688,14 +847,112 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             assert_ne!(routed_to(&host).as_deref(), Some("127.0.0.1:2"));
             w.on_log(&host, &mut ex);
         }
-        // One good scrape brings it back, and the gauge says so at the next tick.
-        host.now.set(1500);
-        w.tick(&host);
-        answer(&mut w, &host, |_| ok(METRICS));
-        assert!(w.router.health().iter().all(|h| !h.down));
+        // Two good scrapes in a row bring it back (one could be a flap), and the
+        // gauge says so at the next tick.
+        for t in 3..=4 {
+            host.now.set(t * 500);
+            w.tick(&host);
+            answer(&mut w, &host, |_| ok(METRICS));
+            assert_eq!(w.router.health()[1].down, t == 3);
+        }
         w.tick(&host);
         assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(1));
         assert_eq!(host.metric("warmroute.scrape.failed"), Some(2));
+    }
+
+    /// Ends `ex` as Envoy would report it: `upstream` answered `status`.
+    fn end(w: &mut Worker, host: &MemoryHost, ex: &mut Exchange, upstream: &str, status: &str) {
+        {
+            let mut e = host.exchange.borrow_mut();
+            e.upstream = Some(upstream.into());
+            e.status = Some(status.into());
+            e.details = Some(if status.starts_with('5') {
+                "upstream_reset_before_response_started{remote_connection_failure}".into()
+            } else {
+                "via_upstream".into()
+            });
+        }
+        w.on_log(host, ex);
+    }
+
+    #[test]
+    fn a_slow_metrics_endpoint_does_not_eject_a_pod_that_serves() {
+        for serving in [true, false] {
+            let host = MemoryHost::default();
+            // The scraper holds the lease and routes nothing (as Envoy's main-thread
+            // VM); another worker sees the pod answer and says so at its tick.
+            let mut w = worker(&host);
+            let mut other = worker(&host);
+            for t in 1..=4u64 {
+                host.now.set(t * 500);
+                w.tick(&host);
+                let sent = host.take_callouts();
+                if serving {
+                    let mut ex = send(&mut other, &host, &chat_headers(), &chat_body("q"));
+                    end(&mut other, &host, &mut ex, "127.0.0.1:2", "200");
+                }
+                other.tick(&host);
+                assert!(host.take_callouts().is_empty());
+                // b's /metrics times out (Envoy fails the callout after timeout_ms).
+                host.now.set(t * 500 + 400);
+                deliver(&mut w, &host, &sent, |dest| {
+                    if dest == "127.0.0.1:2" {
+                        Reply::default()
+                    } else {
+                        ok(METRICS)
+                    }
+                });
+            }
+            assert_eq!(w.router.health()[1].down, !serving, "serving={serving}");
+            w.tick(&host);
+            assert_eq!(host.metric("warmroute.scrape.slow"), Some(4));
+        }
+    }
+
+    #[test]
+    fn a_pod_failing_its_requests_leaves_this_workers_rotation_for_a_while() {
+        let host = MemoryHost::default();
+        host.now.set(1000);
+        let mut w = worker(&host);
+        let mut to_b = 0;
+        // Whatever the filter chose, Envoy's last upstream is the one to blame: a
+        // request retried from b to c and served there counts for c.
+        for i in 0..3 {
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("r{i}")));
+            end(&mut w, &host, &mut ex, "127.0.0.1:3", "200");
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("f{i}")));
+            end(&mut w, &host, &mut ex, "127.0.0.1:2", "503");
+            to_b += usize::from(i == 2);
+        }
+        assert_eq!(to_b, 1);
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.ejections"), Some(1));
+        assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(0));
+        let routed = |w: &mut Worker, n: usize| {
+            (0..n)
+                .filter(|i| {
+                    let mut ex = send(w, &host, &chat_headers(), &chat_body(&format!("x{i}")));
+                    let to = routed_to(&host);
+                    end(w, &host, &mut ex, "127.0.0.1:1", "200");
+                    to.is_some_and(|d| d.starts_with("127.0.0.1:2"))
+                })
+                .count()
+        };
+        assert_eq!(routed(&mut w, 12), 0);
+        // The ejection lasts stale_after_ms; then real traffic probes the pod again.
+        host.now.set(1000 + w.config().metrics.stale_after_ms);
+        assert!(routed(&mut w, 12) > 0);
+        // A client that went away is nobody's fault.
+        for i in 0..3 {
+            let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("g{i}")));
+            let mut e = host.exchange.borrow_mut();
+            e.upstream = Some("127.0.0.1:3".into());
+            e.details = Some("downstream_remote_disconnect".into());
+            e.status = Some("503".into());
+            drop(e);
+            w.on_log(&host, &mut ex);
+        }
+        assert_eq!(w.router.standing(host.now.get())[2], Standing::In);
     }
 
     #[test]
@@ -838,5 +1095,213 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             Err(e) => e,
         };
         assert_eq!(e.field, "backends[0].address");
+    }
+
+    const POOL: &str = r#"{"pool":{"cluster":"pool","admin_cluster":"envoy-admin","max_backends":4},
+        "metrics":{"period_ms":500,"timeout_ms":400}}"#;
+
+    /// Envoy's admin answer listing `pods` (all healthy) for cluster `pool`.
+    fn endpoints(pods: &[&str]) -> Reply {
+        let hosts: Vec<String> = pods
+            .iter()
+            .map(|a| {
+                let (ip, port) = a.rsplit_once(':').unwrap();
+                format!(r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":{port}}}}},"health_status":{{"eds_health_status":"HEALTHY"}}}}"#)
+            })
+            .collect();
+        ok(&format!(
+            r#"{{"cluster_statuses":[{{"name":"pool","host_statuses":[{}]}}]}}"#,
+            hosts.join(",")
+        ))
+    }
+
+    /// One tick of `w` at `now`, Envoy listing `pods`; every scrape answers.
+    fn pool_tick(w: &mut Worker, host: &MemoryHost, now: u64, pods: &[&str]) {
+        host.now.set(now);
+        w.tick(host);
+        let sent = host.take_callouts();
+        for c in &sent {
+            let r = if c.cluster == "envoy-admin" {
+                assert_eq!(
+                    c.header(":path"),
+                    Some("/clusters?format=json&filter=%5Epool%24")
+                );
+                endpoints(pods)
+            } else {
+                ok(METRICS)
+            };
+            let (headers, size) = (usize::from(r.status.is_some()), r.body.len());
+            *host.reply.borrow_mut() = r;
+            w.on_scrape(host, c.token, headers, size);
+        }
+    }
+
+    /// Where `n` fresh prompts go (the primary's address), ended at once.
+    fn spread(w: &mut Worker, host: &MemoryHost, tag: &str, n: usize) -> BTreeSet<String> {
+        (0..n)
+            .filter_map(|i| {
+                let mut ex = send(w, host, &chat_headers(), &chat_body(&format!("{tag}{i}")));
+                let to = routed_to(host).map(|d| d.split(',').next().unwrap_or("").to_string());
+                w.on_log(host, &mut ex);
+                to
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_discovered_pool_follows_envoys_endpoints() {
+        let host = MemoryHost::default();
+        let mut a = Worker::configure(&host, POOL.as_bytes()).unwrap();
+        let mut b = Worker::configure(&host, POOL.as_bytes()).unwrap();
+        // Before the first read there is no pod: no header, Envoy's fallback routes.
+        assert!(spread(&mut b, &host, "none", 3).is_empty());
+        pool_tick(
+            &mut a,
+            &host,
+            500,
+            &["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"],
+        );
+        let all: BTreeSet<String> = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+            .map(String::from)
+            .into();
+        assert_eq!(spread(&mut a, &host, "x", 30), all);
+        // Another VM sees the pool at its own tick.
+        pool_tick(&mut b, &host, 510, &[]);
+        assert_eq!(spread(&mut b, &host, "y", 30), all);
+        // A warm prefix on the pod that stays keeps its pod; .2 leaves.
+        let warm = chat_body("warm");
+        let mut ex = send(&mut a, &host, &chat_headers(), &warm);
+        let home = routed_to(&host).unwrap();
+        a.on_log(&host, &mut ex);
+        let gone = if home.starts_with("10.0.0.2") {
+            "10.0.0.1:8000"
+        } else {
+            "10.0.0.2:8000"
+        };
+        let stay: Vec<&str> = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+            .into_iter()
+            .filter(|p| *p != gone)
+            .collect();
+        pool_tick(&mut a, &host, 1000, &stay);
+        pool_tick(&mut b, &host, 1010, &[]);
+        for w in [&mut a, &mut b] {
+            assert!(!spread(w, &host, "z", 30).contains(gone));
+        }
+        let mut ex = send(&mut b, &host, &chat_headers(), &warm);
+        assert_eq!(
+            routed_to(&host).unwrap()[..13],
+            home[..13],
+            "the pod that stayed keeps its prefix"
+        );
+        b.on_log(&host, &mut ex);
+        // A new pod takes a free slot and gets traffic; the slot of the pod that
+        // left is the last one reused.
+        let mut joined = stay.clone();
+        joined.push("10.0.0.4:8000");
+        pool_tick(&mut a, &host, 1500, &joined);
+        assert!(spread(&mut a, &host, "n", 40).contains("10.0.0.4:8000"));
+        assert_eq!(
+            a.router.backend(3).map(|b| b.address.as_str()),
+            Some("10.0.0.4:8000")
+        );
+        // An unusable answer (an Envoy that ignores `filter`) changes nothing.
+        host.now.set(2000);
+        a.tick(&host);
+        for c in host.take_callouts() {
+            let r = if c.cluster == "envoy-admin" {
+                ok(r#"{"cluster_statuses":[{"name":"pool"},{"name":"other"}]}"#)
+            } else {
+                ok(METRICS)
+            };
+            let (headers, size) = (usize::from(r.status.is_some()), r.body.len());
+            *host.reply.borrow_mut() = r;
+            a.on_scrape(&host, c.token, headers, size);
+        }
+        assert!(spread(&mut a, &host, "k", 40).contains("10.0.0.4:8000"));
+        // The pool emptied: nothing to route to, and no slot keeps a pod.
+        pool_tick(&mut a, &host, 2500, &[]);
+        assert!(spread(&mut a, &host, "e", 5).is_empty());
+        assert!(a.router.fleet().iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn a_pod_back_on_a_new_address_starts_cold() {
+        let host = MemoryHost::default();
+        // One slot, so the new address must reuse the old one's.
+        let one = POOL.replace(r#""max_backends":4"#, r#""max_backends":1"#);
+        let mut w = Worker::configure(&host, one.as_bytes()).unwrap();
+        pool_tick(&mut w, &host, 500, &["10.0.0.1:8000"]);
+        let warm = chat_body("warm");
+        for _ in 0..2 {
+            let mut ex = send(&mut w, &host, &chat_headers(), &warm);
+            w.on_log(&host, &mut ex);
+        }
+        w.tick(&host);
+        let hits = host.metric("warmroute.matched_blocks").unwrap_or(0);
+        assert!(hits > 0);
+        // The pod moves: its slot's cache picture goes with the old address.
+        pool_tick(&mut w, &host, 1000, &[]);
+        pool_tick(&mut w, &host, 1500, &["10.0.0.9:8000"]);
+        let mut ex = send(&mut w, &host, &chat_headers(), &warm);
+        assert_eq!(routed_to(&host).as_deref(), Some("10.0.0.9:8000"));
+        w.on_log(&host, &mut ex);
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.matched_blocks"), Some(hits));
+    }
+
+    #[test]
+    fn a_fleet_gone_silent_leaves_no_shared_data_behind() {
+        let host = MemoryHost::default();
+        host.now.set(1000);
+        let mut old = worker(&host);
+        for i in 0..5 {
+            let mut ex = send(
+                &mut old,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("o{i}")),
+            );
+            old.on_log(&host, &mut ex);
+        }
+        old.tick(&host);
+        let fleet_keys = |host: &MemoryHost| -> Vec<(String, usize)> {
+            host.shared_sizes()
+                .into_iter()
+                .filter(|(k, _)| k != crate::store::FLEETS_KEY)
+                .collect()
+        };
+        let old_keys = fleet_keys(&host);
+        assert!(old_keys.iter().any(|(_, n)| *n > 0));
+        // Reconfigured to another backend list: the old VMs are gone.
+        let other = CONFIG.replace("127.0.0.1:3", "127.0.0.1:4");
+        let mut new = Worker::configure(&host, other.as_bytes()).unwrap();
+        for i in 0..5 {
+            let mut ex = send(
+                &mut new,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("n{i}")),
+            );
+            new.on_log(&host, &mut ex);
+        }
+        new.tick(&host);
+        let kept = |host: &MemoryHost| -> usize {
+            fleet_keys(host)
+                .iter()
+                .filter(|(k, _)| old_keys.iter().any(|(o, _)| o == k))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        assert!(kept(&host) > 0, "swept while still fresh");
+        host.now.set(1000 + crate::store::FLEET_IDLE_MS + 1);
+        new.tick(&host);
+        assert_eq!(kept(&host), 0, "{:?}", fleet_keys(&host));
+        // The fleet in use keeps its values.
+        let mut ex = send(&mut new, &host, &chat_headers(), &chat_body("after"));
+        assert!(routed_to(&host).is_some());
+        new.on_log(&host, &mut ex);
+        assert!(fleet_keys(&host)
+            .iter()
+            .any(|(k, n)| *n > 0 && !old_keys.iter().any(|(o, _)| o == k)));
     }
 }

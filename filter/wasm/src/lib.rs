@@ -36,6 +36,12 @@ fn clock() -> Option<Duration> {
         .ok()
 }
 
+/// A string property of the current exchange (an absent one, or a failed read, is `None`).
+fn property(path: &[&str]) -> Option<String> {
+    let v = hostcalls::get_property(path.to_vec()).ok().flatten()?;
+    Some(String::from_utf8_lossy(&v).into_owned())
+}
+
 impl Host for Proxy {
     fn now_ms(&self) -> u64 {
         clock().map_or(0, |d| d.as_millis() as u64)
@@ -78,10 +84,11 @@ impl Host for Proxy {
     }
 
     fn response_details(&self) -> Option<String> {
-        let d = hostcalls::get_property(vec!["response", "code_details"])
-            .ok()
-            .flatten()?;
-        Some(String::from_utf8_lossy(&d).into_owned())
+        property(&["response", "code_details"])
+    }
+
+    fn upstream_address(&self) -> Option<String> {
+        property(&["upstream", "address"])
     }
 
     fn dispatch(&self, call: &Callout<'_>) -> Result<u32, HostError> {

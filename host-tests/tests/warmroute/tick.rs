@@ -222,10 +222,18 @@ fn down_then_up(fail: impl Fn() -> Option<HttpCallReply>) {
         "no log about vllm-1 going down:\n{}",
         h.log_text()
     );
-    // One good scrape brings it back.
-    h.advance(50).unwrap();
-    for c in h.pending_http_calls() {
-        h.respond(c.token, healthy(scrape_target(&c))).unwrap();
+    // Two good scrapes in a row bring it back (healthy_after=2); one is not enough.
+    for round in 0..2 {
+        h.advance(if round == 0 { 50 } else { 500 }).unwrap();
+        for c in h.pending_http_calls() {
+            h.respond(c.token, healthy(scrape_target(&c))).unwrap();
+        }
+        if round == 0 {
+            assert!(
+                !backends_used(&vm, 30, 250).contains_key(&1),
+                "one good scrape must not yet bring the backend back (healthy_after=2)"
+            );
+        }
     }
     let used = backends_used(&vm, 30, 300);
     assert!(
@@ -233,21 +241,24 @@ fn down_then_up(fail: impl Fn() -> Option<HttpCallReply>) {
         "vllm-1 answered a good scrape but gets no traffic: {used:?}\n{}",
         h.log_text()
     );
-    assert!(h.metric_value("warmroute.scrape.failed").unwrap_or(0) >= 2);
+    // A timed-out scrape is counted as slow, the others as failed.
+    let bad = ["warmroute.scrape.failed", "warmroute.scrape.slow"]
+        .map(|m| h.metric_value(m).unwrap_or(0));
+    assert!(bad.iter().sum::<i64>() >= 2, "{bad:?}");
 }
 
 #[test]
-fn reset_scrapes_mark_a_backend_down_and_a_good_one_brings_it_back() {
+fn reset_scrapes_mark_a_backend_down_and_two_good_ones_bring_it_back() {
     down_then_up(|| Some(HttpCallReply::Reset));
 }
 
 #[test]
-fn timed_out_scrapes_mark_a_backend_down_and_a_good_one_brings_it_back() {
+fn timed_out_scrapes_mark_a_backend_down_and_two_good_ones_bring_it_back() {
     down_then_up(|| None);
 }
 
 #[test]
-fn error_status_scrapes_mark_a_backend_down_and_a_good_one_brings_it_back() {
+fn error_status_scrapes_mark_a_backend_down_and_two_good_ones_bring_it_back() {
     down_then_up(|| Some(HttpCallReply::status(503, "upstream connect error")));
 }
 
