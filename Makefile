@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench fuzz clean
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench soak fuzz clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -64,6 +64,9 @@ e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 
 bench: build ## Routing quality and filter cost (minutes; not part of `make test`)
 	cd bench && ../$(PY) run.py
+
+soak: build ## 200k requests at saturation, a pod killed twice, a filter reload midway: no loss, flat memory (~1 min; not part of `make test`)
+	cd e2e && ../$(PY) soak.py
 
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := prompt_key metrics shared_records config

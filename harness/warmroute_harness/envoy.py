@@ -25,7 +25,8 @@ from .sim import Sim
 def spawn_envoy(cfg: dict, name: str, logdir: Path, admin_port: int, concurrency: int,
                 level: str = "info", extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """Starts Envoy on `cfg` (written to logdir/<name>.yaml, log in <name>.log) and waits until
-    its admin port says ready. `--base-id` is the admin port, so several Envoys coexist."""
+    its admin port says ready. `--base-id` is the admin port, so several Envoys coexist;
+    `extra_args` are more command-line flags (e.g. `--drain-time-s`)."""
     path = logdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     log = open(logdir / f"{name}.log", "wb")

@@ -99,6 +99,8 @@ pub struct Report {
     pub skipped: usize,
     /// Wall time of the run.
     pub runtime_s: f64,
+    /// Unix time the run started, ms: records' `start_ms` count from it.
+    pub started_unix_ms: f64,
     /// Successful requests per second.
     pub throughput_rps: f64,
     /// Fleet prefix-cache hit rate from backend metrics: ΣΔhits / ΣΔqueries.
@@ -190,6 +192,7 @@ impl Report {
             aborted,
             skipped: run.skipped,
             runtime_s,
+            started_unix_ms: run.started_unix_ms,
             throughput_rps: if runtime_s > 0.0 {
                 ok.len() as f64 / runtime_s
             } else {
@@ -344,6 +347,7 @@ mod tests {
             ],
             skipped: 2,
             runtime: Duration::from_secs(2),
+            started_unix_ms: 1.0e12,
         };
         let r = Report::build("agent", "http://t", true, &run, vec![], 0.5);
         assert_eq!(
@@ -371,6 +375,7 @@ mod tests {
             assert!(j.get(k).is_some(), "{k}");
         }
         assert!(j["ttft_ms"]["p99"].is_number());
+        assert_eq!(j["started_unix_ms"], 1.0e12);
         assert!(r.human().contains("served by"));
         assert!(process_cpu_seconds() > 0.0);
     }

@@ -32,7 +32,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -154,6 +154,8 @@ pub struct RunResult {
     pub skipped: usize,
     /// Wall time from start to the last request's end.
     pub runtime: Duration,
+    /// Unix time of the start, ms: places `start_ms` against events outside the client.
+    pub started_unix_ms: f64,
 }
 
 #[derive(Deserialize)]
@@ -280,6 +282,9 @@ pub async fn run_with_client(
     client: HttpClient,
 ) -> Result<RunResult> {
     let start = Instant::now();
+    let started_unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     let shared = Arc::new(Shared {
         client,
         uris: std::iter::once(&cfg.target)
@@ -314,6 +319,7 @@ pub async fn run_with_client(
         records,
         skipped,
         runtime: start.elapsed(),
+        started_unix_ms,
     })
 }
 
