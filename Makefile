@@ -56,8 +56,8 @@ validate: validate-envoy validate-deploy ## Every Envoy config, Istio manifest a
 validate-envoy: wasm
 	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
 
-validate-deploy: ## Istio/Kubernetes manifests against published schemas, compose file, generated files
-	deploy/validate.sh
+validate-deploy: setup ## Istio/Kubernetes manifests against published schemas, their Envoy patches through Envoy, compose file, generated files
+	ENVOY=$(ENVOY) deploy/validate.sh
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider

@@ -7,10 +7,18 @@
 //  - so is every Wasm filter `configuration` of the standalone Envoy configs named after
 //    ISTIO_DIR (envoy.yaml, envoy/*.yaml);
 //  - max_body_bytes fits the Envoy buffers it runs under (--buffer-limits): in the standalone
-//    configs the listener's and each virtual host's/route's limits, in a generated EnvoyFilter
-//    its VIRTUAL_HOST/LISTENER patches over Envoy's 1 MiB default (Istio sets no listener limit);
-//  - header mode: each backend name has a DestinationRule subset and a VirtualService header
-//    match routing to it (a missing one is a 503 "no healthy upstream" in production).
+//    configs the listener's and each virtual host's/route's limits, on Istio the VIRTUAL_HOST/
+//    LISTENER patches of the EnvoyFilters selecting the workload the filter runs in, over
+//    Envoy's 1 MiB default (Istio sets no listener limit);
+//  - every EnvoyFilter selects a workload warmroute runs in (the ingress gateway, a client
+//    sidecar) and patches only that workload's context, and each such workload gets the strict
+//    scrape cluster metrics.cluster names (EDS from istiod under the vLLM Service's outbound
+//    cluster name, override_host with a fallback that picks no host), the strip of client
+//    routing headers and, in endpoint mode, the override_host policy on the vLLM cluster;
+//  - no VirtualService binds both a Gateway and `mesh`, and one bound to `mesh` is exported only
+//    to namespaces whose sidecars run warmroute;
+//  - header mode: each backend name has a DestinationRule subset and, in every VirtualService,
+//    a header match routing to it (a missing one is a 503 "no healthy upstream" in production).
 //
 //   WARMROUTE_CHECK_CONFIG=path/to/warmroute-check-config node check-warmroute.mjs ISTIO_DIR [ENVOY_YAML...]
 import { spawnSync } from "node:child_process";
@@ -36,6 +44,25 @@ const yamls = (d) => fs.readdirSync(d).filter((f) => f.endsWith(".yaml")).map((f
 const gen = path.join(dir, "generated");
 const all = [...yamls(dir), ...yamls(gen)].flatMap((f) => load(f).map((o) => ({ f, o })));
 const ref = JSON.parse(fs.readFileSync(path.join(gen, "pluginconfig.json"), "utf8"));
+const ENDPOINT_HEADER = "x-gateway-destination-endpoint";
+const BACKEND_HEADER = "x-warmroute-backend";
+
+// A workload is what an EnvoyFilter's workloadSelector or a WasmPlugin's selector picks in its
+// namespace; objects with equal keys patch the same proxies.
+const labelsKey = (labels) => JSON.stringify(Object.entries(labels ?? {}).sort());
+const workloadOf = (o) => {
+  const labels = o.kind === "WasmPlugin" ? o.spec?.selector?.matchLabels : o.spec?.workloadSelector?.labels;
+  return `${o.metadata?.namespace ?? "default"} ${labelsKey(labels)}`;
+};
+const envoyFilters = all.filter(({ o }) => o.kind === "EnvoyFilter");
+const patchesOf = (key) => envoyFilters.filter(({ o }) => workloadOf(o) === key)
+  .flatMap(({ f, o }) => (o.spec?.configPatches ?? []).map((p) => ({ f, p })));
+// Istio's gateways are the proxies a Gateway selects; any other workload is a sidecar.
+const gatewaySelectors = new Set(all.filter(({ o }) => o.kind === "Gateway").map(({ o }) => labelsKey(o.spec?.selector)));
+const contextFor = (o) => {
+  const labels = o.kind === "WasmPlugin" ? o.spec?.selector?.matchLabels : o.spec?.workloadSelector?.labels;
+  return gatewaySelectors.has(labelsKey(labels)) ? "GATEWAY" : "SIDECAR_OUTBOUND";
+};
 
 // ---- the filter's own verdict: each config as Envoy hands it over (JSON text)
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "warmroute-config-"));
@@ -66,23 +93,29 @@ function bodyLimit(vhosts, listener) {
   return least;
 }
 
+// [body, listener] buffer limits of the proxies o's filter runs in: the VIRTUAL_HOST and
+// LISTENER patches of every EnvoyFilter selecting that workload, over Envoy's defaults.
+function workloadBuffers(o) {
+  const patches = patchesOf(workloadOf(o)).map(({ p }) => p);
+  const listener = Number(patches.find((q) => q.applyTo === "LISTENER")?.patch?.value?.per_connection_buffer_limit_bytes
+    ?? ENVOY_DEFAULT_BUFFER);
+  const vhosts = patches.filter((q) => q.applyTo === "VIRTUAL_HOST").map((q) => q.patch?.value ?? {});
+  return [bodyLimit(vhosts.length ? vhosts : [{}], listener), listener];
+}
+
 // ---- every embedded copy equals the generated one
 for (const { f, o } of all) {
   const rel = path.relative(dir, f);
   if (o.kind === "WasmPlugin") {
     if (isDeepStrictEqual(o.spec?.pluginConfig, ref)) ok(`${rel}: pluginConfig == generated/pluginconfig.json`);
     else fail(`${rel}: spec.pluginConfig differs from generated/pluginconfig.json (re-run generate.py and copy it)`);
-    contract(o.spec?.pluginConfig ?? {}, `${rel} pluginConfig`);
+    contract(o.spec?.pluginConfig ?? {}, `${rel} pluginConfig`, workloadBuffers(o));
   }
   if (o.kind === "EnvoyFilter") {
     for (const p of o.spec?.configPatches ?? []) {
       const cfg = p.patch?.value?.typed_config?.config;
       if (p.applyTo !== "EXTENSION_CONFIG" || !cfg) continue;
-      const patches = o.spec.configPatches ?? [];
-      const listener = Number(patches.find((q) => q.applyTo === "LISTENER")?.patch?.value?.per_connection_buffer_limit_bytes
-        ?? ENVOY_DEFAULT_BUFFER);
-      const vhosts = patches.filter((q) => q.applyTo === "VIRTUAL_HOST").map((q) => q.patch?.value ?? {});
-      contract(cfg.configuration?.value ?? "", `${rel} configuration`, [bodyLimit(vhosts.length ? vhosts : [{}], listener), listener]);
+      contract(cfg.configuration?.value ?? "", `${rel} configuration`, workloadBuffers(o));
       let embedded;
       try { embedded = JSON.parse(cfg.configuration?.value ?? "null"); } catch (e) { fail(`${rel}: configuration.value is not JSON: ${e.message}`); continue; }
       if (isDeepStrictEqual(embedded, ref)) ok(`${rel}: embedded configuration == generated/pluginconfig.json`);
@@ -109,14 +142,21 @@ for (const { f, o } of all) {
   }
 }
 
-// ---- header mode: backend <-> subset <-> route
-if ((ref.route?.mode ?? "endpoint") === "header") {
-  const header = ref.route.header ?? "x-warmroute-backend";
-  const dr = all.find(({ o }) => o.kind === "DestinationRule")?.o;
-  const vs = all.find(({ o }) => o.kind === "VirtualService")?.o;
-  if (!dr || !vs) fail("header mode needs a DestinationRule and a VirtualService under generated/");
-  else {
-    const subsets = new Set((dr.spec.subsets ?? []).map((s) => s.name));
+// ---- the vLLM Service: the DestinationRule's host, the port of the VirtualServices' routes
+const dr = all.find(({ o }) => o.kind === "DestinationRule")?.o;
+const vss = all.filter(({ o }) => o.kind === "VirtualService");
+const vllmHost = dr?.spec?.host;
+const vllmPort = vss.flatMap(({ o }) => o.spec?.http ?? []).flatMap((r) => r.route ?? [])
+  .map((d) => d.destination).find((d) => d?.host === vllmHost)?.port?.number;
+if (!vllmHost || !vllmPort) fail("generated/ needs a DestinationRule and a VirtualService routing to its host and port");
+const vllmCluster = `outbound|${vllmPort}||${vllmHost}`;
+
+// ---- header mode: backend <-> subset <-> route, in every VirtualService
+if ((ref.route?.mode ?? "endpoint") === "header" && dr) {
+  const header = ref.route.header ?? BACKEND_HEADER;
+  const subsets = new Set((dr.spec.subsets ?? []).map((s) => s.name));
+  for (const { f, o: vs } of vss) {
+    const where = `${path.relative(dir, f)} ${vs.metadata?.name}`;
     const routes = new Map();
     for (const r of vs.spec.http ?? []) {
       for (const m of r.match ?? []) {
@@ -127,16 +167,116 @@ if ((ref.route?.mode ?? "endpoint") === "header") {
     for (const b of ref.backends) {
       const d = routes.get(b.name);
       if (!subsets.has(b.name)) fail(`backend ${b.name}: no DestinationRule subset of that name`);
-      else if (!d) fail(`backend ${b.name}: no VirtualService route matching ${header}: exact ${b.name}`);
-      else if (d.subset !== b.name || d.host !== dr.spec.host) fail(`backend ${b.name}: route goes to ${d.host}/${d.subset}`);
-      else ok(`backend ${b.name}: ${header} -> ${d.host} subset ${d.subset}`);
+      else if (!d) fail(`${where}: backend ${b.name}: no route matching ${header}: exact ${b.name}`);
+      else if (d.subset !== b.name || d.host !== dr.spec.host) fail(`${where}: backend ${b.name}: route goes to ${d.host}/${d.subset}`);
+      else ok(`${where}: ${header}: ${b.name} -> ${d.host} subset ${d.subset}`);
     }
-    if (!(vs.spec.http ?? []).some((r) => !r.match)) fail("VirtualService has no default (match-less) route for fail-open traffic");
-    const m = /^outbound\|(\d+)\|\|(.+)$/.exec(ref.metrics?.cluster ?? "");
-    if (!m || m[2] !== dr.spec.host) fail(`metrics.cluster ${ref.metrics?.cluster} is not Istio's cluster for ${dr.spec.host}`);
-    else ok(`metrics.cluster ${ref.metrics.cluster} is the vLLM Service's outbound cluster`);
+    if (!(vs.spec.http ?? []).some((r) => !r.match)) fail(`${where}: no default (match-less) route for fail-open traffic`);
   }
 }
+
+// ---- where warmroute runs: each workload a Wasm EnvoyFilter or a WasmPlugin selects
+const workloads = new Map(); // key -> { ns, context, by: [file] }
+for (const { f, o } of all) {
+  const wasm = o.kind === "WasmPlugin"
+    || (o.kind === "EnvoyFilter" && (o.spec?.configPatches ?? []).some((p) => p.applyTo === "EXTENSION_CONFIG"));
+  if (!wasm) continue;
+  const key = workloadOf(o);
+  const labels = o.kind === "WasmPlugin" ? o.spec?.selector?.matchLabels : o.spec?.workloadSelector?.labels;
+  const w = workloads.get(key) ?? { ns: o.metadata?.namespace, labels, context: contextFor(o), by: [] };
+  w.by.push(path.relative(dir, f));
+  workloads.set(key, w);
+}
+const sidecarNamespaces = new Set([...workloads.values()].filter((w) => w.context === "SIDECAR_OUTBOUND").map((w) => w.ns));
+
+// ---- every EnvoyFilter: one such workload, its context only
+for (const { f, o } of envoyFilters) {
+  const where = `${path.relative(dir, f)} ${o.metadata?.name}`;
+  const labels = o.spec?.workloadSelector?.labels ?? {};
+  if (!Object.keys(labels).length) {
+    fail(`${where}: no workloadSelector: it patches every proxy in ${o.metadata?.namespace} (in the root namespace, the whole mesh)`);
+    continue;
+  }
+  if (!workloads.has(workloadOf(o))) {
+    fail(`${where}: selects ${JSON.stringify(labels)} in ${o.metadata?.namespace}, where warmroute does not run`);
+    continue;
+  }
+  const want = contextFor(o);
+  const stray = (o.spec.configPatches ?? []).map((p) => p.match?.context ?? "ANY").filter((c) => c !== want);
+  if (stray.length) fail(`${where}: patches ${[...new Set(stray)].join(", ")} where its workload is ${want} only`);
+  else ok(`${where}: ${o.metadata?.namespace} ${JSON.stringify(labels)}, ${want} only`);
+}
+
+// ---- what each workload needs beside the filter
+const lbPolicy = (v) => v?.load_balancing_policy?.policies?.[0]?.typed_extension_config?.typed_config;
+const isOverrideHost = (t) => String(t?.["@type"] ?? "").endsWith(".override_host.v3.OverrideHost")
+  && (t.override_host_sources ?? []).some((src) => src.header === ENDPOINT_HEADER);
+// Why a cluster's policy may pick a host other than the one the header names, if it may.
+function notStrict(v) {
+  const t = lbPolicy(v);
+  if (!isOverrideHost(t)) return `load_balancing_policy is not override_host from ${ENDPOINT_HEADER}`;
+  const fb = t.fallback_policy?.policies?.[0]?.typed_extension_config?.typed_config;
+  if (!String(fb?.["@type"] ?? "").endsWith(".subset.v3.Subset")) return `its fallback is ${fb?.["@type"] ?? "none"}, not a subset policy that picks no host`;
+  if (fb.fallback_policy !== "NO_FALLBACK") return `its subset fallback_policy is ${fb.fallback_policy ?? "ANY_ENDPOINT (unset)"}, not NO_FALLBACK`;
+  if (fb.panic_mode_any === true) return "panic_mode_any lets the fallback pick any host";
+  if ((fb.subset_selectors ?? []).some((sel) => (sel.fallback_policy ?? "NOT_DEFINED") !== "NOT_DEFINED" && sel.fallback_policy !== "NO_FALLBACK")) {
+    return "a subset selector has a fallback that picks a host";
+  }
+  return undefined;
+}
+const removes = (p) => new Set((p.patch?.value?.typed_config?.early_header_mutation_extensions ?? [])
+  .flatMap((e) => e.typed_config?.mutations ?? []).map((m) => m.remove).filter(Boolean));
+
+if (/^(outbound|inbound)\|/.test(ref.metrics?.cluster ?? "")) {
+  fail(`metrics.cluster ${ref.metrics.cluster} is one of Istio's own clusters: its fallback answers a stale address with another pod's /metrics`);
+}
+for (const [key, w] of workloads) {
+  const who = `${w.context === "GATEWAY" ? "gateway" : "sidecar"} ${w.ns} ${JSON.stringify(w.labels ?? {})}`;
+  const patches = patchesOf(key);
+  if (ref.metrics?.enabled !== false) {
+    const adds = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "ADD" && p.patch?.value?.name === ref.metrics.cluster);
+    if (adds.length !== 1) fail(`${who}: ${adds.length} EnvoyFilter CLUSTER ADD of metrics.cluster ${ref.metrics.cluster}, need exactly 1`);
+    else {
+      const { f, p } = adds[0];
+      const v = p.patch.value;
+      const eds = v.eds_cluster_config ?? {};
+      const why = v.type !== "EDS" ? `type ${v.type}, not EDS`
+        : eds.service_name !== vllmCluster ? `EDS service_name ${eds.service_name}, not the vLLM Service's ${vllmCluster}`
+        : (typeof eds.eds_config?.ads !== "object" || eds.eds_config?.resource_api_version !== "V3") ? "its endpoints do not come from istiod (eds_config: {ads: {}, resource_api_version: V3})"
+        : notStrict(v);
+      if (why) fail(`${path.relative(dir, f)}: ${ref.metrics.cluster}: ${why}`);
+      else ok(`${who}: ${ref.metrics.cluster}: ${vllmCluster}'s endpoints, a scrape reaches the header's pod or fails`);
+    }
+  }
+  const strips = patches.filter(({ p }) => p.applyTo === "NETWORK_FILTER" && [ENDPOINT_HEADER, BACKEND_HEADER].every((h) => removes(p).has(h)));
+  if (!strips.length) fail(`${who}: no EnvoyFilter drops client copies of ${ENDPOINT_HEADER} and ${BACKEND_HEADER} (early header mutation)`);
+  else ok(`${who}: Envoy drops client copies of both routing headers`);
+  const policies = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "MERGE" && isOverrideHost(lbPolicy(p.patch?.value)));
+  for (const { f, p } of policies) {
+    const c = p.match?.cluster ?? {};
+    if (c.service !== vllmHost || Number(c.portNumber) !== vllmPort || c.name || c.subset) {
+      fail(`${path.relative(dir, f)}: override_host merged into ${JSON.stringify(c)}, not the vLLM cluster ${vllmHost}:${vllmPort}`);
+    }
+  }
+  if ((ref.route?.mode ?? "endpoint") === "endpoint") {
+    if (!policies.length) fail(`${who}: endpoint mode, but no override_host policy on the vLLM cluster`);
+    else ok(`${who}: override_host policy on ${vllmHost}:${vllmPort}`);
+  }
+}
+
+// ---- VirtualServices: the Gateway's, and the sidecars' exported to their namespaces only
+for (const { f, o: vs } of vss) {
+  const where = `${path.relative(dir, f)} ${vs.metadata?.name}`;
+  const gateways = vs.spec?.gateways?.length ? vs.spec.gateways : ["mesh"];
+  if (!gateways.includes("mesh")) { ok(`${where}: bound to ${gateways.join(", ")} only`); continue; }
+  const exportTo = (vs.spec.exportTo ?? []).map((n) => (n === "." ? vs.metadata?.namespace : n));
+  const others = exportTo.filter((n) => !sidecarNamespaces.has(n));
+  if (gateways.length > 1) fail(`${where}: binds ${gateways.join(", ")}: its routes apply in every sidecar it is exported to, not only the Gateway`);
+  else if (!exportTo.length || others.length) {
+    fail(`${where}: bound to mesh and exported to ${exportTo.length ? others.join(", ") : "every namespace"}, whose sidecars do not run warmroute`);
+  } else ok(`${where}: mesh routes exported to ${exportTo.join(", ")} only`);
+}
+
 // ---- standalone Envoy configs: every warmroute Wasm filter's configuration
 for (const f of envoyConfigs) {
   let found = 0;

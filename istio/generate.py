@@ -11,14 +11,27 @@ Outputs (in --out, default istio/generated/):
   destinationrule.yaml          one subset per pod, keyed by the label
                                 statefulset.kubernetes.io/pod-name=<svc>-<i>
   virtualservice.yaml           x-warmroute-backend: exact <svc>-<i> -> subset,
-                                plus a default (subset-less) route
+                                plus a default (subset-less) route, bound to
+                                the Gateway only
+  virtualservice-mesh.yaml      the same routes for the client sidecar
+                                (gateways: [mesh]), exported to the client's
+                                namespace only
   pluginconfig.json             the full warmroute pluginConfig (backends list
                                 included) that the WasmPlugin manifests embed
   envoyfilter-wasm-gateway.yaml the same plugin as an EnvoyFilter (ECDS ADD)
   envoyfilter-wasm-sidecar.yaml  with allow_on_headers_stop_iteration: true,
-                                which WasmPlugin cannot express (see README),
-                                and the per-request body buffer the filter
-                                needs (request_body_buffer_limit)
+                                which WasmPlugin cannot express (see README)
+  envoyfilter-routing-gateway.yaml  what the proxy running the filter needs
+  envoyfilter-routing-sidecar.yaml  whichever form installs it: the body
+                                buffer (request_body_buffer_limit), the strict
+                                scrape cluster metrics.cluster names, and for
+                                the sidecar its override_host policy and the
+                                strip of client routing headers (the gateway's
+                                are istio/envoyfilter-*.yaml)
+
+Every EnvoyFilter selects the one workload where warmroute runs (the ingress
+gateway, or the client app's sidecar) and patches only its context: no other
+proxy in the mesh honours a routing header or carries these clusters.
 
 Python 3 standard library only. Deterministic output: re-running with the
 same arguments gives byte-identical files (deploy/validate.sh checks this).
@@ -51,6 +64,12 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # checks it). Set per virtual host, it leaves every other listener's buffers as they are.
 REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
 RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+# The scrape cluster the filter's metrics.cluster names, added to each proxy that runs the filter.
+METRICS_CLUSTER = "warmroute-metrics"
+HCM = "envoy.filters.network.http_connection_manager"
+HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+LB = "envoy.load_balancing_policies"
+LB_TYPE = "type.googleapis.com/envoy.extensions.load_balancing_policies"
 
 
 # --------------------------------------------------------------------------
@@ -163,10 +182,10 @@ def plugin_config(args) -> dict:
         "index": {"max_blocks": 262144, "ttl_ms": 600000, "log_bytes": 262144},
         "metrics": {
             "enabled": True,
-            # Scrapes go through Istio's own outbound cluster for the vLLM Service,
-            # pinned per pod by x-gateway-destination-endpoint (needs
-            # envoyfilter-override-host.yaml on that cluster).
-            "cluster": cluster_name(args.service, args.namespace, args.port),
+            # Not Istio's outbound cluster: its override_host policy falls back to round
+            # robin, so a scrape of a stale address would be answered by another pod. The
+            # strict cluster the routing EnvoyFilters add fails it instead.
+            "cluster": METRICS_CLUSTER,
             "path": "/metrics",
             "period_ms": 500,
             "timeout_ms": 400,
@@ -206,7 +225,7 @@ def destination_rule(args) -> dict:
     }
 
 
-def virtual_service(args) -> dict:
+def http_routes(args) -> list[dict]:
     host = fqdn(args.service, args.namespace)
     routes = []
     for i in range(args.replicas):
@@ -227,17 +246,50 @@ def virtual_service(args) -> dict:
             "timeout": "0s",
         }
     )
+    return routes
+
+
+def virtual_service(args) -> dict:
     return {
         "apiVersion": "networking.istio.io/v1",
         "kind": "VirtualService",
         "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
         "spec": {
-            "hosts": [args.external_host, host],
-            # The ingress gateway and in-mesh clients (sidecar path) share the routes.
-            "gateways": [args.gateway, "mesh"],
-            "http": routes,
+            "hosts": [args.external_host],
+            # The Gateway only: bound to `mesh` as well, every sidecar would send a request
+            # carrying x-warmroute-backend to the pod it names, and only the proxies running
+            # warmroute strip client copies of that header.
+            "gateways": [args.gateway],
+            "http": http_routes(args),
         },
     }
+
+
+def mesh_virtual_service(args) -> dict:
+    """The header routes for the client sidecar that runs warmroute (header mode needs them there).
+
+    exportTo limits them to the client's namespace, so no sidecar elsewhere lets a request pick
+    its pod. Other workloads of that namespace still see them without the strip patch, which
+    selects the client app only: run untrusted workloads elsewhere.
+    """
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": {"name": f"{args.service}-mesh", "namespace": args.namespace, "labels": labels(args)},
+        "spec": {
+            "hosts": [fqdn(args.service, args.namespace)],
+            "gateways": ["mesh"],
+            "exportTo": [args.client_namespace],
+            "http": http_routes(args),
+        },
+    }
+
+
+def workload(args, where: str) -> tuple[str, dict, str]:
+    """(namespace, selector labels, patch context) of the proxy that runs warmroute."""
+    if where == "gateway":
+        return args.gateway_namespace, {"istio": "ingressgateway"}, "GATEWAY"
+    return args.client_namespace, {"app": args.client_app}, "SIDECAR_OUTBOUND"
 
 
 def wasm_envoyfilter(args, config: dict, where: str) -> dict:
@@ -247,16 +299,9 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
     extension generated from a WasmPlugin is silently ignored), so the whole Wasm
     filter is declared here and referenced from the HTTP filter chain via ECDS.
     """
-    if where == "gateway":
-        namespace, selector, context = args.gateway_namespace, {"istio": "ingressgateway"}, "GATEWAY"
-        # The routes generated for our Gateway only, whatever hosts and ports it serves.
-        routes = {"gateway": args.gateway}
-    else:
-        namespace, selector, context = args.client_namespace, {"app": args.client_app}, "SIDECAR_OUTBOUND"
-        routes = {"portNumber": args.port, "vhost": {"name": f"{fqdn(args.service, args.namespace)}:{args.port}"}}
+    namespace, selector, context = workload(args, where)
     ext_name = f"{namespace}.warmroute"
-    listener_match = {"filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager",
-                                                 "subFilter": {"name": "envoy.filters.http.router"}}}}
+    listener_match = {"filterChain": {"filter": {"name": HCM, "subFilter": {"name": "envoy.filters.http.router"}}}}
     if where == "sidecar":
         listener_match["portNumber"] = args.port
     return {
@@ -328,16 +373,132 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
                         },
                     },
                 },
-                {
-                    # The body buffer the filter needs (see REQUEST_BODY_BUFFER_LIMIT). Envoy applies
-                    # a virtual host's limit from the moment the route matches, before any filter
-                    # buffers (Envoy >= 1.37).
-                    "applyTo": "VIRTUAL_HOST",
-                    "match": {"context": context, "routeConfiguration": routes},
-                    "patch": {"operation": "MERGE", "value": {"request_body_buffer_limit": REQUEST_BODY_BUFFER_LIMIT}},
-                },
             ],
         },
+    }
+
+
+def override_host_policy(fallback: dict) -> dict:
+    """Envoy's override_host load balancing: the endpoint named in x-gateway-destination-endpoint."""
+    return {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": f"{LB}.override_host",
+                    "typed_config": {
+                        "@type": f"{LB_TYPE}.override_host.v3.OverrideHost",
+                        "override_host_sources": [{"header": ENDPOINT_HEADER}],
+                        "fallback_policy": {"policies": [{"typed_extension_config": fallback}]},
+                    },
+                }
+            }
+        ]
+    }
+
+
+ROUND_ROBIN = {"name": f"{LB}.round_robin", "typed_config": {"@type": f"{LB_TYPE}.round_robin.v3.RoundRobin"}}
+# Picks no host: the policy requires a fallback, no endpoint carries the selector's key, and
+# NO_FALLBACK then gives up. This is envoy.yaml's pool-metrics policy.
+NO_HOST = {
+    "name": f"{LB}.subset",
+    "typed_config": {
+        "@type": f"{LB_TYPE}.subset.v3.Subset",
+        "fallback_policy": "NO_FALLBACK",
+        "subset_selectors": [{"keys": ["warmroute.no-subset"]}],
+        "subset_lb_policy": {"policies": [{"typed_extension_config": ROUND_ROBIN}]},
+    },
+}
+
+
+def routing_envoyfilter(args, where: str) -> dict:
+    """What the proxy that runs warmroute needs beside the filter, whichever form installs it.
+
+    Apart from the Wasm EnvoyFilter, so a WasmPlugin can be used with it instead.
+    """
+    namespace, selector, context = workload(args, where)
+    if where == "gateway":
+        # The routes generated for our Gateway only, whatever hosts and ports it serves.
+        routes = {"gateway": args.gateway}
+    else:
+        routes = {"portNumber": args.port, "vhost": {"name": f"{fqdn(args.service, args.namespace)}:{args.port}"}}
+    patches = [
+        {
+            # The body buffer the filter needs (see REQUEST_BODY_BUFFER_LIMIT). Envoy applies
+            # a virtual host's limit from the moment the route matches, before any filter
+            # buffers (Envoy >= 1.37).
+            "applyTo": "VIRTUAL_HOST",
+            "match": {"context": context, "routeConfiguration": routes},
+            "patch": {"operation": "MERGE", "value": {"request_body_buffer_limit": REQUEST_BODY_BUFFER_LIMIT}},
+        },
+        {
+            # The scrape cluster: the vLLM Service's endpoints, and a scrape reaches the pod
+            # x-gateway-destination-endpoint names or fails. Istio's own cluster would fall back
+            # to round robin (envoyfilter-override-host.yaml), and another pod's /metrics would
+            # answer for an address that is no longer an endpoint. The endpoints come from istiod:
+            # it answers an EDS request for any outbound|<port>|<subset>|<host> name by parsing
+            # it (pilot/pkg/xds/eds.go, endpoints/endpoint_builder.go), whichever cluster asks.
+            # Read from Istio's source; not tried in a live cluster here. Plain HTTP: Istio's own
+            # cluster adds mTLS per endpoint, this one does not, so the pods' sidecars must accept
+            # plain text on the port (PeerAuthentication PERMISSIVE, Istio's default).
+            "applyTo": "CLUSTER",
+            "match": {"context": context},
+            "patch": {
+                "operation": "ADD",
+                "value": {
+                    "name": METRICS_CLUSTER,
+                    "type": "EDS",
+                    "connect_timeout": "1s",
+                    "eds_cluster_config": {
+                        "service_name": cluster_name(args.service, args.namespace, args.port),
+                        "eds_config": {"ads": {}, "resource_api_version": "V3"},
+                    },
+                    "load_balancing_policy": override_host_policy(NO_HOST),
+                },
+            },
+        },
+    ]
+    if where == "sidecar":
+        # The gateway's two are istio/envoyfilter-override-host.yaml and
+        # envoyfilter-strip-routing-headers.yaml, which say why.
+        patches += [
+            {
+                # Endpoint mode: the filter's x-gateway-destination-endpoint picks the pod; with no
+                # header (the filter failed open) round robin still routes.
+                "applyTo": "CLUSTER",
+                "match": {"context": context, "cluster": {"service": fqdn(args.service, args.namespace),
+                                                          "portNumber": args.port}},
+                "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_policy(ROUND_ROBIN)}},
+            },
+            {
+                # The client never picks its pod, even while the filter is not running: Envoy drops
+                # both routing headers before it selects a route.
+                "applyTo": "NETWORK_FILTER",
+                "match": {"context": context, "listener": {"portNumber": args.port, "filterChain": {"filter": {"name": HCM}}}},
+                "patch": {
+                    "operation": "MERGE",
+                    "value": {
+                        "typed_config": {
+                            "@type": HCM_TYPE,
+                            "early_header_mutation_extensions": [
+                                {
+                                    "name": "envoy.http.early_header_mutation.header_mutation",
+                                    "typed_config": {
+                                        "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation"
+                                                 ".header_mutation.v3.HeaderMutation",
+                                        "mutations": [{"remove": ENDPOINT_HEADER}, {"remove": HEADER}],
+                                    },
+                                }
+                            ],
+                        }
+                    },
+                },
+            },
+        ]
+    return {
+        "apiVersion": "networking.istio.io/v1alpha3",
+        "kind": "EnvoyFilter",
+        "metadata": {"name": "warmroute-routing", "namespace": namespace, "labels": labels(args)},
+        "spec": {"workloadSelector": {"labels": selector}, "configPatches": patches},
     }
 
 
@@ -404,9 +565,12 @@ def main(argv=None) -> int:
     files = {
         "destinationrule.yaml": banner + documents([destination_rule(args)]),
         "virtualservice.yaml": banner + documents([virtual_service(args)]),
+        "virtualservice-mesh.yaml": banner + documents([mesh_virtual_service(args)]),
         "pluginconfig.json": json.dumps(config, indent=2) + "\n",
         "envoyfilter-wasm-gateway.yaml": banner + documents([wasm_envoyfilter(args, config, "gateway")]),
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
+        "envoyfilter-routing-gateway.yaml": banner + documents([routing_envoyfilter(args, "gateway")]),
+        "envoyfilter-routing-sidecar.yaml": banner + documents([routing_envoyfilter(args, "sidecar")]),
     }
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="\n") as f:
