@@ -86,8 +86,10 @@
 //! - `sticky_session`: rendezvous on the session id over healthy backends (a
 //!   dead backend's sessions move, and only those); no session → round robin.
 //!
-//! With no healthy backend, every strategy routes over all backends: our
-//! health view may be wrong, and refusing traffic is worse than trying.
+//! With no healthy backend, every strategy routes over all members (never an
+//! empty slot, see `membership`): our health view may be wrong, and refusing
+//! traffic is worse than trying. With no member at all there is no choice, and
+//! Envoy's own fallback policy routes.
 //!
 //! Cost: O(backends · log backends) per decision.
 
