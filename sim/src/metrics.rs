@@ -21,12 +21,50 @@ pub struct CacheInfo {
     pub num_gpu_blocks: usize,
 }
 
-/// Formats a float the way Python's `repr` does for the values we export (`3.0`, `0.25`).
-fn num(v: f64) -> String {
-    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{v:.1}")
+/// Formats a sample value as `prometheus_client`'s `floatToGoString` does: Python's `repr`
+/// (`3.0`, `0.25`), except that a positive value with more than six integer digits switches to
+/// Go's exponent form (`1234567.0` -> `1.234567e+06`, a Unix time -> `1.7395575657589855e+09`).
+pub fn num(v: f64) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "+Inf" } else { "-Inf" }.into();
+    }
+    let s = python_repr(v);
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 => {
+            // Same string surgery as floatToGoString: the digits around the dot become the
+            // mantissa, with trailing zeros and dot stripped, then `e+0` and the exponent.
+            let (int, frac) = (&s[..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{}{}", &int[..1], &int[1..], frac);
+            let mantissa = mantissa.trim_end_matches(['0', '.']);
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
+}
+
+/// Python's `repr(float)`: the shortest digits that round-trip (as Rust's `Debug`), written in
+/// positional form with a trailing `.0` for exponents in -4..16 and as `1e+16`/`1.5e-05` outside.
+fn python_repr(v: f64) -> String {
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0.0" } else { "0.0" }.into();
+    }
+    // `{:e}` gives the shortest round-trip digits with an explicit exponent: `1.2345e3`.
+    let sci = format!("{v:e}");
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let plain = format!("{v}");
+        if plain.contains('.') {
+            plain
+        } else {
+            format!("{plain}.0")
+        }
     } else {
-        format!("{v:?}")
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mant}e{sign}{:02}", exp.unsigned_abs())
     }
 }
 
@@ -195,6 +233,27 @@ pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> Stri
 mod tests {
     use super::*;
     use crate::engine::Counters;
+
+    #[test]
+    fn values_format_like_prometheus_client() {
+        for (v, want) in [
+            (0.0, "0.0"),
+            (3.0, "3.0"),
+            (0.25, "0.25"),
+            (600.0, "600.0"),
+            (999_999.0, "999999.0"),
+            (1_234_567.0, "1.234567e+06"),
+            (10_000_000.0, "1e+07"),
+            (1_739_557_565.758_985_5, "1.7395575657589855e+09"),
+            (1e16, "1e+16"),
+            (0.000_015, "1.5e-05"),
+            (0.0001, "0.0001"),
+            (-2.5, "-2.5"),
+            (f64::INFINITY, "+Inf"),
+        ] {
+            assert_eq!(num(v), want, "{v:?}");
+        }
+    }
 
     #[test]
     fn renders_vllm_style() {
