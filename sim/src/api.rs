@@ -7,9 +7,10 @@
 //!   is written as soon as its token is produced, so clients can time the first token.
 //! * `GET /v1/models`, `GET /health` (200, empty body), `GET /metrics` (see [`crate::metrics`]).
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
-//! * Invalid input never panics: it gets vLLM's error body
-//!   `{"object":"error","message":..,"type":"BadRequestError","param":null,"code":400}`
-//!   (`NotFoundError`/404 for an unknown model).
+//! * Invalid input never panics: it gets vLLM's error body, OpenAI's shape
+//!   `{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}`
+//!   (vLLM's `ErrorResponse` wrapping an `ErrorInfo`; `code` is the HTTP status), and for an
+//!   unknown model `NotFoundError`/404 with `"param":"model"` (vLLM's `_check_model`).
 //!
 //! # Prompt rendering and tokenization
 //! The simulator has no real tokenizer: a token is a whitespace-separated word. A chat request is
@@ -141,6 +142,8 @@ fn unix_now() -> u64 {
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// The request field at fault, when vLLM names one.
+    pub param: Option<&'static str>,
 }
 
 impl ApiError {
@@ -148,6 +151,22 @@ impl ApiError {
         Self {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
+            param: None,
+        }
+    }
+    fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            param: None,
+        }
+    }
+    /// vLLM's answer for a `model` that is neither a served name nor a loaded adapter.
+    fn unknown_model(model: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model"),
         }
     }
     fn kind(&self) -> &'static str {
@@ -163,11 +182,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({
-            "object": "error",
-            "message": self.message,
-            "type": self.kind(),
-            "param": null,
-            "code": self.status.as_u16(),
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.status.as_u16(),
+            },
         });
         (self.status, Json(body)).into_response()
     }
@@ -259,12 +279,7 @@ fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiEr
     match obj.get("model") {
         None | Some(Value::Null) => {}
         Some(Value::String(m)) if m.as_str() == &*st.model => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: format!("The model `{m}` does not exist."),
-            })
-        }
+        Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
         Some(_) => return Err(ApiError::bad_request("'model' must be a string")),
     }
     let max_tokens = match opt_count(obj, "max_completion_tokens")? {
@@ -520,13 +535,7 @@ async fn full_response(
                 add_usage(&mut usage, &u);
                 remaining -= 1;
             }
-            None => {
-                return ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message: "engine stopped".into(),
-                }
-                .into_response()
-            }
+            None => return ApiError::internal("engine stopped").into_response(),
         }
     }
     let choices: Vec<Value> = texts
