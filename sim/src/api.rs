@@ -5,7 +5,11 @@
 //!   (`data: {chunk}\n\n` per generated token, `data: [DONE]\n\n` at the end, an extra usage
 //!   chunk with empty `choices` before it when `stream_options.include_usage` is true). A chunk
 //!   is written as soon as its token is produced, so clients can time the first token.
-//! * `GET /v1/models`, `GET /health` (200, empty body), `GET /metrics` (see [`crate::metrics`]).
+//! * `GET /v1/models`: one entry per served name (`root` = `--model`), as vLLM lists its
+//!   `base_model_paths`. `GET /health` (200, empty body), `GET /metrics` (see
+//!   [`crate::metrics`]).
+//! * A request's `model` may be any served name (or absent: the first one); responses echo the
+//!   name asked for, as vLLM's `_get_model_name` does.
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
 //! * Invalid input never panics: it gets vLLM's error body, OpenAI's shape
 //!   `{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}`
@@ -57,14 +61,19 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub engine: EngineHandle,
+    /// The first served name: the `model_name` label of the metrics, and the model of a
+    /// request that names none.
     pub model: Arc<str>,
+    /// Every served name of the base model.
+    pub served: Arc<[Arc<str>]>,
+    /// `--model`, the `root` of the base model's entries in `/v1/models`.
+    root: Arc<str>,
     pub replica: Arc<str>,
     replica_header: HeaderValue,
     cache_info: Option<CacheInfo>,
     metrics_delay: std::time::Duration,
     default_max_tokens: usize,
     max_len: usize,
-    started: u64,
     next_id: Arc<AtomicU64>,
 }
 
@@ -85,16 +94,25 @@ impl AppState {
         // Ids only need to be unique per process and distinct across replicas.
         let seed =
             crate::cache::fnv1a(format!("{replica}{started}{}", std::process::id()).as_bytes());
+        let served: Arc<[Arc<str>]> = args
+            .served_model_names()
+            .iter()
+            .map(|n| Arc::from(n.as_str()))
+            .collect();
         Self {
             engine,
-            model: args.model.as_str().into(),
+            model: served
+                .first()
+                .cloned()
+                .unwrap_or_else(|| args.model.as_str().into()),
+            served,
+            root: args.model.as_str().into(),
             replica: replica.into(),
             replica_header,
             cache_info,
             metrics_delay: std::time::Duration::from_millis(args.metrics_delay_ms),
             default_max_tokens: args.default_max_tokens.max(1),
             max_len,
-            started,
             next_id: Arc::new(AtomicU64::new(seed & 0xffff_ffff_0000_0000)),
         }
     }
@@ -201,20 +219,51 @@ async fn health() -> StatusCode {
     StatusCode::OK
 }
 
+/// vLLM's `ModelPermission` with its defaults (every `ModelCard` carries one).
+fn model_permission(st: &AppState) -> Value {
+    json!({
+        "id": st.new_id("modelperm"),
+        "object": "model_permission",
+        "created": unix_now(),
+        "allow_create_engine": false,
+        "allow_sampling": true,
+        "allow_logprobs": true,
+        "allow_search_indices": false,
+        "allow_view": true,
+        "allow_fine_tuning": false,
+        "organization": "*",
+        "group": null,
+        "is_blocking": false,
+    })
+}
+
+/// vLLM's `ModelCard`.
+fn model_card(
+    st: &AppState,
+    id: &str,
+    root: &str,
+    parent: Option<&str>,
+    max_len: Option<usize>,
+) -> Value {
+    json!({
+        "id": id,
+        "object": "model",
+        "created": unix_now(),
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_len,
+        "permission": [model_permission(st)],
+    })
+}
+
 async fn models(State(st): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": &*st.model,
-            "object": "model",
-            "created": st.started,
-            "owned_by": "vllm",
-            "root": &*st.model,
-            "parent": null,
-            "max_model_len": st.max_len,
-            "permission": [],
-        }],
-    }))
+    let data: Vec<Value> = st
+        .served
+        .iter()
+        .map(|name| model_card(&st, name, &st.root, None, Some(st.max_len)))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn metrics_handler(State(st): State<AppState>) -> Response {
@@ -235,9 +284,17 @@ async fn metrics_handler(State(st): State<AppState>) -> Response {
 // ---------------------------------------------------------------------------------------------
 // Request parsing
 
+/// What a request's `model` names.
+#[derive(Debug)]
+struct Target {
+    /// The name responses carry.
+    name: Arc<str>,
+}
+
 /// Fields common to both completion endpoints, validated.
 #[derive(Debug)]
 struct Common {
+    target: Target,
     max_tokens: usize,
     stream: bool,
     include_usage: bool,
@@ -275,13 +332,27 @@ fn opt_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ApiEr
     }
 }
 
-fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiError> {
-    match obj.get("model") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) if m.as_str() == &*st.model => {}
-        Some(Value::String(m)) => return Err(ApiError::unknown_model(m)),
+/// Resolves a request's `model` as vLLM's `_check_model` does: absent or empty means the first
+/// served name, any served name is the base model, anything else is a 404.
+fn resolve_model(st: &AppState, obj: &Map<String, Value>) -> Result<Target, ApiError> {
+    let requested = match obj.get("model") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(m)) => m.as_str(),
         Some(_) => return Err(ApiError::bad_request("'model' must be a string")),
+    };
+    if requested.is_empty() {
+        return Ok(Target {
+            name: st.model.clone(),
+        });
     }
+    match st.served.iter().find(|n| &***n == requested) {
+        Some(name) => Ok(Target { name: name.clone() }),
+        None => Err(ApiError::unknown_model(requested)),
+    }
+}
+
+fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiError> {
+    let target = resolve_model(st, obj)?;
     let max_tokens = match opt_count(obj, "max_completion_tokens")? {
         Some(n) => n,
         None => opt_count(obj, "max_tokens")?.unwrap_or(st.default_max_tokens),
@@ -293,6 +364,7 @@ fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiEr
         Some(_) => return Err(ApiError::bad_request("'stream_options' must be an object")),
     };
     Ok(Common {
+        target,
         max_tokens,
         stream,
         include_usage,
@@ -499,14 +571,22 @@ async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Tok
     });
     let created = unix_now();
     if common.stream {
-        stream_response(st, kind, id, created, n, common.include_usage, rx)
+        stream_response(
+            common.target.name,
+            kind,
+            id,
+            created,
+            n,
+            common.include_usage,
+            rx,
+        )
     } else {
-        full_response(st, kind, id, created, n, rx).await
+        full_response(common.target.name, kind, id, created, n, rx).await
     }
 }
 
 async fn full_response(
-    st: AppState,
+    model: Arc<str>,
     kind: Kind,
     id: String,
     created: u64,
@@ -569,7 +649,7 @@ async fn full_response(
         "id": id,
         "object": object,
         "created": created,
-        "model": &*st.model,
+        "model": &*model,
         "choices": choices,
         "usage": usage_json(&usage),
         "prompt_logprobs": null,
@@ -578,7 +658,7 @@ async fn full_response(
 }
 
 fn stream_response(
-    st: AppState,
+    model: Arc<str>,
     kind: Kind,
     id: String,
     created: u64,
@@ -587,7 +667,6 @@ fn stream_response(
     mut rx: mpsc::UnboundedReceiver<SeqEvent>,
 ) -> Response {
     let (sse_tx, sse_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
-    let model = st.model.clone();
     let object = if kind == Kind::Chat {
         "chat.completion.chunk"
     } else {

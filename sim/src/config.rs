@@ -27,9 +27,17 @@ pub struct Args {
     /// Replica name, returned in the `x-sim-replica` header. Default: `sim-<port>`.
     #[arg(long)]
     pub name: Option<String>,
-    /// Served model name; requests naming another model get a 404.
+    /// The model (vLLM's `--model`): the `root` of the base model in `/v1/models`, and its only
+    /// served name unless `--served-model-name` is given. Requests naming a model the server does
+    /// not serve get a 404.
     #[arg(long, default_value = "sim-llama-8b")]
     pub model: String,
+    /// Names the base model is served under, instead of `--model` (vLLM's
+    /// `--served-model-name`, which takes several). Each answers and has its own `/v1/models`
+    /// entry; the first is the `model_name` label of every metric (vLLM's
+    /// `get_served_model_name` keeps the first of the list).
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -81,6 +89,15 @@ impl Args {
         self.name
             .clone()
             .unwrap_or_else(|| format!("sim-{bound_port}"))
+    }
+
+    /// The names the base model answers to: `--served-model-name`, or `--model`.
+    pub fn served_model_names(&self) -> Vec<String> {
+        if self.served_model_name.is_empty() {
+            vec![self.model.clone()]
+        } else {
+            self.served_model_name.clone()
+        }
     }
 
     /// Engine part of the configuration (sanitised: no zero block size / capacity, positive time

@@ -48,7 +48,7 @@ async fn main() -> std::process::ExitCode {
     println!(
         "warmroute-sim listening on http://{addr} name={} model={} time_scale={}",
         args.replica_name(addr.port()),
-        args.model,
+        args.served_model_names().join(","),
         args.time_scale
     );
     match serve_with_shutdown(args, listener, shutdown_signal()).await {

@@ -648,3 +648,111 @@ async fn metrics_can_be_answered_late() {
         .await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn every_served_model_name_answers() {
+    let sim = start(&[
+        "--model",
+        "/models/llama-8b",
+        "--served-model-name",
+        "alpha",
+        "beta",
+    ])
+    .await;
+    let prompt = words("n", 100);
+    let (s, _, a) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "alpha", "prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(a["model"], "alpha");
+    // Both names are the same base model: one prefix cache.
+    let (s, _, b) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "beta", "prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["model"], "beta");
+    assert_eq!(cached(&b), 96);
+    let (s, _, none) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(none["model"], "alpha", "no model: the first served name");
+    // With served names given, the --model path is not one of them (vLLM's is_base_model).
+    let (s, _, v) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "/models/llama-8b", "prompt": "x", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
+
+    let text = sim
+        .client
+        .post(format!("{}/v1/completions", sim.base))
+        .json(&json!({"model": "beta", "prompt": "a b", "max_tokens": 2, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let first: Value = serde_json::from_str(
+        text.split("\n\n")
+            .next()
+            .unwrap()
+            .strip_prefix("data: ")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["model"], "beta", "{text}");
+
+    let models: Value = sim
+        .client
+        .get(format!("{}/v1/models", sim.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let data = models["data"].as_array().unwrap();
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["alpha", "beta"]);
+    for m in data {
+        assert_eq!(m["object"], "model");
+        assert_eq!(m["owned_by"], "vllm");
+        assert_eq!(m["root"], "/models/llama-8b");
+        assert!(m["parent"].is_null());
+        assert_eq!(m["max_model_len"], 131_072);
+        assert_eq!(m["permission"][0]["object"], "model_permission");
+    }
+
+    let metrics = sim
+        .client
+        .get(format!("{}/metrics", sim.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "vllm:request_success_total{finished_reason=\"length\",model_name=\"alpha\"} 4.0"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("beta"),
+        "metrics carry the first served name only"
+    );
+}
