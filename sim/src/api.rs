@@ -270,7 +270,11 @@ async fn metrics_handler(State(st): State<AppState>) -> Response {
     if !st.metrics_delay.is_zero() {
         tokio::time::sleep(st.metrics_delay).await;
     }
-    let body = metrics::render(&st.model, &st.engine.snapshot(), st.cache_info.as_ref());
+    let (snapshot, lora) = {
+        let engine = st.engine.lock();
+        (engine.snapshot(), engine.lora_info().cloned())
+    };
+    let body = metrics::render(&st.model, &snapshot, st.cache_info.as_ref(), lora.as_ref());
     (
         [(
             header::CONTENT_TYPE,
@@ -561,6 +565,7 @@ async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Tok
             max_tokens: common.max_tokens,
             index,
             events: tx.clone(),
+            lora: None,
         });
     }
     drop(tx);

@@ -118,6 +118,7 @@ impl Args {
             } else {
                 1.0
             },
+            max_loras: None,
         }
     }
 }
