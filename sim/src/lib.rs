@@ -43,6 +43,8 @@ pub async fn serve_with_shutdown(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    args.validate()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let port = listener.local_addr()?.port();
     let state = api::AppState::new(&args, port);
     axum::serve(listener, api::router(state))

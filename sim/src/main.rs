@@ -27,6 +27,10 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if let Err(e) = args.validate() {
+        eprintln!("warmroute-sim: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let listener = match bind(&args).await {
         Ok(l) => l,
         Err(e) => {
