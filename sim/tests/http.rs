@@ -944,12 +944,15 @@ async fn adapters_beyond_max_loras_wait() {
     assert_eq!(m["vllm:num_requests_waiting"], 1.0);
 
     // A base-model request is not held by the adapter limit: it passes b.
-    let (s, _, v) = sim
-        .post(
+    let (s, _, v) = tokio::time::timeout(
+        Duration::from_secs(10),
+        sim.post(
             "/v1/completions",
             &json!({"prompt": "base model", "max_tokens": 2}),
-        )
-        .await;
+        ),
+    )
+    .await
+    .expect("the base request waited behind b");
     assert_eq!(s, 200, "{v}");
     assert!(!b.is_finished());
     let m = sim.metrics().await;
