@@ -132,7 +132,10 @@ fn note_reclaimed(vms: &[u64]) {
 /// each other's records.
 fn fleet_id(cfg: &Config) -> u64 {
     let fleet = match &cfg.pool {
-        Some(p) => mix(address_id(&p.cluster) ^ p.max_backends as u64),
+        Some(p) => p
+            .clusters
+            .iter()
+            .fold(p.max_backends as u64, |h, c| mix(h ^ address_id(&c.name))),
         None => cfg
             .backends
             .iter()
@@ -238,7 +241,8 @@ impl Router {
                         .cfg
                         .pool
                         .as_ref()
-                        .map(|p| p.serves.clone())
+                        .and_then(|p| p.clusters.get(usize::from(m.cluster)))
+                        .map(|c| c.serves.clone())
                         .unwrap_or_default(),
                 },
             });
@@ -276,7 +280,8 @@ impl Router {
         let Some(pool) = &self.cfg.pool else {
             return Ok(Err(ReplyError::WrongClusters));
         };
-        let endpoints = match parse_endpoints(body, &pool.cluster) {
+        let names: Vec<&str> = pool.clusters.iter().map(|c| c.name.as_str()).collect();
+        let endpoints = match parse_endpoints(body, &names) {
             Ok(e) => e,
             Err(e) => return Ok(Err(e)),
         };
