@@ -124,14 +124,18 @@ impl Default for WireRoute {
 struct WireBalance {
     eps: f64,
     warm_min_cap: u32,
+    default_output_tokens: u32,
+    decode_cost: f64,
 }
 
 impl Default for WireBalance {
     fn default() -> Self {
-        // warm_min_cap: see `policy`'s parameter table.
+        // warm_min_cap: see `policy`'s parameter table; the other two: `work`'s.
         WireBalance {
             eps: 0.5,
             warm_min_cap: 8,
+            default_output_tokens: 256,
+            decode_cost: 8.0,
         }
     }
 }
@@ -398,6 +402,12 @@ pub struct PolicyConfig {
     pub max_kv_usage: f64,
     /// In-flight requests per backend at which it is saturated (0 = off).
     pub max_inflight: u32,
+    /// Output tokens assumed for a request that sets no limit ([`crate::work`]).
+    pub default_output_tokens: u32,
+    /// GPU time of one decoded token, in prefilled tokens ([`crate::work`]).
+    pub decode_cost: f64,
+    /// Prompt tokens per index block (`block_bytes / index.bytes_per_token`).
+    pub block_tokens: f64,
 }
 
 /// Bounds of the approximate prefix index.
@@ -791,6 +801,14 @@ impl TryFrom<WireConfig> for Config {
                 1.0,
             )?,
             max_inflight: w.saturation.max_inflight,
+            default_output_tokens: in_range(
+                "balance.default_output_tokens",
+                w.balance.default_output_tokens,
+                1,
+                1 << 20,
+            )?,
+            decode_cost: finite_in_range("balance.decode_cost", w.balance.decode_cost, 0.0, 1e4)?,
+            block_tokens: block_bytes as f64 / index.bytes_per_token,
             prefill_slack_blocks: in_range(
                 "cache_aware.prefill_slack_tokens",
                 w.cache_aware.prefill_slack_tokens,
@@ -1009,6 +1027,11 @@ mod tests {
                 "metrics.timeout_ms",
             ),
             (r#""metrics":{"healthy_after":0}"#, "metrics.healthy_after"),
+            (r#""balance":{"decode_cost":-1}"#, "balance.decode_cost"),
+            (
+                r#""balance":{"default_output_tokens":0}"#,
+                "balance.default_output_tokens",
+            ),
             (r#""pool":{}"#, "pool"),
             (
                 r#""route":{"model_header":"x-gateway-destination-endpoint"}"#,
