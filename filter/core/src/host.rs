@@ -63,6 +63,8 @@ pub trait Host {
     fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError>;
     /// The first `size` bytes of the current exchange's buffered request body.
     fn request_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// `size` bytes from `start` of the response body chunk being delivered.
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// Adds a response header to the current exchange.
     fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError>;
     /// The current exchange's response `:status`.

@@ -346,6 +346,24 @@ impl Index {
         }
     }
 
+    /// Forgets what `backend` held of a chain from position `from` on;
+    /// `tail` is the chain's blocks from there (its own report said it
+    /// evicted them, [`crate::feedback`]).
+    pub fn forget_from(&mut self, tail: &[u64], from: usize, backend: usize) {
+        let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
+            return;
+        };
+        let last = (from + tail.len()).saturating_sub(1);
+        for (j, &h) in tail.iter().enumerate() {
+            let i = from + j;
+            // Only kept positions have entries; the queue's records of the
+            // removed ones are skipped when they reach the front.
+            if kept(i, last) && self.map.remove(&(h ^ salt)).is_some() {
+                lru.live = lru.live.saturating_sub(span(i) as usize);
+            }
+        }
+    }
+
     /// Forgets everything `backend` held: its slot now stands for another pod.
     pub fn forget(&mut self, backend: usize) {
         let Some(lru) = self.lru.get_mut(backend) else {

@@ -2,7 +2,9 @@
 //! index replica ([`crate::index`]).
 //!
 //! A ring of `slots` shared-data values, each holding one [`Event`] ("backend
-//! b received these block hashes at time t, routed by VM v"). Event `seq`
+//! b received these block hashes at time t, routed by VM v", or "backend b
+//! no longer holds these blocks of a chain, from position p on", when its own
+//! cache report said so: [`crate::feedback`]). Event `seq`
 //! lives in slot `seq % slots`; the sequence counter lives in the ledger
 //! ([`crate::store`]), so the CAS that accounts a request also reserves its
 //! event's number, and an append costs one write of its own slot, whatever
@@ -12,17 +14,33 @@
 //! ```text
 //! slots      = clamp(log_bytes / 16 KiB, 16, 1024)
 //! slot_bytes = log_bytes / slots
-//! event      = version u8 ‖ seq u64 ‖ origin u64 ‖ backend u16 ‖ time_ms u64
-//!              ‖ n u32 ‖ n × block u64          (little-endian, [`crate::codec`])
+//! event      = version u8 ‖ kind u8 ‖ from u32 ‖ seq u64 ‖ origin u64
+//!              ‖ backend u16 ‖ time_ms u64 ‖ n u32 ‖ n × block u64
+//!              (little-endian, [`crate::codec`]; kind 0 received, from 0;
+//!               kind 1 evicted, blocks = the chain from position `from`)
 //! ```
 //! A chain longer than a slot keeps its head, the part other requests most
 //! likely share. 16 KiB holds ~2k blocks ≈ 128k tokens at 256-byte blocks.
 
 use crate::codec::{put, Reader};
 
-/// One change: `backend` received `blocks` at `time_ms`, seen by VM `origin`.
+/// What an event says of its blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The backend received them (a routed prompt's chain).
+    Received,
+    /// The backend no longer holds them: a chain's blocks from position `from` on.
+    Evicted {
+        /// Chain position of the first block.
+        from: u32,
+    },
+}
+
+/// One change to what `backend` holds, seen by VM `origin`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
+    /// What the blocks are.
+    pub kind: Kind,
     /// Position in the log.
     pub seq: u64,
     /// VM that appended it (it applied the event itself already).
@@ -35,8 +53,8 @@ pub struct Event {
     pub blocks: Vec<u64>,
 }
 
-const EVENT_VERSION: u8 = 2;
-const EVENT_HEADER: usize = 1 + 8 + 8 + 2 + 8 + 4;
+const EVENT_VERSION: u8 = 3;
+const EVENT_HEADER: usize = 1 + 1 + 4 + 8 + 8 + 2 + 8 + 4;
 /// Slot size the ring aims for.
 const SLOT_TARGET: usize = 16 << 10;
 
@@ -69,6 +87,7 @@ impl Event {
     /// Encodes the event for one slot; a chain longer than `max_bytes` keeps its head
     /// (the part other requests are most likely to share).
     pub fn encode(
+        kind: Kind,
         seq: u64,
         origin: u64,
         backend: u16,
@@ -80,6 +99,12 @@ impl Event {
         let blocks = &blocks[..blocks.len().min(room)];
         let mut out = Vec::with_capacity(EVENT_HEADER + blocks.len() * 8);
         put(&mut out, EVENT_VERSION);
+        let (code, from) = match kind {
+            Kind::Received => (0u8, 0u32),
+            Kind::Evicted { from } => (1, from),
+        };
+        put(&mut out, code);
+        put(&mut out, from);
         put(&mut out, seq);
         put(&mut out, origin);
         put(&mut out, backend);
@@ -98,12 +123,18 @@ impl Event {
         if r.get::<u8>()? != EVENT_VERSION {
             return None;
         }
+        let kind = match (r.get::<u8>()?, r.get::<u32>()?) {
+            (0, _) => Kind::Received,
+            (1, from) => Kind::Evicted { from },
+            _ => return None,
+        };
         let (seq, origin, backend, time_ms) = (r.get()?, r.get()?, r.get()?, r.get()?);
         let n = r.get::<u32>()? as usize;
         if r.rest().len() != n.checked_mul(8)? {
             return None;
         }
         Some(Event {
+            kind,
             seq,
             origin,
             backend,
@@ -121,10 +152,11 @@ mod tests {
 
     #[test]
     fn event_round_trip() {
-        let bytes = Event::encode(9, 7, 2, 1234, &[1, 2, 3], 4096);
+        let bytes = Event::encode(Kind::Evicted { from: 5 }, 9, 7, 2, 1234, &[1, 2, 3], 4096);
         assert_eq!(
             Event::decode(&bytes),
             Some(Event {
+                kind: Kind::Evicted { from: 5 },
                 seq: 9,
                 origin: 7,
                 backend: 2,
@@ -137,7 +169,7 @@ mod tests {
     #[test]
     fn oversized_event_keeps_its_head() {
         let blocks: Vec<u64> = (0..10_000).collect();
-        let bytes = Event::encode(1, 1, 0, 0, &blocks, 4096);
+        let bytes = Event::encode(Kind::Received, 1, 1, 0, 0, &blocks, 4096);
         assert!(bytes.len() <= 4096);
         let ev = Event::decode(&bytes).unwrap();
         assert_eq!(ev.blocks[..3], [0, 1, 2]);
@@ -147,7 +179,7 @@ mod tests {
     #[test]
     fn garbage_slots_read_as_no_event() {
         for junk in [vec![], vec![9u8; 40], vec![2u8, 0, 0], {
-            let mut v = Event::encode(1, 1, 0, 0, &[1, 2, 3], 4096);
+            let mut v = Event::encode(Kind::Received, 1, 1, 0, 0, &[1, 2, 3], 4096);
             v.truncate(v.len() - 3);
             v
         }] {
@@ -187,12 +219,14 @@ mod tests {
                 backend in any::<u16>(),
                 time_ms in any::<u64>(),
                 blocks in proptest::collection::vec(any::<u64>(), 0..600),
+                evicted_from in proptest::option::of(any::<u32>()),
             ) {
-                let bytes = Event::encode(seq, origin, backend, time_ms, &blocks, 4096);
+                let kind = evicted_from.map_or(Kind::Received, |from| Kind::Evicted { from });
+                let bytes = Event::encode(kind, seq, origin, backend, time_ms, &blocks, 4096);
                 let ev = Event::decode(&bytes).unwrap();
                 // A chain longer than the slot keeps its head.
                 let kept = blocks.len().min((4096 - EVENT_HEADER) / 8);
-                prop_assert_eq!(ev, Event { seq, origin, backend, time_ms, blocks: blocks[..kept].to_vec() });
+                prop_assert_eq!(ev, Event { kind, seq, origin, backend, time_ms, blocks: blocks[..kept].to_vec() });
             }
         }
     }

@@ -32,6 +32,7 @@
 
 pub mod codec;
 pub mod config;
+pub mod feedback;
 pub mod hash;
 pub mod health;
 pub mod host;

@@ -75,6 +75,10 @@ struct Chat<'a> {
     #[serde(borrow, default)]
     max_completion_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
@@ -88,6 +92,10 @@ struct Completion<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow)]
@@ -275,6 +283,22 @@ fn tokens(v: Option<&RawValue>) -> Option<u32> {
     (t.is_finite() && t >= 0.0).then(|| t.min(f64::from(u32::MAX)) as u32)
 }
 
+/// Whether the answer will carry `usage`: a non-streamed one always, a stream
+/// only when asked (`stream_options.include_usage`). Read raw, like `tokens`.
+fn reports_usage(stream: Option<&RawValue>, options: Option<&RawValue>) -> bool {
+    #[derive(Deserialize)]
+    struct Options {
+        #[serde(default)]
+        include_usage: bool,
+    }
+    if stream.is_none_or(|s| s.get() != "true") {
+        return true;
+    }
+    options
+        .and_then(|o| serde_json::from_str::<Options>(o.get()).ok())
+        .is_some_and(|o| o.include_usage)
+}
+
 /// Turns a request body into its routing key.
 pub fn prompt_key(
     endpoint: Endpoint,
@@ -324,6 +348,7 @@ pub fn prompt_key(
                 history_bytes: if continuation { last_start } else { 0 },
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(req.max_completion_tokens.or(req.max_tokens)),
+                reports_usage: reports_usage(req.stream, req.stream_options),
                 ..h.finish()
             })
         }
@@ -339,6 +364,7 @@ pub fn prompt_key(
             Ok(PromptKey {
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(req.max_tokens),
+                reports_usage: reports_usage(req.stream, req.stream_options),
                 ..h.finish()
             })
         }

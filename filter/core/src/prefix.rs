@@ -55,6 +55,9 @@ pub struct PromptKey {
     /// The most tokens it may generate (`max_tokens`, `max_completion_tokens`,
     /// `max_output_tokens`), when it says.
     pub max_output_tokens: Option<u32>,
+    /// The answer will carry a usage report: not streamed, or streamed with
+    /// `stream_options.include_usage`.
+    pub reports_usage: bool,
 }
 
 use crate::hash::murmur;
@@ -178,6 +181,7 @@ impl PrefixHasher {
             history_bytes: 0,
             model: None,
             max_output_tokens: None,
+            reports_usage: false,
         }
     }
 }

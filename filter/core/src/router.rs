@@ -25,10 +25,12 @@
 //! backend is in rotation when neither view keeps it out.
 
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
+use crate::feedback::kept_blocks;
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
+use crate::index_log::Kind;
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
 use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
@@ -356,8 +358,17 @@ impl Router {
             match store.log_event(seq)? {
                 Some(ev) if ev.seq == seq => {
                     if ev.origin != self.vm_id {
-                        self.index
-                            .record(&ev.blocks, ev.backend as usize, ev.time_ms);
+                        match ev.kind {
+                            Kind::Received => {
+                                self.index
+                                    .record(&ev.blocks, ev.backend as usize, ev.time_ms)
+                            }
+                            Kind::Evicted { from } => self.index.forget_from(
+                                &ev.blocks,
+                                from as usize,
+                                ev.backend as usize,
+                            ),
+                        }
                     }
                 }
                 Some(ev) if ev.seq > seq => gap = true,
@@ -573,8 +584,14 @@ impl Router {
                 self.unreleased.fill(Delta::default());
                 note_reclaimed(&accounted.reclaimed);
                 if let Some(seq) = accounted.seq {
-                    let written =
-                        store.write_event(seq, self.vm_id, primary as u16, seen.now, chain);
+                    let written = store.write_event(
+                        Kind::Received,
+                        seq,
+                        self.vm_id,
+                        primary as u16,
+                        seen.now,
+                        chain,
+                    );
                     host_errors += u32::from(written.is_err());
                     // Nothing in between to read: skip our own event instead of reading it back.
                     if seq == self.applied_seq {
@@ -679,6 +696,55 @@ impl Router {
             return Ok(read.value.inflight);
         }
         self.write_ledger(host, Some(read.raw), now_ms)
+    }
+
+    /// Folds a pod's own cache report for a request into the index: when
+    /// `reported_tokens` falls clearly short of the `predicted_blocks` the
+    /// index credited `backend` with for `chain`, the blocks past what it
+    /// kept are forgotten here and, through the log, in every VM
+    /// ([`crate::feedback`]). Returns the blocks it kept, on an eviction.
+    pub fn reported<H: Host>(
+        &mut self,
+        host: &H,
+        backend: usize,
+        chain: &[u64],
+        predicted_blocks: u32,
+        reported_tokens: u64,
+    ) -> Option<u32> {
+        let keep = kept_blocks(
+            predicted_blocks,
+            reported_tokens,
+            self.cfg.policy.block_tokens,
+        )?;
+        let from = (keep as usize).min(chain.len());
+        let tail = &chain[from..];
+        self.index.forget_from(tail, from, backend);
+        let now = host.now_ms();
+        let store = self.store(host);
+        let event = store
+            .account(None, self.writer(now), &self.unreleased, true)
+            .and_then(|accounted| {
+                let seq = accounted.seq.ok_or(HostError::CasMismatch)?;
+                store.write_event(
+                    Kind::Evicted { from: from as u32 },
+                    seq,
+                    self.vm_id,
+                    backend as u16,
+                    now,
+                    tail,
+                )?;
+                Ok(seq)
+            });
+        match event {
+            Ok(seq) => {
+                self.unreleased.fill(Delta::default());
+                if seq == self.applied_seq {
+                    self.applied_seq = seq + 1;
+                }
+            }
+            Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
+        }
+        Some(keep)
     }
 
     /// Records the LoRA state a scrape of `backend` reported, in shared data

@@ -115,6 +115,10 @@ pub struct Stats {
     scrape_slow: Counter,
     ejections: Counter,
     unknown_model: Counter,
+    reports: Counter,
+    predicted_tokens: Counter,
+    reported_tokens: Counter,
+    evictions: Counter,
     host_errors: Counter,
     log_gaps: Counter,
 }
@@ -169,6 +173,10 @@ impl Stats {
             scrape_slow: counter("warmroute.scrape.slow".into()),
             ejections: counter("warmroute.ejections".into()),
             unknown_model: counter("warmroute.unknown_model".into()),
+            reports: counter("warmroute.feedback.reports".into()),
+            predicted_tokens: counter("warmroute.feedback.predicted_tokens".into()),
+            reported_tokens: counter("warmroute.feedback.reported_tokens".into()),
+            evictions: counter("warmroute.feedback.evictions".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
         }
@@ -227,6 +235,16 @@ impl Stats {
         }
     }
 
+    /// A pod's own cache report on a predicted hit: what the index predicted,
+    /// what the pod reported, and whether that was an eviction.
+    pub fn reported(&mut self, predicted_tokens: u64, reported_tokens: u64, evicted: bool) {
+        self.reports.add(1);
+        let count = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.predicted_tokens.add(count(predicted_tokens));
+        self.reported_tokens.add(count(reported_tokens));
+        self.evictions.add(evicted.into());
+    }
+
     /// A request for a model no pod serves, answered 404.
     pub fn unknown_model(&mut self) {
         self.unknown_model.add(1);
@@ -254,6 +272,10 @@ impl Stats {
             &mut self.scrape_slow,
             &mut self.ejections,
             &mut self.unknown_model,
+            &mut self.reports,
+            &mut self.predicted_tokens,
+            &mut self.reported_tokens,
+            &mut self.evictions,
             &mut self.host_errors,
             &mut self.log_gaps,
         ];

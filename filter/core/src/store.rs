@@ -56,7 +56,7 @@
 use crate::codec::{self, put, Reader};
 use crate::health::{decode_health, encode_health, Health};
 use crate::host::{Host, HostError, Versioned};
-use crate::index_log::{Event, LogShape};
+use crate::index_log::{Event, Kind, LogShape};
 use crate::inflight::{decode_inflight, encode_inflight, inflight_len, Delta, InFlight};
 use crate::membership::Slots;
 use crate::models::{decode_lora, encode_lora, Lora};
@@ -555,6 +555,7 @@ impl<H: Host> Store<'_, H> {
     /// so unconditionally).
     pub fn write_event(
         &self,
+        kind: Kind,
         seq: u64,
         origin: u64,
         backend: u16,
@@ -562,6 +563,7 @@ impl<H: Host> Store<'_, H> {
         blocks: &[u64],
     ) -> Result<(), HostError> {
         let event = Event::encode(
+            kind,
             seq,
             origin,
             backend,
@@ -624,7 +626,14 @@ mod tests {
             .account(None, writer(s, 1), &[], true)?
             .seq
             .unwrap_or_default();
-        s.write_event(seq, origin, backend, s.host.now_ms(), blocks)?;
+        s.write_event(
+            Kind::Received,
+            seq,
+            origin,
+            backend,
+            s.host.now_ms(),
+            blocks,
+        )?;
         Ok(seq)
     }
 

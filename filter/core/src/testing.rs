@@ -30,6 +30,8 @@ pub struct TestExchange {
     pub upstream: Option<String>,
     /// A local reply the worker sent instead of forwarding.
     pub local_reply: Option<LocalReply>,
+    /// The response body chunk being delivered.
+    pub response_body: Vec<u8>,
 }
 
 /// A response the worker sent itself.
@@ -255,6 +257,12 @@ impl Host for MemoryHost {
 
     fn upstream_address(&self) -> Option<String> {
         self.exchange.borrow().upstream.clone()
+    }
+
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        let e = self.exchange.borrow();
+        let end = start.saturating_add(size).min(e.response_body.len());
+        e.response_body.get(start..end).map(<[u8]>::to_vec)
     }
 
     fn dispatch(&self, call: &Callout<'_>) -> Result<u32, HostError> {

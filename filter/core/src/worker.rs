@@ -21,6 +21,7 @@
 //! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
 
 use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
+use crate::feedback::{cached_tokens, TAIL_BYTES};
 use crate::health::Outcome;
 use crate::host::{Callout, Host};
 use crate::inflight::Delta;
@@ -76,6 +77,15 @@ pub struct Exchange {
     held: Delta,
     debug: Option<String>,
     response_done: bool,
+    /// A predicted cache hit whose answer will carry the pod's own report.
+    awaiting_report: Option<Predicted>,
+}
+
+/// What the index credited the chosen pod with, for the pod's report to check.
+#[derive(Debug)]
+struct Predicted {
+    chain: Vec<u64>,
+    blocks: u32,
 }
 
 /// One worker VM: its router, its stats, and (while it holds the lease) the scrapes.
@@ -315,6 +325,13 @@ impl Worker {
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
         ex.held = routed.held;
+        ex.awaiting_report = key
+            .as_ref()
+            .filter(|k| k.reports_usage && routed.decision.matched > 0 && primary.is_some())
+            .map(|k| Predicted {
+                chain: k.blocks.clone(),
+                blocks: routed.decision.matched,
+            });
         self.stats.decided(
             routed.decision.reason,
             primary,
@@ -369,14 +386,43 @@ impl Worker {
 
     /// A response body chunk: the first streamed byte means the prompt is
     /// prefilled, so others stop queueing behind it. A response that ends
-    /// here is released whole in [`Worker::on_log`].
-    pub fn on_response_body(&mut self, ex: &mut Exchange, body_size: usize, end_of_stream: bool) {
+    /// here is released whole in [`Worker::on_log`]. While a predicted hit
+    /// waits for the pod's cache report, the chunk's tail is searched for it.
+    pub fn on_response_body<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        body_size: usize,
+        end_of_stream: bool,
+    ) {
         ex.response_done |= end_of_stream;
         if body_size > 0 && !end_of_stream && ex.held.prefill_blocks > 0 {
             if let Some(b) = ex.chosen {
                 self.router.prefilled(b, &mut ex.held);
             }
         }
+        if body_size > 0 && ex.awaiting_report.is_some() {
+            self.read_report(host, ex, body_size);
+        }
+    }
+
+    fn read_report<H: Host>(&mut self, host: &H, ex: &mut Exchange, body_size: usize) {
+        let start = body_size.saturating_sub(TAIL_BYTES);
+        let Some(reported) = host
+            .response_body(start, body_size - start)
+            .and_then(|tail| cached_tokens(&tail))
+        else {
+            return;
+        };
+        let (Some(p), Some(b)) = (ex.awaiting_report.take(), ex.chosen) else {
+            return;
+        };
+        let evicted = self
+            .router
+            .reported(host, b, &p.chain, p.blocks, reported)
+            .is_some();
+        let predicted = (f64::from(p.blocks) * self.router.config().policy.block_tokens) as u64;
+        self.stats.reported(predicted, reported, evicted);
     }
 
     /// The exchange is over (every outcome): counts it and releases what it held.
@@ -788,8 +834,8 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 1);
         host.exchange.borrow_mut().status = Some("200".into());
         w.on_response_headers(&host, &mut ex, false);
-        w.on_response_body(&mut ex, 10, false);
-        w.on_response_body(&mut ex, 0, true);
+        w.on_response_body(&host, &mut ex, 10, false);
+        w.on_response_body(&host, &mut ex, 0, true);
         w.on_log(&host, &mut ex);
         assert_eq!(
             inflight(&w, &host),
@@ -1479,5 +1525,77 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             );
         }
         assert_eq!(ask(&mut w, &host, "mistral", "m").0, Step::Replied);
+    }
+
+    /// Routes `body`, delivers one response chunk holding `usage` with
+    /// `cached` tokens, and ends it; returns (pod, matched blocks).
+    fn answered_with(
+        w: &mut Worker,
+        host: &MemoryHost,
+        body: &[u8],
+        cached: Option<u64>,
+    ) -> (String, u32) {
+        let mut ex = send(w, host, &chat_headers(), body);
+        let to = routed_to(host).unwrap();
+        let matched = ex.awaiting_report.as_ref().map_or(0, |p| p.blocks);
+        let usage = cached.map_or(String::new(), |c| {
+            format!(r#","usage":{{"prompt_tokens_details":{{"cached_tokens":{c}}}}}"#)
+        });
+        host.exchange.borrow_mut().response_body =
+            format!(r#"{{"choices":[{{"message":{{"content":"ok"}}}}]{usage}}}"#).into_bytes();
+        let size = host.exchange.borrow().response_body.len();
+        w.on_response_body(host, &mut ex, size, true);
+        w.on_log(host, &mut ex);
+        (to, matched)
+    }
+
+    #[test]
+    fn a_pods_report_of_an_eviction_makes_every_vm_forget_the_prefix_there() {
+        // Checked once in the VM that read the report and once in another: a check
+        // routes the prompt, which records it on a pod again.
+        for check_other_vm in [false, true] {
+            let host = MemoryHost::default();
+            let mut a = worker(&host);
+            let mut b = worker(&host);
+            let body = chat_body(&"a long conversation ".repeat(500));
+            let (pod, first) = answered_with(&mut a, &host, &body, Some(0));
+            assert_eq!(first, 0, "nothing predicted for a new prompt");
+            // The pod had it, as predicted: nothing changes.
+            let (again, matched) = answered_with(&mut a, &host, &body, Some(100_000));
+            assert_eq!(again, pod);
+            assert!(matched > 0);
+            // The pod evicted it: its report says 0 tokens were cached.
+            let (_, predicted) = answered_with(&mut a, &host, &body, Some(0));
+            assert!(predicted > 0);
+            a.tick(&host);
+            assert_eq!(host.metric("warmroute.feedback.evictions"), Some(1));
+            assert_eq!(host.metric("warmroute.feedback.reports"), Some(2));
+            let w = if check_other_vm { &mut b } else { &mut a };
+            let ex = send(w, &host, &chat_headers(), &body);
+            assert!(
+                ex.awaiting_report.is_none(),
+                "still predicted a hit (other VM: {check_other_vm})"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_without_a_usage_report_is_not_watched() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let streamed = |extra: &str| {
+            format!(
+                r#"{{"model":"m","stream":true,{extra}"messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"q"}}]}}"#,
+                "s".repeat(600)
+            )
+        };
+        for _ in 0..2 {
+            let mut ex = send(&mut w, &host, &chat_headers(), streamed("").as_bytes());
+            assert!(ex.awaiting_report.is_none());
+            w.on_log(&host, &mut ex);
+        }
+        let with_usage = streamed(r#""stream_options":{"include_usage":true},"#);
+        let ex = send(&mut w, &host, &chat_headers(), with_usage.as_bytes());
+        assert!(ex.awaiting_report.is_some());
     }
 }

@@ -91,6 +91,12 @@ impl Host for Proxy {
         property(&["upstream", "address"])
     }
 
+    fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(BufferType::HttpResponseBody, start, size)
+            .ok()
+            .flatten()
+    }
+
     fn send_response(
         &self,
         status: u32,
@@ -250,7 +256,7 @@ impl HttpContext for Http {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let ex = &mut self.exchange;
         with(&self.worker, |w| {
-            w.on_response_body(ex, body_size, end_of_stream)
+            w.on_response_body(&Proxy, ex, body_size, end_of_stream)
         });
         Action::Continue
     }
