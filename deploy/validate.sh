@@ -11,8 +11,9 @@
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
 #    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
-#    workload warmroute runs in, the strict scrape cluster metrics.cluster names; in header mode
-#    backend <-> DestinationRule subset <-> VirtualService route
+#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, the pool's
+#    cluster and admin cluster, no route to the proxy's admin; in header mode backend <->
+#    DestinationRule subset <-> VirtualService route
 # 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
 #    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
 #    from `make setup`, or $ENVOY)
@@ -293,6 +294,88 @@ mutate "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-
 expect_reject_because "override_host fallback naming a type Envoy does not have" "RoundRobbin" \
   node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/envoyfilter-override-host.yaml"
 cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
+
+# The discovered pool: the vLLM Service's own cluster, read through the proxy's admin, which no
+# route may reach.
+pool_every_copy() { # $1 = python expression over s, applied to every copy in $neg/istio; $2 = copies expected
+  python3 - "$neg/istio" "$1" "$2" <<'PY'
+import pathlib, re, sys
+root, expr, want = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# Every copy at once, so only the cross-check on the pool can tell.
+n = 0
+for f in pathlib.Path(root).rglob("*"):
+    if f.suffix in (".json", ".yaml"):
+        s = f.read_text()
+        t = eval(expr, {"s": s, "re": re})
+        n += t != s
+        f.write_text(t)
+assert n == want, f"{n} copies changed, expected {want}"
+PY
+}
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+pool_every_copy 's.replace("\"cluster\": \"outbound|8000||vllm", "\"cluster\": \"outbound|8000|vllm-0|vllm").replace("cluster: \"outbound|8000||vllm", "cluster: \"outbound|8000|vllm-0|vllm")' 6
+expect_reject_because "pool.cluster one subset of the vLLM Service" "pool.cluster outbound\|8000\|vllm-0\|.* is not the vLLM Service's outbound cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+pool_every_copy 's.replace("\"mode\": \"endpoint\"", "\"mode\": \"header\"").replace("      mode: endpoint\n", "      mode: header\n")' 6
+expect_reject_because "a pool in header mode (its pods match no subset)" "pool with route.mode header" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+rm "$neg/istio/envoyfilter-override-host.yaml"
+expect_reject_because "gateway without override_host on pool.cluster" "gateway istio-system.*no override_host policy on pool.cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  're.sub(r"  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_OUTBOUND\n    patch:\n      operation: ADD\n      value:\n        name: warmroute-envoy-admin\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+expect_reject_because "sidecar without the admin cluster" "sidecar apps.*0 EnvoyFilter CLUSTER ADD of pool.admin_cluster warmroute-envoy-admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+gw_routing="$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("port_value: 15000", "port_value: 15020", 1)'
+expect_reject_because "admin cluster at istio-agent's port, not the proxy's admin" "warmroute-envoy-admin: endpoints \[.127.0.0.1:15020.\], not the proxy's admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("type: STATIC", "type: STRICT_DNS", 1)'
+expect_reject_because "admin cluster resolved by DNS" "warmroute-envoy-admin: type STRICT_DNS, not STATIC" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("name: warmroute-envoy-admin", "name: istio-admin").replace("cluster_name: warmroute-envoy-admin", "cluster_name: istio-admin")'
+expect_reject_because "gateway admin cluster under a name the filter does not read" "cluster istio-admin points at the proxy's admin, but the filter reads none by that name" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("load_assignment:", "load_asignment:", 1)'
+node "$here/validate-manifests.mjs" k8s "$gw_routing" >/dev/null \
+  || die "Istio's schema now checks EnvoyFilter patch values: the next test no longer shows what Envoy adds"
+expect_reject_because "admin cluster with load_asignment (Istio's schema lets it pass)" "no such field: 'load_asignment'" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$gw_routing"
+route_patch='  configPatches:\n  - applyTo: HTTP_ROUTE\n    match:\n      context: GATEWAY\n    patch:\n      operation: INSERT_FIRST\n      value:\n        name: admin\n        match:\n          prefix: /admin\n        route:\n'
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" \
+  "s.replace('  configPatches:\n', '$route_patch          cluster: warmroute-envoy-admin\n', 1)"
+expect_reject_because "EnvoyFilter route to the admin cluster" "configPatches\[0\].patch.value.route.cluster names the admin cluster warmroute-envoy-admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" \
+  "s.replace('  configPatches:\n', '$route_patch          cluster_header: x-cluster\n', 1)"
+expect_reject_because "EnvoyFilter route whose cluster the client names" "a cluster_header route lets the client name any cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing"
+mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+  's.replace("  http:\n", "  http:\n  - name: admin\n    match:\n    - uri:\n        prefix: /admin\n    route:\n    - destination:\n        host: warmroute-envoy-admin\n", 1)'
+expect_reject_because "VirtualService destination naming the admin cluster" "spec.http\[0\].route\[0\].destination.host names the admin cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+cat >"$neg/istio/serviceentry.yaml" <<'YAML'
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata:
+  name: proxy-admin
+  namespace: istio-system
+spec:
+  hosts: [proxy-admin.internal]
+  ports: [{number: 80, name: http, protocol: HTTP, targetPort: 15000}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.1}]
+YAML
+node "$here/validate-manifests.mjs" k8s "$neg/istio/serviceentry.yaml" >/dev/null || die "the ServiceEntry of the next test is not valid Istio"
+expect_reject_because "ServiceEntry whose endpoint is the proxy's admin" "an endpoint at 127.0.0.1, port 15000: a route to this service reaches the proxy's admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm "$neg/istio/serviceentry.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"
