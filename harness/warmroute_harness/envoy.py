@@ -94,6 +94,8 @@ class Envoy:
     lb: str | None = None  # replace the pool's policy: "round_robin" or "least_request" (no filter runs)
     # Sims that are endpoints of the pool clusters (default: all); the filter still lists every sim.
     endpoints: list[Sim] | None = None
+    # Extra fields of the filter's backend entry per sim name (e.g. "models", "adapters").
+    backend_fields: dict[str, dict] = field(default_factory=dict)
     wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
     listener_buffer_limit: int | None = None  # replace the listener's per_connection_buffer_limit_bytes
     port: int = field(default_factory=free_port)
@@ -120,7 +122,8 @@ class Envoy:
         fc = filter_config(cfg)
         if "pool" not in fc:  # a discovered pool lists no addresses
             fc["backends"] = [
-                {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address}
+                {**(fc["backends"][i] if i < len(fc["backends"]) else {}), "name": s.name, "address": s.address,
+                 **self.backend_fields.get(s.name, {})}
                 for i, s in enumerate(self.sims)
             ]
         _deep_update(fc, self.filter_overrides)

@@ -41,6 +41,10 @@ class Sim:
             self.proc.kill()
             self.proc.wait(5)
 
+    def metrics_text(self) -> str:
+        """The sim's /metrics as served (labels included)."""
+        return get(self.port, "/metrics").decode()
+
     def metrics(self) -> dict[str, float]:
         """Unlabelled view of the sim's /metrics: metric name → value summed over label sets."""
-        return sums_by_name(get(self.port, "/metrics").decode())
+        return sums_by_name(self.metrics_text())

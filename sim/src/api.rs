@@ -5,11 +5,24 @@
 //!   (`data: {chunk}\n\n` per generated token, `data: [DONE]\n\n` at the end, an extra usage
 //!   chunk with empty `choices` before it when `stream_options.include_usage` is true). A chunk
 //!   is written as soon as its token is produced, so clients can time the first token.
-//! * `GET /v1/models`, `GET /health` (200, empty body), `GET /metrics` (see [`crate::metrics`]).
+//! * `GET /v1/models`: one entry per served name (`root` = `--model`), as vLLM lists its
+//!   `base_model_paths`. `GET /health` (200, empty body), `GET /metrics` (see
+//!   [`crate::metrics`]).
+//! * A request's `model` may be any served name (or absent: the first one); responses echo the
+//!   name asked for, as vLLM's `_get_model_name` does.
+//! * With `--enable-lora`, `model` may also name a loaded LoRA adapter (checked before the served
+//!   names, as vLLM's `_maybe_get_adapters` does); `/v1/models` lists each adapter after the base
+//!   names with `root` = its path and `parent` = its base model (vLLM's `show_available_models`).
+//!   With `--allow-runtime-lora-updating`, `POST /v1/load_lora_adapter`
+//!   (`{"lora_name", "lora_path", "load_inplace"}`) and `POST /v1/unload_lora_adapter`
+//!   (`{"lora_name"}`) add and remove adapters and answer vLLM's plain-text `Success: ...` line or
+//!   its errors; without the flag these routes do not exist, as in vLLM without
+//!   `VLLM_ALLOW_RUNTIME_LORA_UPDATING`.
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
-//! * Invalid input never panics: it gets vLLM's error body
-//!   `{"object":"error","message":..,"type":"BadRequestError","param":null,"code":400}`
-//!   (`NotFoundError`/404 for an unknown model).
+//! * Invalid input never panics: it gets vLLM's error body, OpenAI's shape
+//!   `{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}`
+//!   (vLLM's `ErrorResponse` wrapping an `ErrorInfo`; `code` is the HTTP status), and for an
+//!   unknown model `NotFoundError`/404 with `"param":"model"` (vLLM's `_check_model`).
 //!
 //! # Prompt rendering and tokenization
 //! The simulator has no real tokenizer: a token is a whitespace-separated word. A chat request is
@@ -27,10 +40,10 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
@@ -42,7 +55,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::cache::{tokenize, Token};
-use crate::config::Args;
+use crate::config::{Args, LoraModule};
 use crate::engine::{EngineHandle, SeqEvent, SeqRequest, SeqUsage};
 use crate::metrics::{self, CacheInfo};
 
@@ -56,14 +69,23 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub engine: EngineHandle,
+    /// The first served name: the `model_name` label of the metrics, and the model of a
+    /// request that names none.
     pub model: Arc<str>,
+    /// Every served name of the base model.
+    pub served: Arc<[Arc<str>]>,
+    /// `--model`, the `root` of the base model's entries in `/v1/models`.
+    root: Arc<str>,
+    /// Loaded LoRA adapters, in load order (vLLM's `OpenAIServingModels.lora_requests`).
+    adapters: Arc<RwLock<Vec<Adapter>>>,
+    lora_enabled: bool,
+    runtime_lora_updating: bool,
     pub replica: Arc<str>,
     replica_header: HeaderValue,
     cache_info: Option<CacheInfo>,
     metrics_delay: std::time::Duration,
     default_max_tokens: usize,
     max_len: usize,
-    started: u64,
     next_id: Arc<AtomicU64>,
 }
 
@@ -84,18 +106,48 @@ impl AppState {
         // Ids only need to be unique per process and distinct across replicas.
         let seed =
             crate::cache::fnv1a(format!("{replica}{started}{}", std::process::id()).as_bytes());
+        let served: Arc<[Arc<str>]> = args
+            .served_model_names()
+            .iter()
+            .map(|n| Arc::from(n.as_str()))
+            .collect();
+        let model = served
+            .first()
+            .cloned()
+            .unwrap_or_else(|| args.model.as_str().into());
+        // `Args::validate` refuses modules without --enable-lora; an embedder that skipped it
+        // gets no adapters rather than adapters outside the max_loras limit.
+        let adapters = args
+            .lora_modules
+            .iter()
+            .filter(|_| args.enable_lora)
+            .map(|m| Adapter::new(m, &served, &model))
+            .collect();
         Self {
             engine,
-            model: args.model.as_str().into(),
+            model,
+            served,
+            root: args.model.as_str().into(),
+            adapters: Arc::new(RwLock::new(adapters)),
+            lora_enabled: args.enable_lora,
+            runtime_lora_updating: args.allow_runtime_lora_updating,
             replica: replica.into(),
             replica_header,
             cache_info,
             metrics_delay: std::time::Duration::from_millis(args.metrics_delay_ms),
             default_max_tokens: args.default_max_tokens.max(1),
             max_len,
-            started,
             next_id: Arc::new(AtomicU64::new(seed & 0xffff_ffff_0000_0000)),
         }
+    }
+
+    /// The adapters, read (a poisoned lock is recovered: the list is always whole).
+    fn adapters(&self) -> RwLockReadGuard<'_, Vec<Adapter>> {
+        self.adapters.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn adapters_mut(&self) -> RwLockWriteGuard<'_, Vec<Adapter>> {
+        self.adapters.write().unwrap_or_else(|e| e.into_inner())
     }
 
     fn new_id(&self, prefix: &str) -> String {
@@ -108,12 +160,18 @@ impl AppState {
 
 /// The router with every route and the replica-header layer.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let mut router = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics_handler))
+        .route("/metrics", get(metrics_handler));
+    if state.runtime_lora_updating {
+        router = router
+            .route("/v1/load_lora_adapter", post(load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(unload_lora_adapter));
+    }
+    router
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::map_response_with_state(
@@ -141,21 +199,44 @@ fn unix_now() -> u64 {
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// vLLM's error `type`.
+    pub kind: &'static str,
+    /// The request field at fault, when vLLM names one.
+    pub param: Option<&'static str>,
 }
 
 impl ApiError {
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         Self {
-            status: StatusCode::BAD_REQUEST,
+            status,
             message: message.into(),
+            kind,
+            param: None,
         }
     }
-    fn kind(&self) -> &'static str {
-        match self.status {
-            StatusCode::NOT_FOUND => "NotFoundError",
-            StatusCode::BAD_REQUEST => "BadRequestError",
-            s if s.is_server_error() => "InternalServerError",
-            _ => "BadRequestError",
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "BadRequestError", message)
+    }
+    fn internal(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            message,
+        )
+    }
+    /// The adapter endpoints' check failures (vLLM's `err_type="InvalidUserInput"`).
+    fn invalid_user_input(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "InvalidUserInput", message)
+    }
+    /// vLLM's answer for a `model` that is neither a served name nor a loaded adapter.
+    fn unknown_model(model: &str) -> Self {
+        Self {
+            param: Some("model"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "NotFoundError",
+                format!("The model `{model}` does not exist."),
+            )
         }
     }
 }
@@ -163,11 +244,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({
-            "object": "error",
-            "message": self.message,
-            "type": self.kind(),
-            "param": null,
-            "code": self.status.as_u16(),
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            },
         });
         (self.status, Json(body)).into_response()
     }
@@ -181,27 +263,184 @@ async fn health() -> StatusCode {
     StatusCode::OK
 }
 
+/// vLLM's `ModelPermission` with its defaults (every `ModelCard` carries one).
+fn model_permission(st: &AppState) -> Value {
+    json!({
+        "id": st.new_id("modelperm"),
+        "object": "model_permission",
+        "created": unix_now(),
+        "allow_create_engine": false,
+        "allow_sampling": true,
+        "allow_logprobs": true,
+        "allow_search_indices": false,
+        "allow_view": true,
+        "allow_fine_tuning": false,
+        "organization": "*",
+        "group": null,
+        "is_blocking": false,
+    })
+}
+
+/// vLLM's `ModelCard`.
+fn model_card(
+    st: &AppState,
+    id: &str,
+    root: &str,
+    parent: Option<&str>,
+    max_len: Option<usize>,
+) -> Value {
+    json!({
+        "id": id,
+        "object": "model",
+        "created": unix_now(),
+        "owned_by": "vllm",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_len,
+        "permission": [model_permission(st)],
+    })
+}
+
 async fn models(State(st): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": &*st.model,
-            "object": "model",
-            "created": st.started,
-            "owned_by": "vllm",
-            "root": &*st.model,
-            "parent": null,
-            "max_model_len": st.max_len,
-            "permission": [],
-        }],
-    }))
+    let mut data: Vec<Value> = st
+        .served
+        .iter()
+        .map(|name| model_card(&st, name, &st.root, None, Some(st.max_len)))
+        .collect();
+    data.extend(
+        st.adapters()
+            .iter()
+            .map(|a| model_card(&st, &a.name, &a.path, Some(&a.parent), None)),
+    );
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// A loaded LoRA adapter.
+#[derive(Debug, Clone)]
+struct Adapter {
+    name: Arc<str>,
+    path: String,
+    /// Its base model: `base_model_name` when that is a served name, else the first served name
+    /// (vLLM's `load_lora_adapter` and `show_available_models`).
+    parent: Arc<str>,
+}
+
+impl Adapter {
+    fn new(m: &LoraModule, served: &[Arc<str>], first: &Arc<str>) -> Self {
+        let parent = m
+            .base_model_name
+            .as_deref()
+            .and_then(|b| served.iter().find(|s| &***s == b))
+            .unwrap_or(first)
+            .clone();
+        Self {
+            name: m.name.as_str().into(),
+            path: m.path.clone(),
+            parent,
+        }
+    }
+}
+
+/// A request body's string field, absent and null meaning empty.
+fn str_field<'a>(obj: &'a Map<String, Value>, key: &str) -> Result<&'a str, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(""),
+        Some(Value::String(v)) => Ok(v),
+        Some(_) => Err(ApiError::bad_request(format!("'{key}' must be a string"))),
+    }
+}
+
+/// vLLM's plain 200 answer of the adapter endpoints (a bare `Response(content=...)`, no
+/// content type).
+fn success(text: String) -> Response {
+    Response::new(Body::from(text))
+}
+
+/// `POST /v1/load_lora_adapter`, as vLLM's `OpenAIServingModels.load_lora_adapter`.
+async fn load_lora_adapter(State(st): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let obj = parse_body(&body)?;
+        let name = str_field(&obj, "lora_name")?;
+        let path = str_field(&obj, "lora_path")?;
+        let in_place = opt_bool(&obj, "load_inplace")?.unwrap_or(false);
+        if name.is_empty() || path.is_empty() {
+            return Err(ApiError::invalid_user_input(
+                "Both 'lora_name' and 'lora_path' must be provided.",
+            ));
+        }
+        let mut adapters = st.adapters_mut();
+        let existing = adapters.iter().position(|a| &*a.name == name);
+        if existing.is_some() && !in_place {
+            return Err(ApiError::invalid_user_input(format!(
+                "The lora adapter '{name}' has already been loaded. If you want to load the \
+                 adapter in place, set 'load_inplace' to True."
+            )));
+        }
+        if !st.lora_enabled {
+            // What the engine raises when asked to add an adapter without LoRA.
+            return Err(ApiError::internal(
+                "LoRA is not enabled. Use --enable-lora to enable LoRA.",
+            ));
+        }
+        let module = LoraModule {
+            name: name.to_string(),
+            path: path.to_string(),
+            base_model_name: None,
+        };
+        let adapter = Adapter::new(&module, &st.served, &st.model);
+        match existing.and_then(|i| adapters.get_mut(i)) {
+            Some(slot) => *slot = adapter,
+            None => adapters.push(adapter),
+        }
+        Ok(format!(
+            "Success: LoRA adapter '{name}' added successfully."
+        ))
+    })();
+    match result {
+        Ok(text) => success(text),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/unload_lora_adapter`, as vLLM's `OpenAIServingModels.unload_lora_adapter`.
+/// Requests already queued or running under the adapter finish under it.
+async fn unload_lora_adapter(State(st): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let obj = parse_body(&body)?;
+        let name = str_field(&obj, "lora_name")?;
+        if name.is_empty() {
+            return Err(ApiError::invalid_user_input(
+                "'lora_name' needs to be provided to unload a LoRA adapter.",
+            ));
+        }
+        let mut adapters = st.adapters_mut();
+        let Some(i) = adapters.iter().position(|a| &*a.name == name) else {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "NotFoundError",
+                format!("The lora adapter '{name}' cannot be found."),
+            ));
+        };
+        adapters.remove(i);
+        Ok(format!(
+            "Success: LoRA adapter '{name}' removed successfully."
+        ))
+    })();
+    match result {
+        Ok(text) => success(text),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn metrics_handler(State(st): State<AppState>) -> Response {
     if !st.metrics_delay.is_zero() {
         tokio::time::sleep(st.metrics_delay).await;
     }
-    let body = metrics::render(&st.model, &st.engine.snapshot(), st.cache_info.as_ref());
+    let (snapshot, lora) = {
+        let engine = st.engine.lock();
+        (engine.snapshot(), engine.lora_info().cloned())
+    };
+    let body = metrics::render(&st.model, &snapshot, st.cache_info.as_ref(), lora.as_ref());
     (
         [(
             header::CONTENT_TYPE,
@@ -215,9 +454,19 @@ async fn metrics_handler(State(st): State<AppState>) -> Response {
 // ---------------------------------------------------------------------------------------------
 // Request parsing
 
+/// What a request's `model` names.
+#[derive(Debug)]
+struct Target {
+    /// The name responses carry.
+    name: Arc<str>,
+    /// The adapter the request runs under.
+    lora: Option<Arc<str>>,
+}
+
 /// Fields common to both completion endpoints, validated.
 #[derive(Debug)]
 struct Common {
+    target: Target,
     max_tokens: usize,
     stream: bool,
     include_usage: bool,
@@ -255,18 +504,38 @@ fn opt_count(obj: &Map<String, Value>, key: &str) -> Result<Option<usize>, ApiEr
     }
 }
 
-fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiError> {
-    match obj.get("model") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) if m.as_str() == &*st.model => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: format!("The model `{m}` does not exist."),
-            })
-        }
+/// Resolves a request's `model` as vLLM's `_check_model` and `_maybe_get_adapters` do: absent or
+/// empty means the first served name, a loaded adapter runs under that adapter, any served name
+/// is the base model, anything else is a 404.
+fn resolve_model(st: &AppState, obj: &Map<String, Value>) -> Result<Target, ApiError> {
+    let requested = match obj.get("model") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(m)) => m.as_str(),
         Some(_) => return Err(ApiError::bad_request("'model' must be a string")),
+    };
+    if requested.is_empty() {
+        return Ok(Target {
+            name: st.model.clone(),
+            lora: None,
+        });
     }
+    if let Some(a) = st.adapters().iter().find(|a| &*a.name == requested) {
+        return Ok(Target {
+            name: a.name.clone(),
+            lora: Some(a.name.clone()),
+        });
+    }
+    match st.served.iter().find(|n| &***n == requested) {
+        Some(name) => Ok(Target {
+            name: name.clone(),
+            lora: None,
+        }),
+        None => Err(ApiError::unknown_model(requested)),
+    }
+}
+
+fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiError> {
+    let target = resolve_model(st, obj)?;
     let max_tokens = match opt_count(obj, "max_completion_tokens")? {
         Some(n) => n,
         None => opt_count(obj, "max_tokens")?.unwrap_or(st.default_max_tokens),
@@ -278,6 +547,7 @@ fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiEr
         Some(_) => return Err(ApiError::bad_request("'stream_options' must be an object")),
     };
     Ok(Common {
+        target,
         max_tokens,
         stream,
         include_usage,
@@ -474,6 +744,7 @@ async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Tok
             max_tokens: common.max_tokens,
             index,
             events: tx.clone(),
+            lora: common.target.lora.clone(),
         });
     }
     drop(tx);
@@ -484,14 +755,22 @@ async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Tok
     });
     let created = unix_now();
     if common.stream {
-        stream_response(st, kind, id, created, n, common.include_usage, rx)
+        stream_response(
+            common.target.name,
+            kind,
+            id,
+            created,
+            n,
+            common.include_usage,
+            rx,
+        )
     } else {
-        full_response(st, kind, id, created, n, rx).await
+        full_response(common.target.name, kind, id, created, n, rx).await
     }
 }
 
 async fn full_response(
-    st: AppState,
+    model: Arc<str>,
     kind: Kind,
     id: String,
     created: u64,
@@ -520,13 +799,7 @@ async fn full_response(
                 add_usage(&mut usage, &u);
                 remaining -= 1;
             }
-            None => {
-                return ApiError {
-                    status: StatusCode::INTERNAL_SERVER_ERROR,
-                    message: "engine stopped".into(),
-                }
-                .into_response()
-            }
+            None => return ApiError::internal("engine stopped").into_response(),
         }
     }
     let choices: Vec<Value> = texts
@@ -560,7 +833,7 @@ async fn full_response(
         "id": id,
         "object": object,
         "created": created,
-        "model": &*st.model,
+        "model": &*model,
         "choices": choices,
         "usage": usage_json(&usage),
         "prompt_logprobs": null,
@@ -569,7 +842,7 @@ async fn full_response(
 }
 
 fn stream_response(
-    st: AppState,
+    model: Arc<str>,
     kind: Kind,
     id: String,
     created: u64,
@@ -578,7 +851,6 @@ fn stream_response(
     mut rx: mpsc::UnboundedReceiver<SeqEvent>,
 ) -> Response {
     let (sse_tx, sse_rx) = mpsc::channel::<Result<Event, Infallible>>(64);
-    let model = st.model.clone();
     let object = if kind == Kind::Chat {
         "chat.completion.chunk"
     } else {

@@ -8,6 +8,12 @@
 //!   `h(-1)` a fixed seed. Two prompts therefore share block `i` only if they share every token
 //!   up to the end of block `i` -- exactly vLLM's prefix semantics. Partial (last) blocks are
 //!   never shared.
+//! * A request for a LoRA adapter hashes its blocks from a root salted with the adapter's name, so
+//!   the same prompt under two adapters (or under an adapter and the base model) shares no block:
+//!   the KV of a block depends on the weights that computed it. vLLM adds the adapter to every
+//!   block's hash as an extra key (`_gen_lora_extra_hash_keys` in `vllm/v1/core/kv_cache_utils.py`,
+//!   the adapter's name since vLLM PR #27211, its `lora_int_id` before); with chained hashes,
+//!   salting the root separates exactly the same blocks.
 //! * Every block is in one of three states:
 //!   - *pinned*: hashed and referenced by at least one running sequence (`refs > 0`);
 //!   - *evictable*: hashed, `refs == 0`, kept in an LRU list so a later request can hit it;
@@ -65,10 +71,30 @@ pub fn chain_hash(parent: BlockHash, tokens: &[Token]) -> BlockHash {
     fnv1a(&buf)
 }
 
-/// Chained hashes of every *full* block of `tokens`.
+/// The hash before block 0 of a request: [`ROOT_HASH`] for the base model, a root salted with
+/// the adapter's name for a LoRA adapter (see the module docs).
+pub fn root_hash(lora: Option<&str>) -> BlockHash {
+    match lora {
+        None => ROOT_HASH,
+        Some(name) => {
+            let mut buf = Vec::with_capacity(13 + name.len());
+            buf.extend_from_slice(&ROOT_HASH.to_le_bytes());
+            buf.extend_from_slice(b"lora:");
+            buf.extend_from_slice(name.as_bytes());
+            fnv1a(&buf)
+        }
+    }
+}
+
+/// Chained hashes of every *full* block of `tokens`, for the base model.
 pub fn block_hashes(tokens: &[Token], block_size: usize) -> Vec<BlockHash> {
+    block_hashes_from(ROOT_HASH, tokens, block_size)
+}
+
+/// Chained hashes of every *full* block of `tokens`, starting from `root` (see [`root_hash`]).
+pub fn block_hashes_from(root: BlockHash, tokens: &[Token], block_size: usize) -> Vec<BlockHash> {
     let mut out = Vec::with_capacity(tokens.len() / block_size.max(1));
-    let mut parent = ROOT_HASH;
+    let mut parent = root;
     for chunk in tokens.chunks_exact(block_size.max(1)) {
         parent = chain_hash(parent, chunk);
         out.push(parent);
@@ -274,6 +300,25 @@ mod tests {
         assert_ne!(ha[3], hb[3]);
         // Partial blocks are not hashed.
         assert_eq!(block_hashes(&a[..31], 16).len(), 1);
+    }
+
+    #[test]
+    fn adapters_salt_every_block() {
+        let t = words("a", 64);
+        let base = block_hashes(&t, 16);
+        assert_eq!(block_hashes_from(root_hash(None), &t, 16), base);
+        let x = block_hashes_from(root_hash(Some("x")), &t, 16);
+        let y = block_hashes_from(root_hash(Some("y")), &t, 16);
+        assert_eq!(x, block_hashes_from(root_hash(Some("x")), &t, 16));
+        for i in 0..4 {
+            assert_ne!(x[i], base[i]);
+            assert_ne!(x[i], y[i]);
+        }
+        let mut c = PrefixCache::new(16, 100);
+        run(&mut c, &x);
+        assert_eq!(c.match_prefix(&x), 4);
+        assert_eq!(c.match_prefix(&y), 0);
+        assert_eq!(c.match_prefix(&base), 0);
     }
 
     #[test]

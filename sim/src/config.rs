@@ -7,8 +7,14 @@
 //!   plus per-sequence attention/KV reads);
 //! * ~400k tokens of KV cache (25000 blocks of 16 tokens);
 //! * vLLM's scheduler limits: 8192 batched tokens per step, 256 running sequences.
+//!
+//! The LoRA flags are vLLM's (`vllm/engine/arg_utils.py`, `vllm/config/lora.py`,
+//! `vllm/entrypoints/openai/cli_args.py`): `--enable-lora`, `--max-loras` (default 1, at least 1)
+//! and `--lora-modules` in both of vLLM's forms. `--allow-runtime-lora-updating` stands for vLLM's
+//! environment variable `VLLM_ALLOW_RUNTIME_LORA_UPDATING`.
 
 use clap::Parser;
+use serde_json::Value;
 
 use crate::engine::EngineConfig;
 
@@ -27,9 +33,17 @@ pub struct Args {
     /// Replica name, returned in the `x-sim-replica` header. Default: `sim-<port>`.
     #[arg(long)]
     pub name: Option<String>,
-    /// Served model name; requests naming another model get a 404.
+    /// The model (vLLM's `--model`): the `root` of the base model in `/v1/models`, and its only
+    /// served name unless `--served-model-name` is given. Requests naming a model the server does
+    /// not serve get a 404.
     #[arg(long, default_value = "sim-llama-8b")]
     pub model: String,
+    /// Names the base model is served under, instead of `--model` (vLLM's
+    /// `--served-model-name`, which takes several). Each answers and has its own `/v1/models`
+    /// entry; the first is the `model_name` label of every metric (vLLM's
+    /// `get_served_model_name` keeps the first of the list).
+    #[arg(long, num_args = 1.., value_name = "NAME")]
+    pub served_model_name: Vec<String>,
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -67,6 +81,75 @@ pub struct Args {
     /// metrics handler is slow under load while it still serves requests).
     #[arg(long, default_value_t = 0)]
     pub metrics_delay_ms: u64,
+    /// Serve LoRA adapters: requests may name an adapter of `--lora-modules` (or one loaded at
+    /// run time) as their `model`, and `/metrics` exports `vllm:lora_requests_info`.
+    #[arg(long)]
+    pub enable_lora: bool,
+    /// Most distinct adapters in one running batch; a request for another adapter waits.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_loras: u64,
+    /// Adapters served from start: `name=path`, or JSON
+    /// `{"name": .., "path": .., "base_model_name": ..}` (the parent in `/v1/models`; a name that
+    /// is not served falls back to the first served name, as in vLLM).
+    #[arg(long, num_args = 1.., value_name = "MODULE", value_parser = parse_lora_module)]
+    pub lora_modules: Vec<LoraModule>,
+    /// Enable `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (what vLLM does
+    /// when `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is set).
+    #[arg(long)]
+    pub allow_runtime_lora_updating: bool,
+}
+
+/// One `--lora-modules` entry (vLLM's `LoRAModulePath`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    pub name: String,
+    pub path: String,
+    pub base_model_name: Option<String>,
+}
+
+/// Parses a `--lora-modules` value as vLLM's `LoRAParserAction` does: `name=path` when the value
+/// has a `=` and no `,`, JSON otherwise.
+pub fn parse_lora_module(s: &str) -> Result<LoraModule, String> {
+    let module = if s.contains('=') && !s.contains(',') {
+        let mut parts = s.split('=');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(name), Some(path), None) => LoraModule {
+                name: name.to_string(),
+                path: path.to_string(),
+                base_model_name: None,
+            },
+            _ => return Err(format!("expected name=path, got {s:?}")),
+        }
+    } else {
+        let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(s) else {
+            return Err(format!("Invalid JSON format for --lora-modules: {s}"));
+        };
+        if let Some(key) = obj
+            .keys()
+            .find(|k| !["name", "path", "base_model_name"].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "Invalid fields for --lora-modules: {s} - unexpected {key:?}"
+            ));
+        }
+        let text = |key: &str| match obj.get(key) {
+            Some(Value::String(v)) => Ok(Some(v.clone())),
+            None | Some(Value::Null) => Ok(None),
+            Some(_) => Err(format!(
+                "Invalid fields for --lora-modules: {s} - {key:?} must be a string"
+            )),
+        };
+        LoraModule {
+            name: text("name")?.unwrap_or_default(),
+            path: text("path")?.unwrap_or_default(),
+            base_model_name: text("base_model_name")?,
+        }
+    };
+    // vLLM loads each module through its load endpoint's check at startup.
+    if module.name.is_empty() || module.path.is_empty() {
+        return Err("Both 'lora_name' and 'lora_path' must be provided.".into());
+    }
+    Ok(module)
 }
 
 impl Default for Args {
@@ -81,6 +164,32 @@ impl Args {
         self.name
             .clone()
             .unwrap_or_else(|| format!("sim-{bound_port}"))
+    }
+
+    /// Rejects flag combinations vLLM refuses at startup.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.enable_lora && !self.lora_modules.is_empty() {
+            // vLLM fails loading the static adapters with the worker's error.
+            return Err("LoRA is not enabled. Use --enable-lora to enable LoRA.".into());
+        }
+        for (i, m) in self.lora_modules.iter().enumerate() {
+            if self.lora_modules[..i].iter().any(|o| o.name == m.name) {
+                return Err(format!(
+                    "The lora adapter '{}' has already been loaded.",
+                    m.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The names the base model answers to: `--served-model-name`, or `--model`.
+    pub fn served_model_names(&self) -> Vec<String> {
+        if self.served_model_name.is_empty() {
+            vec![self.model.clone()]
+        } else {
+            self.served_model_name.clone()
+        }
     }
 
     /// Engine part of the configuration (sanitised: no zero block size / capacity, positive time
@@ -101,6 +210,78 @@ impl Args {
             } else {
                 1.0
             },
+            max_loras: self
+                .enable_lora
+                .then(|| usize::try_from(self.max_loras).unwrap_or(usize::MAX).max(1)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from([&["warmroute-sim"], args].concat())
+    }
+
+    #[test]
+    fn lora_modules_take_both_vllm_forms() {
+        let a = parse(&[
+            "--enable-lora",
+            "--lora-modules",
+            "sql=/adapters/sql",
+            r#"{"name": "chat", "path": "/adapters/chat", "base_model_name": "m2"}"#,
+            "--served-model-name",
+            "m1",
+            "m2",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.lora_modules,
+            vec![
+                LoraModule {
+                    name: "sql".into(),
+                    path: "/adapters/sql".into(),
+                    base_model_name: None
+                },
+                LoraModule {
+                    name: "chat".into(),
+                    path: "/adapters/chat".into(),
+                    base_model_name: Some("m2".into())
+                },
+            ]
+        );
+        assert_eq!(a.served_model_names(), ["m1", "m2"]);
+        assert_eq!(a.engine_config().max_loras, Some(1));
+        assert!(a.validate().is_ok());
+        for bad in [
+            "a=b=c",
+            "{\"name\": \"x\"}",
+            "{\"name\": \"x\", \"path\": \"p\", \"rank\": 8}",
+            "not json",
+            "=path",
+        ] {
+            assert!(
+                parse(&["--enable-lora", "--lora-modules", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn lora_flags_are_checked_like_vllm() {
+        assert_eq!(parse(&[]).unwrap().engine_config().max_loras, None);
+        assert!(parse(&["--max-loras", "0"]).is_err());
+        let a = parse(&["--enable-lora", "--max-loras", "4"]).unwrap();
+        assert_eq!(a.engine_config().max_loras, Some(4));
+        let no_enable = parse(&["--lora-modules", "a=/a"]).unwrap();
+        assert!(no_enable
+            .validate()
+            .is_err_and(|e| e.contains("--enable-lora")));
+        let twice = parse(&["--enable-lora", "--lora-modules", "a=/a", "a=/b"]).unwrap();
+        assert!(twice
+            .validate()
+            .is_err_and(|e| e.contains("already been loaded")));
     }
 }

@@ -5,10 +5,12 @@
 //! * [`cache`]: a block prefix cache with chained block hashes, pinning and LRU eviction, so
 //!   `usage.prompt_tokens_details.cached_tokens` and the prefix-cache counters move like vLLM's;
 //! * [`engine`]: continuous batching as a step loop (chunked prefill, `max_num_seqs`, FIFO
-//!   waiting queue, KV-capacity admission) with a linear cost model, so latency depends on load
-//!   and on cache hits the way it does on a GPU;
-//! * [`api`]: the OpenAI-compatible HTTP API (JSON and SSE) with vLLM's error shapes;
-//! * [`metrics`]: `/metrics` with vLLM's metric names.
+//!   waiting queue, KV-capacity admission, vLLM's `max_loras` limit on LoRA adapters per batch)
+//!   with a linear cost model, so latency depends on load and on cache hits the way it does on a
+//!   GPU;
+//! * [`api`]: the OpenAI-compatible HTTP API (JSON and SSE) with vLLM's error shapes, several
+//!   served model names and LoRA adapters (static and loaded at run time);
+//! * [`metrics`]: `/metrics` with vLLM's metric names, `vllm:lora_requests_info` included.
 //!
 //! `main.rs` only parses [`config::Args`] and calls [`serve`]; the loadgen/bench can embed
 //! replicas the same way, or drive an [`engine::Engine`] step by step without a clock.
@@ -43,6 +45,8 @@ pub async fn serve_with_shutdown(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    args.validate()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let port = listener.local_addr()?.port();
     let state = api::AppState::new(&args, port);
     axum::serve(listener, api::router(state))

@@ -27,6 +27,10 @@ async fn shutdown_signal() {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if let Err(e) = args.validate() {
+        eprintln!("warmroute-sim: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let listener = match bind(&args).await {
         Ok(l) => l,
         Err(e) => {
@@ -48,7 +52,7 @@ async fn main() -> std::process::ExitCode {
     println!(
         "warmroute-sim listening on http://{addr} name={} model={} time_scale={}",
         args.replica_name(addr.port()),
-        args.model,
+        args.served_model_names().join(","),
         args.time_scale
     );
     match serve_with_shutdown(args, listener, shutdown_signal()).await {

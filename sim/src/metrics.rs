@@ -9,10 +9,18 @@
 //!
 //! Prefix-cache counters count *tokens*, like vLLM V1: `queries` grows by the prompt length of
 //! each admitted request, `hits` by its cached tokens.
+//!
+//! With LoRA enabled, `vllm:lora_requests_info` is exported as vLLM's `PrometheusStatLogger`
+//! does (`vllm/v1/metrics/loggers.py`): a gauge with the labels `max_lora` (`--max-loras`),
+//! `running_lora_adapters` and `waiting_lora_adapters` (adapter names joined by `,`, empty when
+//! none), whose value is the Unix time the combination was last seen. Every combination seen since
+//! start stays exported, as `prometheus_client` keeps every child of a labelled gauge: readers
+//! (the Gateway API inference extension, llm-d) take the series with the latest value. Before the
+//! first engine step the family has no sample, as in vLLM.
 
 use std::fmt::Write;
 
-use crate::engine::Snapshot;
+use crate::engine::{LoraInfo, Snapshot};
 
 /// Static labels of `vllm:cache_config_info`.
 #[derive(Debug, Clone)]
@@ -21,12 +29,50 @@ pub struct CacheInfo {
     pub num_gpu_blocks: usize,
 }
 
-/// Formats a float the way Python's `repr` does for the values we export (`3.0`, `0.25`).
-fn num(v: f64) -> String {
-    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
-        format!("{v:.1}")
+/// Formats a sample value as `prometheus_client`'s `floatToGoString` does: Python's `repr`
+/// (`3.0`, `0.25`), except that a positive value with more than six integer digits switches to
+/// Go's exponent form (`1234567.0` -> `1.234567e+06`, a Unix time -> `1.7395575657589855e+09`).
+pub fn num(v: f64) -> String {
+    if v.is_nan() {
+        return "NaN".into();
+    }
+    if v.is_infinite() {
+        return if v > 0.0 { "+Inf" } else { "-Inf" }.into();
+    }
+    let s = python_repr(v);
+    match s.find('.') {
+        Some(dot) if v > 0.0 && dot > 6 => {
+            // Same string surgery as floatToGoString: the digits around the dot become the
+            // mantissa, with trailing zeros and dot stripped, then `e+0` and the exponent.
+            let (int, frac) = (&s[..dot], &s[dot + 1..]);
+            let mantissa = format!("{}.{}{}", &int[..1], &int[1..], frac);
+            let mantissa = mantissa.trim_end_matches(['0', '.']);
+            format!("{mantissa}e+0{}", dot - 1)
+        }
+        _ => s,
+    }
+}
+
+/// Python's `repr(float)`: the shortest digits that round-trip (as Rust's `Debug`), written in
+/// positional form with a trailing `.0` for exponents in -4..16 and as `1e+16`/`1.5e-05` outside.
+fn python_repr(v: f64) -> String {
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0.0" } else { "0.0" }.into();
+    }
+    // `{:e}` gives the shortest round-trip digits with an explicit exponent: `1.2345e3`.
+    let sci = format!("{v:e}");
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let plain = format!("{v}");
+        if plain.contains('.') {
+            plain
+        } else {
+            format!("{plain}.0")
+        }
     } else {
-        format!("{v:?}")
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{mant}e{sign}{:02}", exp.unsigned_abs())
     }
 }
 
@@ -44,7 +90,12 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, va
 }
 
 /// Renders the whole `/metrics` body.
-pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> String {
+pub fn render(
+    model: &str,
+    s: &Snapshot,
+    cache_info: Option<&CacheInfo>,
+    lora: Option<&LoraInfo>,
+) -> String {
     let m = format!("model_name=\"{}\"", escape_label(model));
     let c = &s.counters;
     let mut out = String::with_capacity(4096);
@@ -138,6 +189,22 @@ pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> Stri
         &format!("finished_reason=\"length\",{m}"),
         c.request_success as f64,
     );
+    if let Some(info) = lora {
+        let name = "vllm:lora_requests_info";
+        let _ = writeln!(out, "# HELP {name} Running stats on lora requests.");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        // prometheus_client writes a sample's labels sorted by name.
+        for series in &info.series {
+            let _ = writeln!(
+                out,
+                "{name}{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}",
+                info.max_loras,
+                escape_label(&series.running),
+                escape_label(&series.waiting),
+                num(series.last_seen)
+            );
+        }
+    }
     if let Some(ci) = cache_info {
         let labels = format!(
             "block_size=\"{}\",cache_dtype=\"auto\",calculate_kv_scales=\"False\",enable_prefix_caching=\"True\",\
@@ -194,7 +261,28 @@ pub fn render(model: &str, s: &Snapshot, cache_info: Option<&CacheInfo>) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::Counters;
+    use crate::engine::{Counters, LoraSeries};
+
+    #[test]
+    fn values_format_like_prometheus_client() {
+        for (v, want) in [
+            (0.0, "0.0"),
+            (3.0, "3.0"),
+            (0.25, "0.25"),
+            (600.0, "600.0"),
+            (999_999.0, "999999.0"),
+            (1_234_567.0, "1.234567e+06"),
+            (10_000_000.0, "1e+07"),
+            (1_739_557_565.758_985_5, "1.7395575657589855e+09"),
+            (1e16, "1e+16"),
+            (0.000_015, "1.5e-05"),
+            (0.0001, "0.0001"),
+            (-2.5, "-2.5"),
+            (f64::INFINITY, "+Inf"),
+        ] {
+            assert_eq!(num(v), want, "{v:?}");
+        }
+    }
 
     #[test]
     fn renders_vllm_style() {
@@ -218,12 +306,39 @@ mod tests {
                 block_size: 16,
                 num_gpu_blocks: 25000,
             }),
+            None,
         );
         assert!(out.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3.0\n"));
         assert!(out.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25\n"));
         assert!(out.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
         assert!(out.contains("vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 32.0\n"));
         assert!(out.contains("num_gpu_blocks=\"25000\""));
-        assert!(!render("m", &s, None).contains("cache_config_info"));
+        assert!(!render("m", &s, None, None).contains("cache_config_info"));
+        assert!(!out.contains("lora"));
+        let lora = LoraInfo {
+            max_loras: 2,
+            series: vec![
+                LoraSeries {
+                    running: String::new(),
+                    waiting: String::new(),
+                    last_seen: 1_739_557_565.758_985_5,
+                },
+                LoraSeries {
+                    running: "sql,chat".into(),
+                    waiting: "x".into(),
+                    last_seen: 1_739_557_572.394_936_8,
+                },
+            ],
+        };
+        let out = render("m", &s, None, Some(&lora));
+        assert!(out.contains(
+            "# HELP vllm:lora_requests_info Running stats on lora requests.\n\
+             # TYPE vllm:lora_requests_info gauge\n\
+             vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7395575657589855e+09\n\
+             vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"x\"} 1.7395575723949368e+09\n"
+        ), "{out}");
+        let empty = render("m", &s, None, Some(&LoraInfo::default()));
+        assert!(empty.contains("# TYPE vllm:lora_requests_info gauge\n"));
+        assert!(!empty.contains("vllm:lora_requests_info{"));
     }
 }

@@ -74,6 +74,47 @@ impl Sim {
         )
     }
 
+    async fn get_text(&self, path: &str) -> (u16, String) {
+        let res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.text().await.unwrap())
+    }
+
+    /// Starts a streamed completion and returns it once its first chunk arrived: from then on
+    /// the sequence is running until it is dropped (the engine then aborts it).
+    async fn start_stream(&self, model: &str, prefix: &str) -> reqwest::Response {
+        let body = json!({"model": model, "prompt": words(prefix, 50), "max_tokens": 100_000, "stream": true});
+        let mut res = self
+            .client
+            .post(format!("{}/v1/completions", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        let first = res.chunk().await.unwrap().unwrap();
+        let first = String::from_utf8_lossy(&first);
+        assert!(first.contains(&format!("\"model\":\"{model}\"")), "{first}");
+        res
+    }
+
+    /// Polls `/metrics` until `pred` holds (the state it waits for is stable once reached).
+    async fn metrics_until(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, text) = self.get_text("/metrics").await;
+            if pred(&text) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "never saw {what} in\n{text}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn metrics(&self) -> HashMap<String, f64> {
         let res = self
             .client
@@ -147,16 +188,8 @@ fn parse_prometheus(text: &str) -> HashMap<String, f64> {
                 let labels = labels
                     .strip_suffix('}')
                     .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
-                // label="value" pairs; values here contain no commas or escaped quotes.
-                for pair in labels.split(',') {
-                    let (k, v) = pair
-                        .split_once('=')
-                        .unwrap_or_else(|| panic!("bad label {pair:?}"));
-                    assert!(valid_name(k) && !k.contains(':'), "bad label name {k:?}");
-                    assert!(
-                        v.len() >= 2 && v.starts_with('"') && v.ends_with('"'),
-                        "bad label value {v:?}"
-                    );
+                for (k, _) in parse_labels(labels) {
+                    assert!(valid_name(&k) && !k.contains(':'), "bad label name {k:?}");
                 }
                 name
             }
@@ -169,6 +202,72 @@ fn parse_prometheus(text: &str) -> HashMap<String, f64> {
         samples.insert(name.to_string(), value);
     }
     samples
+}
+
+/// `name="value",...` pairs of a sample (values may hold commas and escapes).
+fn parse_labels(labels: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = labels;
+    while !rest.is_empty() {
+        let (k, after) = rest
+            .split_once("=\"")
+            .unwrap_or_else(|| panic!("bad labels {labels:?}"));
+        let mut value = String::new();
+        let mut end = None;
+        let mut chars = after.char_indices();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c @ ('\\' | '"'))) => value.push(c),
+                    other => panic!("bad escape {other:?} in {labels:?}"),
+                },
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        let end = end.unwrap_or_else(|| panic!("unclosed label value in {labels:?}"));
+        out.push((k.to_string(), value));
+        rest = &after[end + 1..];
+        if !rest.is_empty() {
+            rest = rest
+                .strip_prefix(',')
+                .unwrap_or_else(|| panic!("no comma between labels in {labels:?}"));
+        }
+    }
+    out
+}
+
+/// The samples of `vllm:lora_requests_info`: labels and value.
+fn lora_series(text: &str) -> Vec<(HashMap<String, String>, f64)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("vllm:lora_requests_info{"))
+        .map(|l| {
+            let (labels, value) = l.rsplit_once("} ").unwrap();
+            (
+                parse_labels(labels).into_iter().collect(),
+                value.parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The current series of `vllm:lora_requests_info` (the latest value), as
+/// `(running_lora_adapters, waiting_lora_adapters, max_lora)`.
+fn latest_lora(text: &str) -> Option<(String, String, String)> {
+    lora_series(text)
+        .into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(l, _)| {
+            (
+                l["running_lora_adapters"].clone(),
+                l["waiting_lora_adapters"].clone(),
+                l["max_lora"].clone(),
+            )
+        })
 }
 
 #[tokio::test]
@@ -407,6 +506,10 @@ async fn metrics_parse_and_move_with_load() {
     }
     let m0 = parse_prometheus(&text);
     assert_eq!(m0["vllm:cache_config_info"], 1.0);
+    assert!(
+        !text.contains("lora"),
+        "no LoRA metric without --enable-lora"
+    );
 
     let body = json!({"prompt": words("m", 600), "max_tokens": 60});
     let req = {
@@ -463,11 +566,17 @@ async fn malformed_requests_get_vllm_errors() {
         |status: u16, headers: &reqwest::header::HeaderMap, v: &Value, code: u16, kind: &str| {
             assert_eq!(status, code, "{v}");
             assert_eq!(headers[REPLICA_HEADER], "test-replica");
-            assert_eq!(v["object"], "error", "{v}");
-            assert_eq!(v["type"], kind);
-            assert_eq!(v["code"], code);
-            assert!(v["param"].is_null());
-            assert!(!v["message"].as_str().unwrap().is_empty());
+            let e = &v["error"];
+            assert_eq!(v.as_object().map(|o| o.len()), Some(1), "{v}");
+            assert_eq!(e["type"], kind, "{v}");
+            assert_eq!(e["code"], code);
+            let param = if code == 404 {
+                json!("model")
+            } else {
+                json!(null)
+            };
+            assert_eq!(e["param"], param, "{v}");
+            assert!(!e["message"].as_str().unwrap().is_empty());
         };
     for raw in ["not json", "", "[1,2]", "{\"messages\": [", "null"] {
         let (s, h, v) = sim.post_raw("/v1/chat/completions", raw).await;
@@ -506,7 +615,7 @@ async fn malformed_requests_get_vllm_errors() {
         )
         .await;
     check(s, &h, &v, 404, "NotFoundError");
-    assert!(v["message"].as_str().unwrap().contains("gpt-4"));
+    assert_eq!(v["error"]["message"], "The model `gpt-4` does not exist.");
 
     // Unknown route: FastAPI-style 404, still tagged with the replica.
     let res = sim
@@ -641,4 +750,442 @@ async fn metrics_can_be_answered_late() {
         )
         .await;
     assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn every_served_model_name_answers() {
+    let sim = start(&[
+        "--model",
+        "/models/llama-8b",
+        "--served-model-name",
+        "alpha",
+        "beta",
+    ])
+    .await;
+    let prompt = words("n", 100);
+    let (s, _, a) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "alpha", "prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(a["model"], "alpha");
+    // Both names are the same base model: one prefix cache.
+    let (s, _, b) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "beta", "prompt": prompt, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["model"], "beta");
+    assert_eq!(cached(&b), 96);
+    let (s, _, none) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(none["model"], "alpha", "no model: the first served name");
+    // With served names given, the --model path is not one of them (vLLM's is_base_model).
+    let (s, _, v) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "/models/llama-8b", "prompt": "x", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(s, 404, "{v}");
+
+    let text = sim
+        .client
+        .post(format!("{}/v1/completions", sim.base))
+        .json(&json!({"model": "beta", "prompt": "a b", "max_tokens": 2, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let first: Value = serde_json::from_str(
+        text.split("\n\n")
+            .next()
+            .unwrap()
+            .strip_prefix("data: ")
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["model"], "beta", "{text}");
+
+    let models: Value = sim
+        .client
+        .get(format!("{}/v1/models", sim.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let data = models["data"].as_array().unwrap();
+    let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["alpha", "beta"]);
+    for m in data {
+        assert_eq!(m["object"], "model");
+        assert_eq!(m["owned_by"], "vllm");
+        assert_eq!(m["root"], "/models/llama-8b");
+        assert!(m["parent"].is_null());
+        assert_eq!(m["max_model_len"], 131_072);
+        assert_eq!(m["permission"][0]["object"], "model_permission");
+    }
+
+    let metrics = sim
+        .client
+        .get(format!("{}/metrics", sim.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "vllm:request_success_total{finished_reason=\"length\",model_name=\"alpha\"} 4.0"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("beta"),
+        "metrics carry the first served name only"
+    );
+}
+
+fn lora(v: (&str, &str, &str)) -> Option<(String, String, String)> {
+    Some((v.0.into(), v.1.into(), v.2.into()))
+}
+
+#[tokio::test]
+async fn lora_adapter_is_served_and_reported_running() {
+    let sim = start(&[
+        "--time-scale",
+        "1",
+        "--enable-lora",
+        "--lora-modules",
+        "sql=/adapters/sql",
+    ])
+    .await;
+    let (_, text) = sim.get_text("/metrics").await;
+    assert!(
+        text.contains("# TYPE vllm:lora_requests_info gauge\n"),
+        "{text}"
+    );
+    assert!(lora_series(&text).is_empty(), "no step yet, no sample");
+    parse_prometheus(&text);
+
+    let running = sim.start_stream("sql", "s").await;
+    let text = sim.get_text("/metrics").await.1;
+    parse_prometheus(&text);
+    assert_eq!(latest_lora(&text), lora(("sql", "", "1")), "{text}");
+    let value = lora_series(&text)[0].1;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        (now - 60.0..=now + 1.0).contains(&value),
+        "the value is a Unix time: {value}"
+    );
+    drop(running);
+
+    let (s, _, v) = sim
+        .post(
+            "/v1/completions",
+            &json!({"model": "sql", "prompt": "select one", "max_tokens": 3}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["model"], "sql");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    // The step that finished it leaves nothing in flight; older combinations stay exported.
+    let text = sim.get_text("/metrics").await.1;
+    assert_eq!(latest_lora(&text), lora(("", "", "1")), "{text}");
+    assert!(lora_series(&text)
+        .iter()
+        .any(|(l, _)| l["running_lora_adapters"] == "sql"));
+}
+
+#[tokio::test]
+async fn adapters_beyond_max_loras_wait() {
+    let sim = start(&[
+        "--time-scale",
+        "1",
+        "--enable-lora",
+        "--max-loras",
+        "1",
+        "--lora-modules",
+        "a=/adapters/a",
+        "b=/adapters/b",
+    ])
+    .await;
+    let a = sim.start_stream("a", "a").await;
+    let b = {
+        let sim = Sim {
+            base: sim.base.clone(),
+            client: sim.client.clone(),
+        };
+        tokio::spawn(async move { sim.start_stream("b", "b").await })
+    };
+    // b is queued behind the one adapter slot, and stays so while a runs.
+    let text = sim
+        .metrics_until("b waiting", |t| latest_lora(t) == lora(("a", "b", "1")))
+        .await;
+    let m = parse_prometheus(&text);
+    assert_eq!(m["vllm:num_requests_running"], 1.0);
+    assert_eq!(m["vllm:num_requests_waiting"], 1.0);
+
+    // A base-model request is not held by the adapter limit: it passes b.
+    let (s, _, v) = tokio::time::timeout(
+        Duration::from_secs(10),
+        sim.post(
+            "/v1/completions",
+            &json!({"prompt": "base model", "max_tokens": 2}),
+        ),
+    )
+    .await
+    .expect("the base request waited behind b");
+    assert_eq!(s, 200, "{v}");
+    assert!(!b.is_finished());
+    let m = sim.metrics().await;
+    assert_eq!(m["vllm:num_requests_waiting"], 1.0);
+
+    // Once a is gone, b gets the slot.
+    drop(a);
+    let b = tokio::time::timeout(Duration::from_secs(10), b)
+        .await
+        .expect("b never started")
+        .unwrap();
+    let text = sim.get_text("/metrics").await.1;
+    assert_eq!(latest_lora(&text), lora(("b", "", "1")), "{text}");
+    drop(b);
+}
+
+#[tokio::test]
+async fn two_adapters_run_together_under_max_loras_2() {
+    let sim = start(&[
+        "--time-scale",
+        "1",
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--lora-modules",
+        "a=/adapters/a",
+        "b=/adapters/b",
+    ])
+    .await;
+    let a = sim.start_stream("a", "a").await;
+    let b = sim.start_stream("b", "b").await;
+    let text = sim.get_text("/metrics").await.1;
+    assert_eq!(latest_lora(&text), lora(("a,b", "", "2")), "{text}");
+    parse_prometheus(&text);
+    drop((a, b));
+}
+
+#[tokio::test]
+async fn adapters_share_no_prefix_blocks_and_unknown_models_404() {
+    let sim = start(&[
+        "--enable-lora",
+        "--max-loras",
+        "2",
+        "--lora-modules",
+        "a=/adapters/a",
+        "b=/adapters/b",
+    ])
+    .await;
+    let prompt = words("p", 100);
+    let run = async |model: Option<&str>| {
+        let mut body = json!({"prompt": prompt, "max_tokens": 2});
+        if let Some(m) = model {
+            body["model"] = json!(m);
+        }
+        let (s, _, v) = sim.post("/v1/completions", &body).await;
+        assert_eq!(s, 200, "{v}");
+        cached(&v)
+    };
+    assert_eq!(run(Some("a")).await, 0);
+    assert_eq!(run(Some("a")).await, 96, "an adapter hits its own blocks");
+    assert_eq!(run(Some("b")).await, 0, "not a's");
+    assert_eq!(
+        run(None).await,
+        0,
+        "the base model does not hit an adapter's"
+    );
+    assert_eq!(run(Some("sim-llama-8b")).await, 96);
+    assert_eq!(run(Some("b")).await, 96);
+
+    for model in ["c", "/adapters/a"] {
+        let (s, _, v) = sim
+            .post(
+                "/v1/chat/completions",
+                &json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(s, 404, "{v}");
+        assert_eq!(
+            v,
+            json!({"error": {
+                "message": format!("The model `{model}` does not exist."),
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }})
+        );
+    }
+}
+
+#[tokio::test]
+async fn models_list_adapters_with_their_parent() {
+    let sim = start(&[
+        "--model",
+        "/models/llama",
+        "--served-model-name",
+        "base1",
+        "base2",
+        "--enable-lora",
+        "--lora-modules",
+        "a=/adapters/a",
+        r#"{"name": "b", "path": "/adapters/b", "base_model_name": "base2"}"#,
+        r#"{"name": "c", "path": "/adapters/c", "base_model_name": "not-served"}"#,
+    ])
+    .await;
+    let (s, text) = sim.get_text("/v1/models").await;
+    assert_eq!(s, 200);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let cards: Vec<(&str, &str, Value, Value)> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["object"], "model");
+            assert_eq!(m["permission"][0]["object"], "model_permission");
+            (
+                m["id"].as_str().unwrap(),
+                m["root"].as_str().unwrap(),
+                m["parent"].clone(),
+                m["max_model_len"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        cards,
+        vec![
+            ("base1", "/models/llama", Value::Null, json!(131_072)),
+            ("base2", "/models/llama", Value::Null, json!(131_072)),
+            ("a", "/adapters/a", json!("base1"), Value::Null),
+            ("b", "/adapters/b", json!("base2"), Value::Null),
+            ("c", "/adapters/c", json!("base1"), Value::Null),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn adapters_load_and_unload_at_run_time() {
+    let sim = start(&["--enable-lora", "--allow-runtime-lora-updating"]).await;
+    let post_text = async |path: &str, body: Value| {
+        let res = sim
+            .client
+            .post(format!("{}{path}", sim.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.text().await.unwrap())
+    };
+    let ask = json!({"model": "new", "prompt": "x y", "max_tokens": 1});
+    assert_eq!(sim.post("/v1/completions", &ask).await.0, 404);
+
+    let load = json!({"lora_name": "new", "lora_path": "/adapters/new"});
+    assert_eq!(
+        post_text("/v1/load_lora_adapter", load.clone()).await,
+        (
+            200,
+            "Success: LoRA adapter 'new' added successfully.".into()
+        )
+    );
+    let (s, _, v) = sim.post("/v1/completions", &ask).await;
+    assert_eq!((s, v["model"].clone()), (200, json!("new")), "{v}");
+    let (_, models) = sim.get_text("/v1/models").await;
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert_eq!(models["data"][1]["id"], "new");
+    assert_eq!(models["data"][1]["parent"], "sim-llama-8b");
+
+    let (s, body) = post_text("/v1/load_lora_adapter", load.clone()).await;
+    assert_eq!(s, 400, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "InvalidUserInput");
+    let mut in_place = load.clone();
+    in_place["lora_path"] = json!("/adapters/new-v2");
+    in_place["load_inplace"] = json!(true);
+    assert_eq!(post_text("/v1/load_lora_adapter", in_place).await.0, 200);
+    let (_, models) = sim.get_text("/v1/models").await;
+    assert!(models.contains("/adapters/new-v2"), "{models}");
+    let (s, body) = post_text("/v1/load_lora_adapter", json!({"lora_name": "x"})).await;
+    assert_eq!(s, 400, "{body}");
+
+    let unload = json!({"lora_name": "new"});
+    assert_eq!(
+        post_text("/v1/unload_lora_adapter", unload.clone()).await,
+        (
+            200,
+            "Success: LoRA adapter 'new' removed successfully.".into()
+        )
+    );
+    assert_eq!(sim.post("/v1/completions", &ask).await.0, 404);
+    let (s, body) = post_text("/v1/unload_lora_adapter", unload).await;
+    assert_eq!(s, 404, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["type"], "NotFoundError");
+
+    // Without the flag the routes do not exist; without --enable-lora loading fails.
+    let plain = start(&["--enable-lora"]).await;
+    let (s, body) = {
+        let res = plain
+            .client
+            .post(format!("{}/v1/load_lora_adapter", plain.base))
+            .json(&load)
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.text().await.unwrap())
+    };
+    assert_eq!((s, body.as_str()), (404, r#"{"detail":"Not Found"}"#));
+    let no_lora = start(&["--allow-runtime-lora-updating"]).await;
+    let res = no_lora
+        .client
+        .post(format!("{}/v1/load_lora_adapter", no_lora.base))
+        .json(&load)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 500);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        "LoRA is not enabled. Use --enable-lora to enable LoRA."
+    );
+}
+
+#[tokio::test]
+async fn lora_modules_need_enable_lora() {
+    let args = Args::try_parse_from([
+        "warmroute-sim",
+        "--port",
+        "0",
+        "--lora-modules",
+        "a=/adapters/a",
+    ])
+    .unwrap();
+    let listener = warmroute_sim::bind(&args).await.unwrap();
+    let err = warmroute_sim::serve(args, listener).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("--enable-lora"), "{err}");
 }

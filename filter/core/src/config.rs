@@ -124,14 +124,18 @@ impl Default for WireRoute {
 struct WireBalance {
     eps: f64,
     warm_min_cap: u32,
+    default_output_tokens: u32,
+    decode_cost: f64,
 }
 
 impl Default for WireBalance {
     fn default() -> Self {
-        // warm_min_cap: see `policy`'s parameter table.
+        // warm_min_cap: see `policy`'s parameter table; the other two: `work`'s.
         WireBalance {
             eps: 0.5,
             warm_min_cap: 8,
+            default_output_tokens: 256,
+            decode_cost: 8.0,
         }
     }
 }
@@ -253,7 +257,8 @@ impl Default for WireMetrics {
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct WirePool {
-    cluster: String,
+    cluster: Option<String>,
+    clusters: Vec<WirePoolCluster>,
     admin_cluster: String,
     max_backends: usize,
     models: Vec<String>,
@@ -263,7 +268,8 @@ struct WirePool {
 impl Default for WirePool {
     fn default() -> Self {
         WirePool {
-            cluster: "pool".into(),
+            cluster: None,
+            clusters: Vec::new(),
             admin_cluster: "envoy-admin".into(),
             max_backends: 64,
             models: Vec::new(),
@@ -271,6 +277,20 @@ impl Default for WirePool {
         }
     }
 }
+
+/// One of several discovered pools (one per model, typically).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WirePoolCluster {
+    cluster: String,
+    #[serde(default)]
+    models: Vec<String>,
+    #[serde(default)]
+    adapters: Vec<String>,
+}
+
+/// Most clusters one filter discovers pods in.
+pub const MAX_POOL_CLUSTERS: usize = 16;
 
 /// `backends` has no useful default: an empty list (without a `pool`) is
 /// rejected by validation, which names the field.
@@ -382,6 +402,12 @@ pub struct PolicyConfig {
     pub max_kv_usage: f64,
     /// In-flight requests per backend at which it is saturated (0 = off).
     pub max_inflight: u32,
+    /// Output tokens assumed for a request that sets no limit ([`crate::work`]).
+    pub default_output_tokens: u32,
+    /// GPU time of one decoded token, in prefilled tokens ([`crate::work`]).
+    pub decode_cost: f64,
+    /// Prompt tokens per index block (`block_bytes / index.bytes_per_token`).
+    pub block_tokens: f64,
 }
 
 /// Bounds of the approximate prefix index.
@@ -441,13 +467,21 @@ pub struct MetricsConfig {
 /// Where the fleet's members come from when no static list is given.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolConfig {
-    /// The Envoy cluster whose endpoints are the fleet (the one `override_host` routes in).
-    pub cluster: String,
+    /// The Envoy clusters whose endpoints are the fleet (those `override_host`
+    /// routes in), with what their pods serve.
+    pub clusters: Vec<PoolCluster>,
     /// An Envoy cluster pointing at Envoy's own admin interface; no route may name it.
     pub admin_cluster: String,
     /// Slots: most pods the fleet holds at once ([`crate::membership`]).
     pub max_backends: usize,
-    /// What every pod of the pool serves.
+}
+
+/// One Envoy cluster of a discovered pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolCluster {
+    /// The cluster's name.
+    pub name: String,
+    /// What every pod in it serves.
     pub serves: Serves,
 }
 
@@ -550,6 +584,48 @@ fn serves(field: &str, models: Vec<String>, adapters: Vec<String>) -> Result<Ser
     Ok(Serves { models, adapters })
 }
 
+fn pool_config(p: WirePool) -> Result<PoolConfig, ConfigError> {
+    let single = p.cluster.is_some() || !p.models.is_empty() || !p.adapters.is_empty();
+    let clusters = if p.clusters.is_empty() {
+        vec![PoolCluster {
+            name: cluster_name("pool.cluster", p.cluster.unwrap_or_else(|| "pool".into()))?,
+            serves: serves("pool", p.models, p.adapters)?,
+        }]
+    } else if single {
+        return Err(bad(
+            "pool.clusters",
+            "give either cluster (with models, adapters) or clusters",
+        ));
+    } else if p.clusters.len() > MAX_POOL_CLUSTERS {
+        return Err(bad(
+            "pool.clusters",
+            format!("at most {MAX_POOL_CLUSTERS} clusters"),
+        ));
+    } else {
+        let mut out: Vec<PoolCluster> = Vec::with_capacity(p.clusters.len());
+        for (i, c) in p.clusters.into_iter().enumerate() {
+            let field = format!("pool.clusters[{i}]");
+            let name = cluster_name(&format!("{field}.cluster"), c.cluster)?;
+            if out.iter().any(|o| o.name == name) {
+                return Err(bad(
+                    format!("{field}.cluster"),
+                    format!("duplicate cluster {name:?}"),
+                ));
+            }
+            out.push(PoolCluster {
+                serves: serves(&field, c.models, c.adapters)?,
+                name,
+            });
+        }
+        out
+    };
+    Ok(PoolConfig {
+        clusters,
+        admin_cluster: cluster_name("pool.admin_cluster", p.admin_cluster)?,
+        max_backends: in_range("pool.max_backends", p.max_backends, 1, MAX_BACKENDS)?,
+    })
+}
+
 fn cluster_name(field: &str, c: String) -> Result<String, ConfigError> {
     if c.is_empty() || c.contains(char::is_whitespace) {
         Err(bad(field, "must name an Envoy cluster"))
@@ -583,12 +659,7 @@ impl TryFrom<WireConfig> for Config {
             ));
         }
         let pool = match w.pool {
-            Some(p) => Some(PoolConfig {
-                cluster: cluster_name("pool.cluster", p.cluster)?,
-                admin_cluster: cluster_name("pool.admin_cluster", p.admin_cluster)?,
-                max_backends: in_range("pool.max_backends", p.max_backends, 1, MAX_BACKENDS)?,
-                serves: serves("pool", p.models, p.adapters)?,
-            }),
+            Some(p) => Some(pool_config(p)?),
             None => None,
         };
         if w.backends.len() > MAX_BACKENDS {
@@ -730,6 +801,14 @@ impl TryFrom<WireConfig> for Config {
                 1.0,
             )?,
             max_inflight: w.saturation.max_inflight,
+            default_output_tokens: in_range(
+                "balance.default_output_tokens",
+                w.balance.default_output_tokens,
+                1,
+                1 << 20,
+            )?,
+            decode_cost: finite_in_range("balance.decode_cost", w.balance.decode_cost, 0.0, 1e4)?,
+            block_tokens: block_bytes as f64 / index.bytes_per_token,
             prefill_slack_blocks: in_range(
                 "cache_aware.prefill_slack_tokens",
                 w.cache_aware.prefill_slack_tokens,
@@ -948,6 +1027,16 @@ mod tests {
                 "metrics.timeout_ms",
             ),
             (r#""metrics":{"healthy_after":0}"#, "metrics.healthy_after"),
+            (r#""balance":{"decode_cost":-1}"#, "balance.decode_cost"),
+            (
+                r#""balance":{"default_output_tokens":0}"#,
+                "balance.default_output_tokens",
+            ),
+            (r#""pool":{}"#, "pool"),
+            (
+                r#""route":{"model_header":"x-gateway-destination-endpoint"}"#,
+                "route.model_header",
+            ),
             (
                 r#""metrics":{"eject_after_errors":5000}"#,
                 "metrics.eject_after_errors",
@@ -973,5 +1062,49 @@ mod tests {
         assert!(e.field.starts_with("line 1"), "{e}");
         let t = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]} trailing"#);
         assert!(t.problem.contains("trailing"), "{t}");
+    }
+
+    #[test]
+    fn a_pool_is_one_cluster_or_several() {
+        let one = Config::parse(br#"{"pool":{"models":["m"]}}"#).unwrap();
+        let p = one.pool.unwrap();
+        assert_eq!(p.clusters.len(), 1);
+        assert_eq!((p.clusters[0].name.as_str(), p.max_backends), ("pool", 64));
+        assert_eq!(p.clusters[0].serves.models, vec!["m".to_string()]);
+        let two = Config::parse(
+            br#"{"pool":{"clusters":[{"cluster":"llama","models":["l"]},{"cluster":"qwen","models":["q"],"adapters":["a"]}]}}"#,
+        )
+        .unwrap();
+        let names: Vec<&str> = two
+            .pool
+            .as_ref()
+            .unwrap()
+            .clusters
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, vec!["llama", "qwen"]);
+        assert_eq!(two.slot_count(), 64);
+        for (json, field) in [
+            (
+                r#"{"pool":{"cluster":"a","clusters":[{"cluster":"b"}]}}"#,
+                "pool.clusters",
+            ),
+            (
+                r#"{"pool":{"clusters":[{"cluster":"b"},{"cluster":"b"}]}}"#,
+                "pool.clusters[1].cluster",
+            ),
+            (
+                r#"{"pool":{"clusters":[{"cluster":"b","modls":[]}]}}"#,
+                "pool.clusters[0].modls",
+            ),
+            (r#"{"pool":{"models":[""]}}"#, "pool.models"),
+            (
+                r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"pool":{}}"#,
+                "pool",
+            ),
+        ] {
+            assert_eq!(err(json).field, field, "{json}");
+        }
     }
 }

@@ -2,10 +2,15 @@
 //! worker VM accounts it in the ledger ([`crate::store`]).
 //!
 //! ```text
-//! route:       requests += 1, prefill_blocks += prompt blocks − matched blocks
+//! route:       requests += 1, prefill_blocks += prompt blocks − matched blocks,
+//!              decode_tokens += its output limit (or the default)
 //! first byte:  prefill_blocks −= that request's share (the prompt is prefilled)
-//! end:         requests −= 1 (and any prefill not yet given back)
+//! end:         requests −= 1, decode_tokens −= its limit (and any prefill not
+//!              yet given back)
 //! ```
+//! Decode tokens are held at the request's limit until it ends: counting the
+//! tokens as they stream would cost a look at every response chunk, and the
+//! limit is what the pod reserves room for.
 //! Changes travel as [`Delta`]s and saturate at 0, so a release that arrives
 //! twice or for a request the ledger never heard of cannot drive a count
 //! negative. Each record is two little-endian `u32` ([`crate::codec`]).
@@ -19,6 +24,8 @@ pub struct InFlight {
     pub requests: u32,
     /// Prompt blocks not yet prefilled (released at the first response byte).
     pub prefill_blocks: u32,
+    /// Output tokens the requests may still generate.
+    pub decode_tokens: u32,
 }
 
 impl InFlight {
@@ -26,6 +33,14 @@ impl InFlight {
     pub fn apply(&mut self, d: Delta) {
         self.requests = self.requests.saturating_add_signed(d.requests);
         self.prefill_blocks = self.prefill_blocks.saturating_add_signed(d.prefill_blocks);
+        self.decode_tokens = self.decode_tokens.saturating_add_signed(d.decode_tokens);
+    }
+
+    /// Adds another share's counts, each field saturating.
+    pub fn add(&mut self, other: &InFlight) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.prefill_blocks = self.prefill_blocks.saturating_add(other.prefill_blocks);
+        self.decode_tokens = self.decode_tokens.saturating_add(other.decode_tokens);
     }
 }
 
@@ -36,6 +51,8 @@ pub struct Delta {
     pub requests: i32,
     /// Change in prompt blocks waiting for prefill.
     pub prefill_blocks: i32,
+    /// Change in output tokens still to generate.
+    pub decode_tokens: i32,
 }
 
 impl Delta {
@@ -44,6 +61,7 @@ impl Delta {
         Delta {
             requests,
             prefill_blocks: 0,
+            decode_tokens: 0,
         }
     }
 
@@ -52,6 +70,7 @@ impl Delta {
         Delta {
             requests: 0,
             prefill_blocks,
+            decode_tokens: 0,
         }
     }
 }
@@ -60,6 +79,7 @@ impl std::ops::AddAssign for Delta {
     fn add_assign(&mut self, d: Delta) {
         self.requests = self.requests.saturating_add(d.requests);
         self.prefill_blocks = self.prefill_blocks.saturating_add(d.prefill_blocks);
+        self.decode_tokens = self.decode_tokens.saturating_add(d.decode_tokens);
     }
 }
 
@@ -69,11 +89,12 @@ impl std::ops::Neg for Delta {
         Delta {
             requests: -self.requests,
             prefill_blocks: -self.prefill_blocks,
+            decode_tokens: -self.decode_tokens,
         }
     }
 }
 
-const INFLIGHT_LEN: usize = 8;
+const INFLIGHT_LEN: usize = 12;
 
 /// Bytes [`encode_inflight`] writes for `n` backends.
 pub const fn inflight_len(n: usize) -> usize {
@@ -85,6 +106,7 @@ pub fn encode_inflight(all: &[InFlight], out: &mut Vec<u8>) {
     for f in all {
         put(out, f.requests);
         put(out, f.prefill_blocks);
+        put(out, f.decode_tokens);
     }
 }
 
@@ -99,6 +121,7 @@ pub fn decode_inflight(bytes: &[u8], n: usize) -> Option<Vec<InFlight>> {
             Some(InFlight {
                 requests: r.get()?,
                 prefill_blocks: r.get()?,
+                decode_tokens: r.get()?,
             })
         })
         .collect()
@@ -113,10 +136,10 @@ mod properties {
         #![proptest_config(crate::testing::proptest_config())]
 
         #[test]
-        fn decode_inverts_encode(all in proptest::collection::vec((any::<u32>(), any::<u32>()), 0..64)) {
+        fn decode_inverts_encode(all in proptest::collection::vec((any::<u32>(), any::<u32>(), any::<u32>()), 0..64)) {
             let all: Vec<InFlight> = all
                 .into_iter()
-                .map(|(requests, prefill_blocks)| InFlight { requests, prefill_blocks })
+                .map(|(requests, prefill_blocks, decode_tokens)| InFlight { requests, prefill_blocks, decode_tokens })
                 .collect();
             let mut bytes = Vec::new();
             encode_inflight(&all, &mut bytes);

@@ -55,4 +55,5 @@ pub mod steering;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod work;
 pub mod worker;

@@ -28,6 +28,7 @@
 use crate::config::PolicyConfig;
 use crate::health::Health;
 use crate::inflight::InFlight;
+use crate::work::work;
 
 /// Where a slot stands in the fleet at decision time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub struct BackendLoad {
     pub saturated: bool,
     /// Prompt blocks queued for prefill ahead of a new request.
     pub prefill: f64,
+    /// Work in flight, in typical requests ([`crate::work`]).
+    pub work: f64,
 }
 
 /// Combines in-flight counts and health into per-backend load.
@@ -72,22 +75,23 @@ pub fn backend_loads(
             let h = health.get(b).copied().unwrap_or_default();
             let fresh = h.scraped_ms > 0 && now_ms.saturating_sub(h.scraped_ms) <= stale_after_ms;
             let inf = f.requests as f64;
-            let (load, sat) = if fresh {
+            let (others, sat) = if fresh {
                 let s = h.scrape;
                 (
-                    inf + (s.running + s.waiting - s.own_inflight as f64).max(0.0),
+                    (s.running + s.waiting - s.own_inflight as f64).max(0.0),
                     s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE)
                         || s.kv_usage >= policy.max_kv_usage,
                 )
             } else {
-                (inf, false)
+                (0.0, false)
             };
             BackendLoad {
                 member: standing.get(b).is_some_and(|&s| s != Standing::Absent),
                 healthy: standing.get(b) == Some(&Standing::In),
-                load,
+                load: inf + others,
                 saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
                 prefill: f.prefill_blocks as f64,
+                work: work(f, others, policy),
             }
         })
         .collect()
@@ -116,6 +120,7 @@ mod tests {
         let one = InFlight {
             requests: 1,
             prefill_blocks: 7,
+            decode_tokens: 0,
         };
         let at = |now| {
             backend_loads(

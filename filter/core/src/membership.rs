@@ -3,8 +3,8 @@
 //! ```text
 //! fixed list:  slot i = backends[i], for good
 //! pool:        each tick the VM holding the scrape lease reads the pool
-//!              cluster's endpoints from Envoy itself
-//!                GET <admin_cluster> /clusters?format=json&filter=^<cluster>$
+//!              clusters' endpoints from Envoy itself
+//!                GET <admin_cluster> /clusters?format=json&filter=^(<c1>|<c2>…)$
 //!              and assigns slots:
 //!                a pod still listed keeps its slot
 //!                a pod no longer listed leaves it           (vacated_ms := now)
@@ -28,9 +28,11 @@
 //! `override_host` routes to, kept current by EDS (Kubernetes, Istio, a file),
 //! with no controller to run; `bench/membership` measured the call at 0.5 ms
 //! of Envoy's main thread and 52 KB for 64 pods, whatever else the gateway
-//! holds. The `filter` parameter matches anywhere in a name, so the name is
-//! escaped and anchored. A reply that is not that one cluster's (an Envoy too
-//! old for `filter` answers with every cluster), is larger than
+//! holds. The `filter` parameter matches anywhere in a name, so the names are
+//! escaped and anchored. Several clusters (one per model, typically) share
+//! the slots; each pod keeps its cluster, which says what it serves. A reply
+//! naming any other cluster (an Envoy too old for `filter` answers with every
+//! cluster), larger than
 //! [`MAX_REPLY_BYTES`] or does not parse changes nothing: a broken read never
 //! empties the fleet. A cluster without endpoints does. Endpoints Envoy would
 //! not route to (unhealthy, draining, failing its outlier or active checks,
@@ -52,6 +54,8 @@ pub struct Endpoint {
     pub address: String,
     /// Whether Envoy would route to it.
     pub routable: bool,
+    /// Which of the pool's clusters it is in.
+    pub cluster: u16,
 }
 
 /// Why an admin reply was not used.
@@ -61,20 +65,25 @@ pub enum ReplyError {
     Malformed,
     /// Larger than [`MAX_REPLY_BYTES`].
     TooLarge,
-    /// Not exactly the pool cluster (absent, or other clusters too).
+    /// Another cluster than the pool's, or one of them twice.
     WrongClusters,
 }
 
-/// The admin path that lists `cluster`'s endpoints.
-pub fn admin_path(cluster: &str) -> String {
-    let mut regex = String::from("^");
-    for c in cluster.chars() {
-        if "\\.+*?()|[]{}^$".contains(c) {
-            regex.push('\\');
+/// The admin path that lists the endpoints of `clusters`.
+pub fn admin_path(clusters: &[&str]) -> String {
+    let mut regex = String::from(if clusters.len() > 1 { "^(" } else { "^" });
+    for (i, cluster) in clusters.iter().enumerate() {
+        if i > 0 {
+            regex.push('|');
         }
-        regex.push(c);
+        for c in cluster.chars() {
+            if "\\.+*?()|[]{}^$".contains(c) {
+                regex.push('\\');
+            }
+            regex.push(c);
+        }
     }
-    regex.push('$');
+    regex.push_str(if clusters.len() > 1 { ")$" } else { "$" });
     let mut path = String::from("/clusters?format=json&filter=");
     for b in regex.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -145,38 +154,52 @@ impl HealthFlags<'_> {
     }
 }
 
-/// The pool's endpoints from an admin `/clusters?format=json` reply, sorted by address.
-pub fn parse_endpoints(body: &[u8], cluster: &str) -> Result<Vec<Endpoint>, ReplyError> {
+/// The pool's endpoints from an admin `/clusters?format=json` reply, sorted
+/// by address (a pod listed in two clusters counts in the first). A cluster
+/// the reply leaves out has no endpoints.
+pub fn parse_endpoints(body: &[u8], clusters: &[&str]) -> Result<Vec<Endpoint>, ReplyError> {
     if body.len() > MAX_REPLY_BYTES {
         return Err(ReplyError::TooLarge);
     }
     let reply: Reply<'_> = serde_json::from_slice(body).map_err(|_| ReplyError::Malformed)?;
-    let [only] = reply.cluster_statuses.as_slice() else {
-        return Err(ReplyError::WrongClusters);
-    };
-    if only.name != cluster {
+    let mut seen = vec![false; clusters.len()];
+    let mut out: Vec<Endpoint> = Vec::new();
+    for status in &reply.cluster_statuses {
+        let Some(i) = clusters.iter().position(|c| *c == status.name) else {
+            return Err(ReplyError::WrongClusters);
+        };
+        if std::mem::replace(&mut seen[i], true) {
+            return Err(ReplyError::WrongClusters);
+        }
+        out.extend(endpoints_of(status, i as u16));
+    }
+    if reply.cluster_statuses.is_empty() {
+        // `{}`: none of the clusters exists (yet); an empty fleet would drop every pod.
         return Err(ReplyError::WrongClusters);
     }
-    let mut out: Vec<Endpoint> = only
-        .host_statuses
-        .iter()
-        .filter_map(|h| {
-            let sa = h.address.socket_address.as_ref()?;
-            let ip = sa.address.as_ref();
-            let address = if ip.contains(':') {
-                format!("[{ip}]:{}", sa.port_value)
-            } else {
-                format!("{ip}:{}", sa.port_value)
-            };
-            Some(Endpoint {
-                address,
-                routable: h.health_status.routable(),
-            })
-        })
-        .collect();
-    out.sort_by(|a, b| a.address.cmp(&b.address));
+    out.sort_by(|a, b| a.address.cmp(&b.address).then(a.cluster.cmp(&b.cluster)));
     out.dedup_by(|a, b| a.address == b.address);
     Ok(out)
+}
+
+fn endpoints_of<'s>(
+    status: &'s ClusterStatus<'_>,
+    cluster: u16,
+) -> impl Iterator<Item = Endpoint> + 's {
+    status.host_statuses.iter().filter_map(move |h| {
+        let sa = h.address.socket_address.as_ref()?;
+        let ip = sa.address.as_ref();
+        let address = if ip.contains(':') {
+            format!("[{ip}]:{}", sa.port_value)
+        } else {
+            format!("{ip}:{}", sa.port_value)
+        };
+        Some(Endpoint {
+            address,
+            routable: h.health_status.routable(),
+            cluster,
+        })
+    })
 }
 
 /// One pod in a slot.
@@ -186,6 +209,8 @@ pub struct Member {
     pub address: String,
     /// Whether Envoy would route to it.
     pub routable: bool,
+    /// Which of the pool's clusters it is in (0 for a fixed list).
+    pub cluster: u16,
 }
 
 /// The slot table every VM shares.
@@ -231,6 +256,7 @@ impl Slots {
                 Some(Member {
                     address: a.to_string(),
                     routable: true,
+                    cluster: 0,
                 })
             })
             .collect();
@@ -252,7 +278,7 @@ impl Slots {
         };
         for (slot, m) in self.members.iter_mut().enumerate() {
             let Some(member) = m else { continue };
-            match listed(&member.address) {
+            match listed(&member.address).filter(|&i| endpoints[i].cluster == member.cluster) {
                 Some(i) => member.routable = endpoints[i].routable,
                 None => {
                     changes.left.push((slot, member.address.clone()));
@@ -276,6 +302,7 @@ impl Slots {
                     self.members[s] = Some(Member {
                         address: e.address.clone(),
                         routable: e.routable,
+                        cluster: e.cluster,
                     });
                     changes.joined.push((s, e.address.clone()));
                 }
@@ -300,6 +327,7 @@ impl Slots {
         for (m, &v) in self.members.iter().zip(&self.vacated_ms) {
             put(&mut out, v);
             put(&mut out, m.as_ref().is_some_and(|m| m.routable) as u8);
+            put(&mut out, m.as_ref().map_or(0, |m| m.cluster));
             let a = m.as_ref().map_or("", |m| m.address.as_str());
             put(&mut out, a.len() as u16);
             out.extend_from_slice(a.as_bytes());
@@ -317,12 +345,14 @@ impl Slots {
         for slot in 0..n {
             s.vacated_ms[slot] = r.get()?;
             let routable = r.get::<u8>()? == 1;
+            let cluster = r.get::<u16>()?;
             let len = r.get::<u16>()? as usize;
             let address = std::str::from_utf8(r.take(len)?).ok()?;
             if !address.is_empty() {
                 s.members[slot] = Some(Member {
                     address: address.to_string(),
                     routable,
+                    cluster,
                 });
             }
         }
@@ -336,7 +366,8 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn reply(cluster: &str, hosts: &[(&str, &str)]) -> Vec<u8> {
+    /// One cluster's entry in an admin reply.
+    fn status(cluster: &str, hosts: &[(&str, &str)]) -> String {
         let hosts: Vec<String> = hosts
             .iter()
             .map(|(a, status)| {
@@ -347,10 +378,13 @@ mod tests {
             })
             .collect();
         format!(
-            r#"{{"cluster_statuses":[{{"name":"{cluster}","added_via_api":true,"host_statuses":[{}]}}]}}"#,
+            r#"{{"name":"{cluster}","added_via_api":true,"host_statuses":[{}]}}"#,
             hosts.join(",")
         )
-        .into_bytes()
+    }
+
+    fn reply(cluster: &str, hosts: &[(&str, &str)]) -> Vec<u8> {
+        format!(r#"{{"cluster_statuses":[{}]}}"#, status(cluster, hosts)).into_bytes()
     }
 
     fn eps(addrs: &[&str]) -> Vec<Endpoint> {
@@ -359,6 +393,7 @@ mod tests {
             .map(|a| Endpoint {
                 address: a.to_string(),
                 routable: true,
+                cluster: 0,
             })
             .collect();
         v.sort_by(|a, b| a.address.cmp(&b.address));
@@ -375,11 +410,11 @@ mod tests {
     #[test]
     fn the_admin_path_anchors_and_escapes_the_cluster_name() {
         assert_eq!(
-            admin_path("outbound|8000||vllm.llm.svc.cluster.local"),
+            admin_path(&["outbound|8000||vllm.llm.svc.cluster.local"]),
             "/clusters?format=json&filter=%5Eoutbound%5C%7C8000%5C%7C%5C%7Cvllm%5C.llm%5C.svc%5C.cluster%5C.local%24"
         );
         assert_eq!(
-            admin_path("pool"),
+            admin_path(&["pool"]),
             "/clusters?format=json&filter=%5Epool%24"
         );
     }
@@ -394,7 +429,7 @@ mod tests {
                 ("10.0.0.3:8000", "DEGRADED"),
             ],
         );
-        let got = parse_endpoints(&body, "pool").unwrap();
+        let got = parse_endpoints(&body, &["pool"]).unwrap();
         let view: Vec<(&str, bool)> = got
             .iter()
             .map(|e| (e.address.as_str(), e.routable))
@@ -410,14 +445,14 @@ mod tests {
         let flagged = br#"{"cluster_statuses":[{"name":"pool","host_statuses":[
             {"address":{"socket_address":{"address":"::1","port_value":8000}},
              "health_status":{"eds_health_status":"HEALTHY","failed_outlier_check":true}}]}]}"#;
-        let got = parse_endpoints(flagged, "pool").unwrap();
+        let got = parse_endpoints(flagged, &["pool"]).unwrap();
         assert_eq!(
             (got[0].address.as_str(), got[0].routable),
             ("[::1]:8000", false)
         );
         // A cluster without endpoints has none.
         let bare = br#"{"cluster_statuses":[{"name":"pool"}]}"#;
-        assert_eq!(parse_endpoints(bare, "pool"), Ok(vec![]));
+        assert_eq!(parse_endpoints(bare, &["pool"]), Ok(vec![]));
     }
 
     #[test]
@@ -433,10 +468,53 @@ mod tests {
             (&b"{\"cluster_statuses\":[{"[..], ReplyError::Malformed),
             (&b"not json"[..], ReplyError::Malformed),
         ] {
-            assert_eq!(parse_endpoints(body, "pool"), Err(want));
+            assert_eq!(parse_endpoints(body, &["pool"]), Err(want));
         }
         let huge = vec![b' '; MAX_REPLY_BYTES + 1];
-        assert_eq!(parse_endpoints(&huge, "pool"), Err(ReplyError::TooLarge));
+        assert_eq!(parse_endpoints(&huge, &["pool"]), Err(ReplyError::TooLarge));
+    }
+
+    #[test]
+    fn several_clusters_are_read_at_once_and_each_pod_keeps_its_cluster() {
+        assert_eq!(
+            admin_path(&["llama", "qwen.x"]),
+            "/clusters?format=json&filter=%5E%28llama%7Cqwen%5C.x%29%24"
+        );
+        let body = format!(
+            r#"{{"cluster_statuses":[{},{}]}}"#,
+            status("qwen.x", &[("10.0.0.9:8000", "HEALTHY")]),
+            status("llama", &[("10.0.0.1:8000", "HEALTHY")]),
+        );
+        let got = parse_endpoints(body.as_bytes(), &["llama", "qwen.x"]).unwrap();
+        let view: Vec<(&str, u16)> = got
+            .iter()
+            .map(|e| (e.address.as_str(), e.cluster))
+            .collect();
+        assert_eq!(view, vec![("10.0.0.1:8000", 0), ("10.0.0.9:8000", 1)]);
+        // One cluster absent: its pods are gone, the other's stay.
+        let one = reply("llama", &[("10.0.0.1:8000", "HEALTHY")]);
+        assert_eq!(
+            parse_endpoints(&one, &["llama", "qwen.x"]).unwrap().len(),
+            1
+        );
+        // A pod that moved to another cluster is a new member.
+        let mut s = Slots::empty(2);
+        s.assign(&got, 1);
+        let moved = vec![Endpoint {
+            address: "10.0.0.1:8000".into(),
+            routable: true,
+            cluster: 1,
+        }];
+        let c = s.assign(&moved, 2);
+        assert_eq!((c.left.len(), c.joined.len()), (2, 1));
+        assert_eq!(
+            s.members
+                .iter()
+                .flatten()
+                .map(|m| m.cluster)
+                .collect::<Vec<_>>(),
+            vec![1]
+        );
     }
 
     #[test]

@@ -71,6 +71,10 @@ struct Chat<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
@@ -83,6 +87,8 @@ struct Completion<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow)]
     prompt: Text<'a>,
@@ -92,6 +98,8 @@ struct Completion<'a> {
 struct Responses<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -259,6 +267,14 @@ fn hasher(
     )
 }
 
+/// A token limit as a count. Read raw, so a limit of the wrong type (the
+/// backend will reject it) still leaves the prompt routable; anything but a
+/// non-negative number is no limit.
+fn tokens(v: Option<&RawValue>) -> Option<u32> {
+    let t: f64 = v?.get().parse().ok()?;
+    (t.is_finite() && t >= 0.0).then(|| t.min(f64::from(u32::MAX)) as u32)
+}
+
 /// Turns a request body into its routing key.
 pub fn prompt_key(
     endpoint: Endpoint,
@@ -307,6 +323,7 @@ pub fn prompt_key(
                 continuation,
                 history_bytes: if continuation { last_start } else { 0 },
                 model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(req.max_completion_tokens.or(req.max_tokens)),
                 ..h.finish()
             })
         }
@@ -321,6 +338,7 @@ pub fn prompt_key(
             prompt.feed(&mut h);
             Ok(PromptKey {
                 model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(req.max_tokens),
                 ..h.finish()
             })
         }
@@ -337,6 +355,7 @@ pub fn prompt_key(
             feed_piece(&mut h, b"input", &req.input);
             Ok(PromptKey {
                 model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(req.max_output_tokens),
                 ..h.finish()
             })
         }
@@ -562,6 +581,53 @@ mod tests {
         )
         .unwrap();
         assert!(!k.blocks.is_empty());
+    }
+
+    #[test]
+    fn model_and_output_limit_are_read_whatever_their_form() {
+        let chat = |extra: &str| {
+            prompt_key(
+                Endpoint::Chat,
+                format!(r#"{{"model":"m",{extra}"messages":[{{"role":"user","content":"hi"}}]}}"#)
+                    .as_bytes(),
+                16,
+                64,
+            )
+            .unwrap()
+        };
+        assert_eq!(chat("").max_output_tokens, None);
+        assert_eq!(chat(r#""max_tokens":100,"#).max_output_tokens, Some(100));
+        let both = chat(r#""max_tokens":100,"max_completion_tokens":7,"#);
+        assert_eq!(
+            (both.max_output_tokens, both.model.as_deref()),
+            (Some(7), Some("m"))
+        );
+        // A limit of the wrong type or sign is no limit; the prompt still routes.
+        for bad in [
+            r#""max_tokens":"100","#,
+            r#""max_tokens":-1,"#,
+            r#""max_tokens":null,"#,
+        ] {
+            assert_eq!(chat(bad).max_output_tokens, None, "{bad}");
+        }
+        let huge = chat(r#""max_tokens":1e30,"#);
+        assert_eq!(huge.max_output_tokens, Some(u32::MAX));
+        let c = prompt_key(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"abc","max_tokens":5}"#,
+            16,
+            64,
+        )
+        .unwrap();
+        assert_eq!(c.max_output_tokens, Some(5));
+        let r = prompt_key(
+            Endpoint::Responses,
+            br#"{"model":"m","input":"abc","max_output_tokens":9}"#,
+            16,
+            64,
+        )
+        .unwrap();
+        assert_eq!(r.max_output_tokens, Some(9));
     }
 
     #[test]

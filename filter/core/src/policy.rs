@@ -79,15 +79,20 @@
 //! | `prefill_slack_tokens` | 8192 | a common vLLM per-step token budget (`max_num_batched_tokens`): a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
 //!
 //! ## The others
-//! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load spillover).
-//! - `least_request`: least load among non-saturated healthy backends; ties random.
+//! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load
+//!   spillover), the bound taken over work in flight ([`crate::work`]).
+//! - `least_request`: least work in flight among non-saturated healthy
+//!   backends; ties random. Work, not request count: a pod prefilling one huge
+//!   prompt is busier than one serving a short chat.
 //! - `round_robin`: shared rotation over healthy backends.
 //! - `random`: uniform over healthy backends.
 //! - `sticky_session`: rendezvous on the session id over healthy backends (a
 //!   dead backend's sessions move, and only those); no session → round robin.
 //!
-//! With no healthy backend, every strategy routes over all backends: our
-//! health view may be wrong, and refusing traffic is worse than trying.
+//! With no healthy backend, every strategy routes over all members (never an
+//! empty slot, see `membership`): our health view may be wrong, and refusing
+//! traffic is worse than trying. With no member at all there is no choice, and
+//! Envoy's own fallback policy routes.
 //!
 //! Cost: O(backends · log backends) per decision.
 
@@ -208,15 +213,41 @@ impl Chooser<'_> {
         !l.saturated && l.load + 1.0 <= cap
     }
 
+    /// The bounded-load cap over work in flight rather than requests.
+    fn work_cap(&self, healthy: &[usize]) -> f64 {
+        let total: f64 = healthy.iter().map(|&b| self.loads[b].work).sum();
+        ((1.0 + self.cfg.eps) * (total + 1.0) / healthy.len().max(1) as f64).ceil()
+    }
+
+    fn eligible_by_work(&self, b: usize, cap: f64) -> bool {
+        let l = &self.loads[b];
+        !l.saturated && l.work + 1.0 <= cap
+    }
+
+    /// Least load among `among` (ties by `tiebreak`).
     fn least_loaded(&self, among: &[usize], tiebreak: u64) -> Option<usize> {
+        self.least_by(among, tiebreak, |l| l.load)
+    }
+
+    /// Least work in flight among `among` (ties by `tiebreak`).
+    fn least_work(&self, among: &[usize], tiebreak: u64) -> Option<usize> {
+        self.least_by(among, tiebreak, |l| l.work)
+    }
+
+    fn least_by(
+        &self,
+        among: &[usize],
+        tiebreak: u64,
+        measure: impl Fn(&BackendLoad) -> f64,
+    ) -> Option<usize> {
         let min = among
             .iter()
-            .map(|&b| self.loads[b].load)
+            .map(|&b| measure(&self.loads[b]))
             .fold(f64::INFINITY, f64::min);
         let ties: Vec<usize> = among
             .iter()
             .copied()
-            .filter(|&b| self.loads[b].load <= min)
+            .filter(|&b| measure(&self.loads[b]) <= min)
             .collect();
         ties.get((tiebreak % ties.len().max(1) as u64) as usize)
             .copied()
@@ -251,10 +282,15 @@ impl Chooser<'_> {
             Strategy::PrefixHash => {
                 let order = rendezvous(req.anchor, self.ids, healthy.iter().copied());
                 let owner = *order.first()?;
-                let (b, reason) = match order.iter().copied().find(|&b| self.eligible(b, cap)) {
+                let cap = self.work_cap(&healthy);
+                let (b, reason) = match order
+                    .iter()
+                    .copied()
+                    .find(|&b| self.eligible_by_work(b, cap))
+                {
                     Some(b) if b == owner => (b, Reason::Placed),
                     Some(b) => (b, Reason::Spillover),
-                    None => (self.least_loaded(&healthy, req.random)?, Reason::Spillover),
+                    None => (self.least_work(&healthy, req.random)?, Reason::Spillover),
                 };
                 Some(self.finish(b, req.anchor, matched(b), reason))
             }
@@ -265,7 +301,7 @@ impl Chooser<'_> {
                     .filter(|&b| !self.loads[b].saturated)
                     .collect();
                 let among = if open.is_empty() { &healthy } else { &open };
-                let b = self.least_loaded(among, req.random)?;
+                let b = self.least_work(among, req.random)?;
                 Some(self.finish(b, req.random, matched(b), Reason::LeastLoaded))
             }
             Strategy::RoundRobin => {
@@ -298,7 +334,7 @@ impl Chooser<'_> {
             .filter(|&b| !self.loads[b].saturated)
             .collect();
         let among = if open.is_empty() { &healthy } else { &open };
-        let b = self.least_loaded(among, random)?;
+        let b = self.least_work(among, random)?;
         Some(self.finish(b, random, 0, Reason::Fallback))
     }
 
@@ -434,6 +470,7 @@ mod tests {
                 member: true,
                 healthy: true,
                 load: l,
+                work: l,
                 saturated: false,
                 prefill: 0.0,
             })
@@ -781,7 +818,7 @@ mod tests {
         );
         let owner = d.order[0];
         let mut hot = loads(&[0.0, 0.0, 0.0]);
-        hot[owner].load = 20.0;
+        hot[owner].work = 20.0;
         let s = pick(
             Strategy::PrefixHash,
             &hot,

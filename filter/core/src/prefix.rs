@@ -52,6 +52,9 @@ pub struct PromptKey {
     pub history_bytes: usize,
     /// The request's `model` (a served model name or a LoRA adapter).
     pub model: Option<String>,
+    /// The most tokens it may generate (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`), when it says.
+    pub max_output_tokens: Option<u32>,
 }
 
 use crate::hash::murmur;
@@ -174,6 +177,7 @@ impl PrefixHasher {
             continuation: false,
             history_bytes: 0,
             model: None,
+            max_output_tokens: None,
         }
     }
 }

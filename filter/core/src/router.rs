@@ -24,7 +24,7 @@
 //! keeps Envoy's own view of how its requests ended ([`crate::passive`]); a
 //! backend is in rotation when neither view keeps it out.
 
-use crate::config::{Backend, Config, Strategy};
+use crate::config::{Backend, Config, PolicyConfig, Strategy};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
@@ -132,13 +132,26 @@ fn note_reclaimed(vms: &[u64]) {
 /// each other's records.
 fn fleet_id(cfg: &Config) -> u64 {
     let fleet = match &cfg.pool {
-        Some(p) => mix(address_id(&p.cluster) ^ p.max_backends as u64),
+        Some(p) => p
+            .clusters
+            .iter()
+            .fold(p.max_backends as u64, |h, c| mix(h ^ address_id(&c.name))),
         None => cfg
             .backends
             .iter()
             .fold(0, |h, b| mix(h ^ address_id(&b.address))),
     };
     mix(mix(fleet ^ cfg.block_bytes as u64) ^ cfg.index.log_bytes as u64)
+}
+
+/// The output tokens a request holds on its pod until it ends: its limit, or
+/// the configured default; at most [`crate::work::MAX_OUTPUT_TOKENS`], so no
+/// client can make a pod look busier than a context window's worth.
+fn output_budget(key: Option<&PromptKey>, policy: &PolicyConfig) -> i32 {
+    let limit = key
+        .and_then(|k| k.max_output_tokens)
+        .unwrap_or(policy.default_output_tokens);
+    limit.min(crate::work::MAX_OUTPUT_TOKENS) as i32
 }
 
 impl Router {
@@ -238,7 +251,8 @@ impl Router {
                         .cfg
                         .pool
                         .as_ref()
-                        .map(|p| p.serves.clone())
+                        .and_then(|p| p.clusters.get(usize::from(m.cluster)))
+                        .map(|c| c.serves.clone())
                         .unwrap_or_default(),
                 },
             });
@@ -276,7 +290,8 @@ impl Router {
         let Some(pool) = &self.cfg.pool else {
             return Ok(Err(ReplyError::WrongClusters));
         };
-        let endpoints = match parse_endpoints(body, &pool.cluster) {
+        let names: Vec<&str> = pool.clusters.iter().map(|c| c.name.as_str()).collect();
+        let endpoints = match parse_endpoints(body, &names) {
             Ok(e) => e,
             Err(e) => return Ok(Err(e)),
         };
@@ -535,6 +550,7 @@ impl Router {
             requests: 1,
             prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
                 .unwrap_or(i32::MAX),
+            decode_tokens: output_budget(req.key, &self.cfg.policy),
         };
         let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
         if !chain.is_empty() {
@@ -865,6 +881,15 @@ mod tests {
     }
 
     /// Nothing in flight anywhere, by the ledger.
+    /// What a request without an output limit holds once its prefill is done.
+    fn one() -> Delta {
+        Delta {
+            requests: 1,
+            prefill_blocks: 0,
+            decode_tokens: crate::testing::config(1).policy.default_output_tokens as i32,
+        }
+    }
+
     fn assert_idle(a: &Router, host: &MemoryHost) {
         assert_eq!(
             a.store(host).inflight().unwrap(),
@@ -905,8 +930,7 @@ mod tests {
             ("user", "q2"),
         ]);
         let first = a.route(&host, &prompt(&turn1));
-        a.release(&host, first.decision.order[0], Delta::requests(1))
-            .unwrap();
+        a.release(&host, first.decision.order[0], one()).unwrap();
         // Turn 2 goes through the other VM: only the shared log can tell it where turn 1 went.
         let second = b.route(&host, &prompt(&turn2));
         assert_eq!(second.decision.order[0], first.decision.order[0]);
@@ -933,7 +957,7 @@ mod tests {
             inflight.iter().map(|f| f.requests).collect()
         };
         // While others are open, a release waits for this VM's next ledger write...
-        a.release(&host, picks[0], Delta::requests(1)).unwrap();
+        a.release(&host, picks[0], one()).unwrap();
         assert_eq!(requests(&a), vec![1, 1, 1]);
         // ... though this VM counts it at once.
         let mut own = vec![1, 1, 1];
@@ -949,15 +973,15 @@ mod tests {
         assert_eq!(next, picks[0], "this VM routes on its own release at once");
         assert_eq!(requests(&a), vec![1, 1, 1]);
         // ... or for the tick...
-        a.release(&host, picks[1], Delta::requests(1)).unwrap();
+        a.release(&host, picks[1], one()).unwrap();
         a.flush_releases(&host).unwrap();
         let mut left = vec![1, 1, 1];
         left[picks[1]] = 0;
         assert_eq!(requests(&a), left);
         // ... and the last open request's end writes everything.
-        a.release(&host, picks[2], Delta::requests(1)).unwrap();
+        a.release(&host, picks[2], one()).unwrap();
         assert_eq!(requests(&a), left);
-        a.release(&host, next, Delta::requests(1)).unwrap();
+        a.release(&host, next, one()).unwrap();
         assert_idle(&a, &host);
     }
 
@@ -966,7 +990,7 @@ mod tests {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("least_request"), &host);
         let first = a.route(&host, &Request::default());
-        assert_eq!(first.held, Delta::requests(1));
+        assert_eq!(first.held, one());
         // Every CAS of the next request's ledger write loses.
         host.inject_conflicts.set(crate::store::MAX_CAS_RETRIES);
         let lost = a.route(&host, &Request::default());
@@ -996,13 +1020,13 @@ mod tests {
         // Turn 1's answer started: its prefill no longer holds anyone up.
         let mut held = first.held;
         a.prefilled(b, &mut held);
-        assert_eq!(held, Delta::requests(1));
+        assert_eq!(held, one());
         // Open requests wait for a write: here the tick's.
         a.flush_releases(&host).unwrap();
         let held = a.store(&host).inflight().unwrap()[b];
         assert_eq!((held.requests, held.prefill_blocks), (1, 0));
         // Done (with 3 pods and 1 request in flight the load bound would move turn 2).
-        a.release(&host, b, Delta::requests(1)).unwrap();
+        a.release(&host, b, one()).unwrap();
         let second = route(&mut a, &turn2);
         assert_eq!(second.decision.order[0], b);
         assert!(second.decision.matched >= first.blocks, "{second:?}");
@@ -1015,6 +1039,33 @@ mod tests {
             (held.requests, held.prefill_blocks),
             (1, second.held.prefill_blocks as u32)
         );
+    }
+
+    #[test]
+    fn a_small_request_avoids_the_pod_busy_with_a_huge_prompt_or_a_long_answer() {
+        for busy_with in ["prompt", "answer"] {
+            let host = MemoryHost::default();
+            let mut a = Router::new(cfg("least_request"), &host);
+            let mut heavy = chat(&[(
+                "user",
+                &"w ".repeat(if busy_with == "prompt" { 200_000 } else { 10 }),
+            )]);
+            if busy_with == "answer" {
+                heavy.max_output_tokens = Some(32_000);
+            }
+            let busy = a.route(&host, &prompt(&heavy)).decision.order[0];
+            // One small request on each other pod: request counts are now equal.
+            for i in 0..2 {
+                let small = chat(&[("user", &format!("small {i}"))]);
+                assert_ne!(a.route(&host, &prompt(&small)).decision.order[0], busy);
+            }
+            for i in 0..30 {
+                let small = chat(&[("user", &format!("next {i}"))]);
+                let r = a.route(&host, &prompt(&small));
+                assert_ne!(r.decision.order[0], busy, "{busy_with}, request {i}");
+                a.release(&host, r.decision.order[0], r.held).unwrap();
+            }
+        }
     }
 
     #[test]

@@ -50,7 +50,7 @@
 //! Cost: the record holds 24 bytes plus one in-flight record per backend
 //! for each VM holding requests (Envoy runs a VM per worker thread), and each
 //! routed request decodes and re-encodes it. The key carries the layout's
-//! version (`ledger.v2`): VMs of an older release, running side by side during
+//! version (`ledger.v3`): VMs of an older release, running side by side during
 //! a rollout, keep their own ledger instead of wiping this one.
 
 use crate::codec::{self, put, Reader};
@@ -95,7 +95,7 @@ impl Keys {
         Keys {
             fleet,
             log_bytes,
-            ledger: k("ledger.v2"),
+            ledger: k("ledger.v3"),
             rotation: k("rotation"),
             vm_seq: k("vm_seq"),
             lease: k("lease"),
@@ -282,8 +282,7 @@ impl Ledger {
         let mut inflight = vec![InFlight::default(); n];
         for s in &shares {
             for (t, f) in inflight.iter_mut().zip(&s.inflight) {
-                t.requests = t.requests.saturating_add(f.requests);
-                t.prefill_blocks = t.prefill_blocks.saturating_add(f.prefill_blocks);
+                t.add(f);
             }
         }
         Ledger {
@@ -651,12 +650,13 @@ mod tests {
     }
 
     #[test]
-    fn prefill_is_accounted_beside_requests() {
+    fn prefill_and_output_are_accounted_beside_requests() {
         let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
         let s = shared(&host, &keys);
         let sent = Delta {
             requests: 1,
             prefill_blocks: 40,
+            decode_tokens: 100,
         };
         add_inflight(&s, 2, sent).unwrap();
         add_inflight(&s, 2, sent).unwrap();
@@ -666,8 +666,23 @@ mod tests {
             c[2],
             InFlight {
                 requests: 2,
-                prefill_blocks: 40
+                prefill_blocks: 40,
+                decode_tokens: 200,
             }
+        );
+        // Its end gives the rest back.
+        let c = add_inflight(
+            &s,
+            2,
+            -Delta {
+                prefill_blocks: 0,
+                ..sent
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (c[2].requests, c[2].prefill_blocks, c[2].decode_tokens),
+            (1, 40, 100)
         );
         assert_eq!((c[0], c[1]), (InFlight::default(), InFlight::default()));
         // A record written in another layout reads as empty, never as garbage.

@@ -95,7 +95,10 @@ impl Worker {
     pub fn configure<H: Host>(host: &H, config: &[u8]) -> Result<Worker, ConfigError> {
         let cfg = Config::parse(config)?;
         let fleet = match &cfg.pool {
-            Some(p) => format!("pool {} (up to {} pods)", p.cluster, p.max_backends),
+            Some(p) => {
+                let names: Vec<&str> = p.clusters.iter().map(|c| c.name.as_str()).collect();
+                format!("pool {} (up to {} pods)", names.join(", "), p.max_backends)
+            }
             None => format!("{} backends", cfg.backends.len()),
         };
         log::info!(
@@ -491,7 +494,8 @@ impl Worker {
         {
             return;
         }
-        let path = admin_path(&pool.cluster);
+        let names: Vec<&str> = pool.clusters.iter().map(|c| c.name.as_str()).collect();
+        let path = admin_path(&names);
         let call = Callout {
             cluster: &pool.admin_cluster,
             headers: vec![
@@ -1434,5 +1438,46 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         other.tick(&host);
         let (_, to) = ask(&mut other, &host, "sql", "o");
         assert_eq!(to.as_deref(), Some("127.0.0.1:3"));
+    }
+
+    #[test]
+    fn several_discovered_pools_each_serve_their_model() {
+        let host = MemoryHost::default();
+        host.now.set(500);
+        let cfg = r#"{"pool":{"clusters":[{"cluster":"llama","models":["llama"]},
+            {"cluster":"qwen","models":["qwen"]}]},"metrics":{"period_ms":500,"timeout_ms":400}}"#;
+        let mut w = Worker::configure(&host, cfg.as_bytes()).unwrap();
+        w.tick(&host);
+        let host_entry = |ip: &str| {
+            format!(r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":8000}}}}}}"#)
+        };
+        let body = format!(
+            r#"{{"cluster_statuses":[{{"name":"llama","host_statuses":[{},{}]}},{{"name":"qwen","host_statuses":[{}]}}]}}"#,
+            host_entry("10.0.0.1"),
+            host_entry("10.0.0.2"),
+            host_entry("10.0.0.3")
+        );
+        for c in host.take_callouts() {
+            if c.cluster == "envoy-admin" {
+                assert_eq!(
+                    c.header(":path"),
+                    Some("/clusters?format=json&filter=%5E%28llama%7Cqwen%29%24")
+                );
+                *host.reply.borrow_mut() = ok(&body);
+                w.on_scrape(&host, c.token, 1, body.len());
+            }
+        }
+        for i in 0..10 {
+            assert_eq!(
+                ask(&mut w, &host, "qwen", &format!("q{i}")).1.as_deref(),
+                Some("10.0.0.3:8000")
+            );
+            let (_, to) = ask(&mut w, &host, "llama", &format!("l{i}"));
+            assert!(
+                matches!(to.as_deref(), Some("10.0.0.1:8000" | "10.0.0.2:8000")),
+                "{to:?}"
+            );
+        }
+        assert_eq!(ask(&mut w, &host, "mistral", "m").0, Step::Replied);
     }
 }

@@ -112,7 +112,15 @@ fn main() -> ExitCode {
                 "ok   {f}: {}, strategy {}, route mode {:?}{}",
                 c.pool.as_ref().map_or_else(
                     || format!("{} backends", c.backends.len()),
-                    |p| format!("a pool of up to {} pods from {}", p.max_backends, p.cluster)
+                    |p| format!(
+                        "a pool of up to {} pods from {}",
+                        p.max_backends,
+                        p.clusters
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
                 ),
                 c.strategy.name(),
                 c.route.mode,

@@ -1,0 +1,69 @@
+//! A pod's work in flight, measured in requests of typical size, so that
+//! balancing by load is balancing by work rather than by request count.
+//!
+//! ```text
+//! tokens_b = prefill_blocks_b · block_tokens + decode_cost · decode_tokens_b
+//! unit     = block_tokens + decode_cost · default_output_tokens       (a typical request)
+//! work_b   = tokens_b / unit + others_b
+//! others_b = max(0, running_b + waiting_b − own_requests_b)  from a fresh scrape, else 0
+//! ```
+//! `tokens_b` is GPU time in prefilled-token equivalents: the prompt tokens
+//! this gateway sent `b` and has not seen answered (its prefill queue, see
+//! [`crate::load`]), plus the output tokens its requests there may still
+//! generate (their `max_tokens`, or `default_output_tokens`, held until each
+//! ends: [`crate::inflight`]). Dividing by a typical request keeps the bounded
+//! load's `cap` and `eps` in the units they were tuned in, and lets requests
+//! seen only in a pod's scrape (other gateways') count as typical ones.
+//!
+//! | parameter | default | why |
+//! |---|---|---|
+//! | `balance.decode_cost` | 8 | a vLLM decode step (12 ms + 0.15 ms per sequence on an H100-class GPU, as the simulator models it) yields one token per running sequence: 0.9 ms per token at 16 sequences, 0.34 ms at 64, against 0.06 ms per prefilled token; 8 sits between |
+//! | `balance.default_output_tokens` | 256 | a chat answer; a request that sets no limit is assumed typical |
+//! | [`MAX_OUTPUT_TOKENS`] | 131072 | a context window: no client makes a pod look busier than one long generation |
+//!
+//! Used by `least_request`, `prefix_hash`'s bounded load and the load-only
+//! fallback: a small request avoids a pod busy with one huge prompt or one
+//! long generation although request counts are equal. `cache_aware` keeps its
+//! load term in requests (its `warm_min_cap` reasons about batch slots) and
+//! already weighs the prefill queue separately.
+
+use crate::config::PolicyConfig;
+use crate::inflight::InFlight;
+
+/// Largest output budget one request holds on its pod.
+pub const MAX_OUTPUT_TOKENS: u32 = 131_072;
+
+/// `work_b` for one pod; `others` are requests only its scrape sees.
+pub fn work(inflight: &InFlight, others: f64, policy: &PolicyConfig) -> f64 {
+    let tokens = f64::from(inflight.prefill_blocks) * policy.block_tokens
+        + policy.decode_cost * f64::from(inflight.decode_tokens);
+    let unit = policy.block_tokens + policy.decode_cost * f64::from(policy.default_output_tokens);
+    tokens / unit.max(f64::MIN_POSITIVE) + others.max(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn a_typical_request_is_one_unit_and_a_huge_prompt_many() {
+        let p = crate::testing::config(1).policy;
+        let typical = InFlight {
+            requests: 1,
+            prefill_blocks: 1,
+            decode_tokens: p.default_output_tokens,
+        };
+        assert!((work(&typical, 0.0, &p) - 1.0).abs() < 1e-9);
+        // One 100k-token prompt still prefilling weighs as dozens of typical requests.
+        let huge = InFlight {
+            requests: 1,
+            prefill_blocks: (100_000.0 / p.block_tokens) as u32,
+            decode_tokens: 16,
+        };
+        assert!(work(&huge, 0.0, &p) > 40.0, "{}", work(&huge, 0.0, &p));
+        assert_eq!(work(&InFlight::default(), 3.0, &p), 3.0);
+        assert_eq!(work(&InFlight::default(), -2.0, &p), 0.0);
+    }
+}
