@@ -161,15 +161,20 @@ const vllmCluster = `outbound|${vllmPort}||${vllmHost}`;
 
 // ---- a discovered pool: the pods of the vLLM Service's own cluster, named by address
 // The filter's defaults when the pool leaves them out.
-const poolCluster = ref.pool ? (ref.pool.cluster ?? "pool") : undefined;
+const poolClusters = ref.pool ? (ref.pool.clusters?.length ? ref.pool.clusters.map((c) => c.cluster) : [ref.pool.cluster ?? "pool"]) : [];
+const poolCluster = poolClusters.join(", ");
 const adminCluster = ref.pool ? (ref.pool.admin_cluster ?? "envoy-admin") : undefined;
 if (ref.pool) {
   const mode = ref.route?.mode ?? "endpoint";
   if (mode !== "endpoint") {
     fail(`pool with route.mode ${mode}: a pool's pods are named pod-<slot> and known by address, which only endpoint mode's override_host routes to`);
   }
-  if (poolCluster !== vllmCluster) {
-    fail(`pool.cluster ${poolCluster} is not the vLLM Service's outbound cluster ${vllmCluster}: the filter would name pods that override_host on the Service's cluster does not have`);
+  // One Service here: its cluster carries override_host and warmroute-metrics scrapes its pods
+  // only, so a pod of any other cluster would get the filter's choice ignored and every scrape
+  // refused.
+  const others = poolClusters.filter((c) => c !== vllmCluster);
+  if (others.length) {
+    fail(`pool.cluster ${others.join(", ")} is not the vLLM Service's outbound cluster ${vllmCluster}: the filter would name pods that override_host on the Service's cluster, and the scrape cluster, do not have`);
   } else ok(`pool.cluster ${poolCluster}: the vLLM Service's outbound cluster`);
 }
 

@@ -317,6 +317,10 @@ pool_every_copy 's.replace("\"cluster\": \"outbound|8000||vllm", "\"cluster\": \
 expect_reject_because "pool.cluster one subset of the vLLM Service" "pool.cluster outbound\|8000\|vllm-0\|.* is not the vLLM Service's outbound cluster" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+pool_every_copy 's.replace("\"cluster\": \"outbound|8000||vllm.llm.svc.cluster.local\"", "\"clusters\": [{\"cluster\": \"outbound|8000||vllm.llm.svc.cluster.local\"}, {\"cluster\": \"outbound|8000||qwen.llm.svc.cluster.local\"}]").replace("      cluster: \"outbound|8000||vllm.llm.svc.cluster.local\"\n", "      clusters: [{cluster: \"outbound|8000||vllm.llm.svc.cluster.local\"}, {cluster: \"outbound|8000||qwen.llm.svc.cluster.local\"}]\n")' 6
+expect_reject_because "a pool with a second Service's cluster, which nothing here routes or scrapes" "pool.cluster outbound\|8000\|\|qwen.* is not the vLLM Service's outbound cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
 pool_every_copy 's.replace("\"mode\": \"endpoint\"", "\"mode\": \"header\"").replace("      mode: endpoint\n", "      mode: header\n")' 6
 expect_reject_because "a pool in header mode (its pods match no subset)" "pool with route.mode header" \
   node "$here/check-warmroute.mjs" "$neg/istio"
