@@ -27,7 +27,8 @@ Outputs (in --out, default istio/generated/):
                                 client sidecar (gateways: [mesh]), exported to
                                 the client's namespace only. In endpoint mode
                                 Istio's own route for the Service is all the
-                                sidecar needs.
+                                sidecar needs (no timeout, Istio's default
+                                retries: what virtualservice.yaml sets).
   pluginconfig.json             the full warmroute pluginConfig that the
                                 WasmPlugin manifests embed
   envoyfilter-wasm-gateway.yaml the same plugin as an EnvoyFilter (ECDS ADD)
