@@ -15,6 +15,14 @@
 //    scrape cluster metrics.cluster names (EDS from istiod under the vLLM Service's outbound
 //    cluster name, override_host with a fallback that picks no host), the strip of client
 //    routing headers and, in endpoint mode, the override_host policy on the vLLM cluster;
+//  - a discovered pool (pluginConfig `pool`): route.mode endpoint, pool.cluster is the vLLM
+//    Service's outbound cluster (the one each workload's override_host policy is merged into),
+//    and each workload gets pool.admin_cluster as a STATIC cluster of the proxy's admin
+//    (127.0.0.1:15000) in its own EnvoyFilters;
+//  - no route reaches the proxy's admin: no EnvoyFilter patch (but the cluster's own ADD),
+//    VirtualService or ServiceEntry names an admin cluster or points at the admin's address, no
+//    patch has a cluster_header route, and no cluster is added at the admin's address under a
+//    name the filter does not read;
 //  - no VirtualService binds both a Gateway and `mesh`, and one bound to `mesh` is exported only
 //    to namespaces whose sidecars run warmroute;
 //  - header mode: each backend name has a DestinationRule subset and, in every VirtualService,
@@ -151,6 +159,25 @@ const vllmPort = vss.flatMap(({ o }) => o.spec?.http ?? []).flatMap((r) => r.rou
 if (!vllmHost || !vllmPort) fail("generated/ needs a DestinationRule and a VirtualService routing to its host and port");
 const vllmCluster = `outbound|${vllmPort}||${vllmHost}`;
 
+// ---- a discovered pool: the pods of the vLLM Service's own cluster, named by address
+// The filter's defaults when the pool leaves them out.
+const poolClusters = ref.pool ? (ref.pool.clusters?.length ? ref.pool.clusters.map((c) => c.cluster) : [ref.pool.cluster ?? "pool"]) : [];
+const poolCluster = poolClusters.join(", ");
+const adminCluster = ref.pool ? (ref.pool.admin_cluster ?? "envoy-admin") : undefined;
+if (ref.pool) {
+  const mode = ref.route?.mode ?? "endpoint";
+  if (mode !== "endpoint") {
+    fail(`pool with route.mode ${mode}: a pool's pods are named pod-<slot> and known by address, which only endpoint mode's override_host routes to`);
+  }
+  // One Service here: its cluster carries override_host and warmroute-metrics scrapes its pods
+  // only, so a pod of any other cluster would get the filter's choice ignored and every scrape
+  // refused.
+  const others = poolClusters.filter((c) => c !== vllmCluster);
+  if (others.length) {
+    fail(`pool.cluster ${others.join(", ")} is not the vLLM Service's outbound cluster ${vllmCluster}: the filter would name pods that override_host on the Service's cluster, and the scrape cluster, do not have`);
+  } else ok(`pool.cluster ${poolCluster}: the vLLM Service's outbound cluster`);
+}
+
 // ---- header mode: backend <-> subset <-> route, in every VirtualService
 if ((ref.route?.mode ?? "endpoint") === "header" && dr) {
   const header = ref.route.header ?? BACKEND_HEADER;
@@ -208,6 +235,14 @@ for (const { f, o } of envoyFilters) {
 }
 
 // ---- what each workload needs beside the filter
+// Istio's bootstrap puts the proxy's admin here (ProxyConfig proxyAdminPort, on localhost).
+const PROXY_ADMIN_PORT = 15000;
+const PROXY_ADMIN = `127.0.0.1:${PROXY_ADMIN_PORT}`;
+const socketsOf = (v) => (v?.load_assignment?.endpoints ?? []).flatMap((e) => e.lb_endpoints ?? [])
+  .map((e) => e.endpoint?.address?.socket_address).filter(Boolean);
+const endpointsOf = (v) => socketsOf(v).map((a) => `${a.address}:${a.port_value}`);
+// Addresses a proxy reaches its own loopback (and so its admin) by.
+const isLoopback = (a) => /^(127\.|localhost$|::1$|\[::1\]$|0\.0\.0\.0$|::$)/i.test(String(a));
 const lbPolicy = (v) => v?.load_balancing_policy?.policies?.[0]?.typed_extension_config?.typed_config;
 const isOverrideHost = (t) => String(t?.["@type"] ?? "").endsWith(".override_host.v3.OverrideHost")
   && (t.override_host_sources ?? []).some((src) => src.header === ENDPOINT_HEADER);
@@ -259,9 +294,82 @@ for (const [key, w] of workloads) {
     }
   }
   if ((ref.route?.mode ?? "endpoint") === "endpoint") {
-    if (!policies.length) fail(`${who}: endpoint mode, but no override_host policy on the vLLM cluster`);
+    const on = ref.pool ? `pool.cluster ${poolCluster}` : "the vLLM cluster";
+    if (!policies.length) fail(`${who}: endpoint mode, but no override_host policy on ${on}: the filter's choice would be ignored`);
     else ok(`${who}: override_host policy on ${vllmHost}:${vllmPort}`);
   }
+  if (ref.pool) {
+    const adds = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "ADD" && p.patch?.value?.name === adminCluster);
+    if (adds.length !== 1) fail(`${who}: ${adds.length} EnvoyFilter CLUSTER ADD of pool.admin_cluster ${adminCluster}, need exactly 1: without it the filter never learns a pod`);
+    else {
+      const { f, p } = adds[0];
+      const v = p.patch.value;
+      const eps = endpointsOf(v);
+      const why = v.type !== "STATIC" ? `type ${v.type ?? "unset"}, not STATIC`
+        : (eps.length !== 1 || eps[0] !== PROXY_ADMIN) ? `endpoints ${JSON.stringify(eps)}, not the proxy's admin ${PROXY_ADMIN} alone`
+        : v.transport_socket || v.transport_socket_matches ? "a transport socket: the admin speaks plain HTTP"
+        : undefined;
+      if (why) fail(`${path.relative(dir, f)}: ${adminCluster}: ${why}`);
+      else ok(`${who}: ${adminCluster}: STATIC ${PROXY_ADMIN}, the proxy's own admin`);
+    }
+  }
+}
+
+// ---- the admin cluster: named by the filter's configuration and its own definition only
+// Any route to it hands the proxy's admin to clients, every path and POSTs included
+// (POST /quitquitquit stops the proxy). Admin clusters are the pool's and any cluster added with
+// the admin's address; every string naming one, anywhere but in its own definition, is refused
+// (a route's cluster, weighted_clusters, a mirror, a VirtualService destination), and so is a
+// cluster_header route, which lets the client name any cluster.
+const admins = new Set(adminCluster ? [adminCluster] : []);
+for (const { f, o } of envoyFilters) {
+  for (const p of o.spec?.configPatches ?? []) {
+    const v = p.patch?.value;
+    if (p.applyTo !== "CLUSTER" || p.patch?.operation !== "ADD" || !v?.name) continue;
+    const toAdmin = socketsOf(v).some((a) => isLoopback(a.address) && Number(a.port_value) === PROXY_ADMIN_PORT);
+    if (toAdmin) admins.add(v.name);
+    if (toAdmin && v.name !== adminCluster) {
+      fail(`${path.relative(dir, f)}: cluster ${v.name} points at the proxy's admin, but the filter reads none by that name (pool.admin_cluster ${adminCluster ?? "unset"})`);
+    }
+  }
+}
+function* strings(v, at) {
+  if (typeof v === "string") yield [at, v, undefined];
+  else if (Array.isArray(v)) for (const [i, x] of v.entries()) yield* strings(x, `${at}[${i}]`);
+  else if (v && typeof v === "object") {
+    for (const [k, x] of Object.entries(v)) {
+      if (k === "cluster_header") yield [`${at}.${k}`, x, k];
+      yield* strings(x, `${at}.${k}`);
+    }
+  }
+}
+const failedBefore = failed;
+let scanned = 0;
+for (const { f, o } of all.filter(({ o }) => ["EnvoyFilter", "VirtualService", "ServiceEntry"].includes(o.kind))) {
+  const where = `${path.relative(dir, f)} ${o.kind} ${o.metadata?.name}`;
+  const parts = o.kind === "EnvoyFilter" ? (o.spec?.configPatches ?? []).map((p, i) => [`configPatches[${i}]`, p]) : [["spec", o.spec]];
+  for (const [at, part] of parts) {
+    if (o.kind === "EnvoyFilter" && part.applyTo === "CLUSTER" && part.patch?.operation === "ADD" && admins.has(part.patch?.value?.name)) continue;
+    for (const [loc, value, key] of strings(part, at)) {
+      if (key === "cluster_header" && admins.size) fail(`${where}: ${loc}: a cluster_header route lets the client name any cluster, ${[...admins].join(", ")} included`);
+      else if (admins.has(value)) fail(`${where}: ${loc} names the admin cluster ${value}: no route may reach the proxy's admin`);
+    }
+    // Istio routes name services, not clusters: a ServiceEntry whose endpoints are the proxy's
+    // loopback admin would make one that routes there.
+    if (o.kind === "ServiceEntry") {
+      for (const e of part?.endpoints ?? []) {
+        const ports = Object.values(e.ports ?? {}).map(Number);
+        const seports = (part.ports ?? []).map((q) => Number(q.targetPort ?? q.number));
+        if (isLoopback(e.address) && [...ports, ...seports].includes(PROXY_ADMIN_PORT)) {
+          fail(`${where}: an endpoint at ${e.address}, port ${PROXY_ADMIN_PORT}: a route to this service reaches the proxy's admin`);
+        }
+      }
+    }
+  }
+  scanned++;
+}
+if (admins.size && failed === failedBefore) {
+  ok(`no route among ${scanned} EnvoyFilters, VirtualServices and ServiceEntries reaches ${[...admins].join(", ")}`);
 }
 
 // ---- VirtualServices: the Gateway's, and the sidecars' exported to their namespaces only

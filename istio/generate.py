@@ -1,33 +1,48 @@
 #!/usr/bin/env python3
-"""Generate warmroute's per-pod Istio routing objects from a replica count.
+"""Generate warmroute's Istio objects for a vLLM Service.
 
-One vLLM pod == one warmroute backend == one DestinationRule subset == one
-VirtualService header match. Writing these by hand for N pods is where
-mistakes hide (a subset named vllm-3 that the filter never emits, a filter
-backend with no subset => 503 "no healthy upstream"), so they are generated
-from the same list.
+Default (route.mode endpoint): nothing per pod. The filter follows the pods of
+the Service itself: its pluginConfig names a `pool`, Istio's outbound cluster
+for the Service (outbound|<port>||<fqdn>), and the filter's lease holder reads
+that cluster's endpoints from the proxy's own admin at each tick, through the
+warmroute-envoy-admin cluster added here. istiod keeps those endpoints current
+(EDS from the Service's ready pods), so scaling the StatefulSet or Deployment,
+or a pod moving, needs nothing regenerated.
+
+--route-mode header --replicas N --pod-ips ...: the alternative, one vLLM pod
+== one backend == one DestinationRule subset == one VirtualService header
+match. It needs a StatefulSet (subsets select statefulset.kubernetes.io/
+pod-name), and every scale-up, scale-down or pod move means re-running this
+with the new count and IPs: a backend's address is where its scrapes go, and
+a pod without a subset gets no requests.
 
 Outputs (in --out, default istio/generated/):
-  destinationrule.yaml          one subset per pod, keyed by the label
-                                statefulset.kubernetes.io/pod-name=<svc>-<i>
-  virtualservice.yaml           x-warmroute-backend: exact <svc>-<i> -> subset,
-                                plus a default (subset-less) route, bound to
-                                the Gateway only
-  virtualservice-mesh.yaml      the same routes for the client sidecar
-                                (gateways: [mesh]), exported to the client's
-                                namespace only
-  pluginconfig.json             the full warmroute pluginConfig (backends list
-                                included) that the WasmPlugin manifests embed
+  destinationrule.yaml          the Service's traffic policy; in header mode
+                                one subset per pod as well
+  virtualservice.yaml           the Gateway's route to the Service (bound to
+                                the Gateway only); in header mode first the
+                                x-warmroute-backend: exact <svc>-<i> -> subset
+                                matches
+  virtualservice-mesh.yaml      header mode only: the same routes for the
+                                client sidecar (gateways: [mesh]), exported to
+                                the client's namespace only. In endpoint mode
+                                Istio's own route for the Service is all the
+                                sidecar needs (no timeout, Istio's default
+                                retries: what virtualservice.yaml sets).
+  pluginconfig.json             the full warmroute pluginConfig that the
+                                WasmPlugin manifests embed
   envoyfilter-wasm-gateway.yaml the same plugin as an EnvoyFilter (ECDS ADD)
   envoyfilter-wasm-sidecar.yaml  with allow_on_headers_stop_iteration: true,
                                 which WasmPlugin cannot express (see README)
   envoyfilter-routing-gateway.yaml  what the proxy running the filter needs
   envoyfilter-routing-sidecar.yaml  whichever form installs it: the body
                                 buffer (request_body_buffer_limit), the strict
-                                scrape cluster metrics.cluster names, and for
-                                the sidecar its override_host policy and the
-                                strip of client routing headers (the gateway's
-                                are istio/envoyfilter-*.yaml)
+                                scrape cluster metrics.cluster names, in
+                                endpoint mode the admin cluster the pool is
+                                read through, and for the sidecar its
+                                override_host policy and the strip of client
+                                routing headers (the gateway's are
+                                istio/envoyfilter-*.yaml)
 
 Every EnvoyFilter selects the one workload where warmroute runs (the ingress
 gateway, or the client app's sidecar) and patches only its context: no other
@@ -36,7 +51,7 @@ proxy in the mesh honours a routing header or carries these clusters.
 Python 3 standard library only. Deterministic output: re-running with the
 same arguments gives byte-identical files (deploy/validate.sh checks this).
 
-  python3 istio/generate.py --replicas 3 --namespace llm --service vllm
+  python3 istio/generate.py --namespace llm --service vllm --sha256 <digest>
 """
 
 from __future__ import annotations
@@ -51,9 +66,6 @@ import sys
 HEADER = "x-warmroute-backend"
 ENDPOINT_HEADER = "x-gateway-destination-endpoint"
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
-# RFC 5737 documentation range: obviously not a real pod IP. Used only when
-# --pod-ips is not given, so the committed sample is self-evidently a sample.
-PLACEHOLDER_NET = "192.0.2."
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 # The filter reads prompts up to this size; larger ones are routed by load and proxied as is.
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -66,6 +78,12 @@ REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
 RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 # The scrape cluster the filter's metrics.cluster names, added to each proxy that runs the filter.
 METRICS_CLUSTER = "warmroute-metrics"
+# The cluster the filter reads the pool's endpoints through: the proxy's own admin interface.
+ADMIN_CLUSTER = "warmroute-envoy-admin"
+# Where Istio's bootstrap puts the proxy's admin (ProxyConfig proxyAdminPort, on localhost).
+# Istio's bootstrap also has a cluster pointing there, prometheus_stats; it is internal to
+# Istio and may change, so the routing EnvoyFilters add their own.
+PROXY_ADMIN = ("127.0.0.1", 15000)
 HCM = "envoy.filters.network.http_connection_manager"
 HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 LB = "envoy.load_balancing_policies"
@@ -148,18 +166,40 @@ def cluster_name(service: str, namespace: str, port: int, subset: str = "") -> s
 
 def backends(args) -> list[dict]:
     out = []
-    for i in range(args.replicas):
+    for i, ip in enumerate(args.pod_ips):
         name = f"{args.service}-{i}"
-        ip = args.pod_ips[i] if args.pod_ips else f"{PLACEHOLDER_NET}{10 + i}"
-        out.append(
-            {
-                "name": name,
-                "address": f"{ip}:{args.port}",
-                # Stable per-pod DNS from the StatefulSet's governing headless Service.
-                "host": f"{name}.{args.headless_service}.{args.namespace}.svc.cluster.local:{args.port}",
-            }
-        )
+        b = {
+            "name": name,
+            "address": f"{ip}:{args.port}",
+            # Stable per-pod DNS from the StatefulSet's governing headless Service.
+            "host": f"{name}.{args.headless_service}.{args.namespace}.svc.cluster.local:{args.port}",
+        }
+        b.update(serves(args))
+        out.append(b)
     return out
+
+
+def serves(args) -> dict:
+    """What the pods serve, when told: the filter then answers a model none serves with 404."""
+    out = {}
+    if args.models:
+        out["models"] = args.models
+    if args.adapters:
+        out["adapters"] = args.adapters
+    return out
+
+
+def pool(args) -> dict:
+    return {
+        # Istio's outbound cluster for the Service: the endpoints override_host routes among
+        # (envoyfilter-override-host.yaml), which istiod keeps to the Service's ready pods.
+        "cluster": cluster_name(args.service, args.namespace, args.port),
+        "admin_cluster": ADMIN_CLUSTER,
+        "max_backends": args.max_backends,
+        # Spelled out even when empty (nothing declared: any model may go to any pod).
+        "models": args.models,
+        "adapters": args.adapters,
+    }
 
 
 def plugin_config(args) -> dict:
@@ -169,8 +209,9 @@ def plugin_config(args) -> dict:
     else:
         route["header"] = ENDPOINT_HEADER
         route["fallbacks"] = 2
+    fleet = {"backends": backends(args)} if args.route_mode == "header" else {"pool": pool(args)}
     return {
-        "backends": backends(args),
+        **fleet,
         "strategy": "cache_aware",
         "route": route,
         "block_bytes": 256,
@@ -206,29 +247,34 @@ def labels(args) -> dict:
 
 
 def destination_rule(args) -> dict:
+    spec = {
+        "host": fqdn(args.service, args.namespace),
+        "trafficPolicy": {
+            # Where nothing picks the pod: clients of the Service whose proxy runs no warmroute,
+            # and in header mode the default route (no header: the filter failed open, or a
+            # non-LLM path). Where override_host is merged into the cluster it replaces this
+            # (Envoy ignores lb_policy when load_balancing_policy is set).
+            "loadBalancer": {"simple": "LEAST_REQUEST"},
+            "connectionPool": {"http": {"idleTimeout": "300s"}},
+        },
+    }
+    if args.route_mode == "header":
+        spec["subsets"] = [
+            {"name": f"{args.service}-{i}", "labels": {POD_NAME_LABEL: f"{args.service}-{i}"}}
+            for i in range(args.replicas)
+        ]
     return {
         "apiVersion": "networking.istio.io/v1",
         "kind": "DestinationRule",
         "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
-        "spec": {
-            "host": fqdn(args.service, args.namespace),
-            "trafficPolicy": {
-                # Default route (no header: VM failed open, or non-LLM paths).
-                "loadBalancer": {"simple": "LEAST_REQUEST"},
-                "connectionPool": {"http": {"idleTimeout": "300s"}},
-            },
-            "subsets": [
-                {"name": f"{args.service}-{i}", "labels": {POD_NAME_LABEL: f"{args.service}-{i}"}}
-                for i in range(args.replicas)
-            ],
-        },
+        "spec": spec,
     }
 
 
 def http_routes(args) -> list[dict]:
     host = fqdn(args.service, args.namespace)
     routes = []
-    for i in range(args.replicas):
+    for i in range(args.replicas if args.route_mode == "header" else 0):
         name = f"{args.service}-{i}"
         routes.append(
             {
@@ -256,9 +302,9 @@ def virtual_service(args) -> dict:
         "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
         "spec": {
             "hosts": [args.external_host],
-            # The Gateway only: bound to `mesh` as well, every sidecar would send a request
-            # carrying x-warmroute-backend to the pod it names, and only the proxies running
-            # warmroute strip client copies of that header.
+            # The Gateway only. In header mode, bound to `mesh` as well, every sidecar would send
+            # a request carrying x-warmroute-backend to the pod it names, and only the proxies
+            # running warmroute strip client copies of that header.
             "gateways": [args.gateway],
             "http": http_routes(args),
         },
@@ -457,6 +503,33 @@ def routing_envoyfilter(args, where: str) -> dict:
             },
         },
     ]
+    if args.route_mode == "endpoint":
+        patches.append(
+            {
+                # The proxy's own admin, for the filter's read of the pool's endpoints
+                # (GET /clusters?format=json&filter=^<pool.cluster>$ at the lease holder's tick).
+                # No route may name this cluster (deploy/check-warmroute.mjs refuses one that does):
+                # the admin answers every path to whoever reaches it, POSTs included, and
+                # POST /quitquitquit stops the proxy. Only the filter's configuration names it. In
+                # a sidecar the app already shares the admin's loopback; at the gateway, clients
+                # reach only what routes name.
+                "applyTo": "CLUSTER",
+                "match": {"context": context},
+                "patch": {
+                    "operation": "ADD",
+                    "value": {
+                        "name": ADMIN_CLUSTER,
+                        "type": "STATIC",
+                        "connect_timeout": "0.25s",
+                        "load_assignment": {
+                            "cluster_name": ADMIN_CLUSTER,
+                            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                                "address": PROXY_ADMIN[0], "port_value": PROXY_ADMIN[1]}}}}]}],
+                        },
+                    },
+                },
+            }
+        )
     if where == "sidecar":
         # The gateway's two are istio/envoyfilter-override-host.yaml and
         # envoyfilter-strip-routing-headers.yaml, which say why.
@@ -502,18 +575,40 @@ def routing_envoyfilter(args, where: str) -> dict:
     }
 
 
-BANNER = "# GENERATED by istio/generate.py -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
+BANNER_START = "# GENERATED by istio/generate.py"
+BANNER = BANNER_START + " -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
+OUTPUTS = ("destinationrule.yaml", "virtualservice.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
+           "envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml",
+           "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml")
+ADMIN_NOTE = (
+    "# warmroute-envoy-admin is this proxy's own admin interface (127.0.0.1:15000), which the\n"
+    "# filter reads the pool's endpoints through. No route may name it: the admin answers every\n"
+    "# path to whoever reaches it, POSTs included (POST /quitquitquit stops the proxy).\n"
+)
+
+
+def names(p, flag: str, value: str) -> list[str]:
+    out = [v.strip() for v in value.split(",") if v.strip()]
+    if any(len(v) > 256 for v in out):
+        p.error(f"{flag}: names must be 1-256 characters")
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--replicas", type=int, required=True, help="vLLM StatefulSet replicas (pods <service>-0..N-1)")
-    p.add_argument("--namespace", required=True, help="namespace of the vLLM StatefulSet/Services")
-    p.add_argument("--service", default="vllm", help="routing (ClusterIP) Service name == StatefulSet name")
-    p.add_argument("--headless-service", default=None, help="governing headless Service (default <service>-headless)")
+    p.add_argument("--namespace", required=True, help="namespace of the vLLM Service and its pods")
+    p.add_argument("--service", default="vllm", help="routing (ClusterIP) Service name (== StatefulSet name in header mode)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--pod-ips", default="", help="comma-separated pod IPs in ordinal order (kubectl get pods ...)")
-    p.add_argument("--route-mode", choices=["header", "endpoint"], default="header")
+    p.add_argument("--route-mode", choices=["endpoint", "header"], default="endpoint",
+                   help="endpoint (default): follow the Service's pods, nothing per pod; "
+                        "header: one subset and route per pod, re-run whenever pods change")
+    p.add_argument("--max-backends", type=int, default=None,
+                   help="endpoint mode: most pods routed over at once (pool.max_backends, default 64)")
+    p.add_argument("--replicas", type=int, default=None, help="header mode: StatefulSet replicas (pods <service>-0..N-1)")
+    p.add_argument("--pod-ips", default="", help="header mode: comma-separated pod IPs in ordinal order")
+    p.add_argument("--headless-service", default=None, help="header mode: governing headless Service (default <service>-headless)")
+    p.add_argument("--models", default="", help="comma-separated models every pod serves (default: none declared, any goes)")
+    p.add_argument("--adapters", default="", help="comma-separated LoRA adapters every pod can load")
     p.add_argument("--gateway", default="istio-system/warmroute-gateway", help="<ns>/<Gateway> the VirtualService binds")
     p.add_argument("--external-host", default="llm.example.com")
     p.add_argument("--gateway-namespace", default="istio-system")
@@ -525,25 +620,39 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated"))
     args = p.parse_args(argv)
 
-    if not 1 <= args.replicas <= 1024:
-        p.error("--replicas must be in 1..=1024 (the filter's backend limit)")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.service):
         p.error("--service must be a DNS-1123 label")
     if not re.fullmatch(r"[0-9a-f]{64}", args.sha256):
         p.error("--sha256 must be 64 lower-case hex digits (sha256sum of the module)")
+    args.models = names(p, "--models", args.models)
+    args.adapters = names(p, "--adapters", args.adapters)
     args.headless_service = args.headless_service or f"{args.service}-headless"
     args.pod_ips = [s.strip() for s in args.pod_ips.split(",") if s.strip()]
-    if args.pod_ips:
+    if args.route_mode == "endpoint":
+        # Refused rather than ignored: a command line written for header mode must not yield a
+        # config that silently differs from what its author meant.
+        for flag, given in (("--replicas", args.replicas is not None), ("--pod-ips", bool(args.pod_ips)),
+                            ("--headless-service", args.headless_service != f"{args.service}-headless")):
+            if given:
+                p.error(f"{flag} is for --route-mode header; endpoint mode follows the Service's pods")
+        args.max_backends = 64 if args.max_backends is None else args.max_backends
+        if not 1 <= args.max_backends <= 1024:
+            p.error("--max-backends must be in 1..=1024 (the filter's slot limit)")
+    else:
+        if args.max_backends is not None:
+            p.error("--max-backends is for endpoint mode; header mode routes over exactly --replicas pods")
+        if args.replicas is None or not 1 <= args.replicas <= 1024:
+            p.error("--route-mode header needs --replicas in 1..=1024 (the filter's backend limit)")
+        # A backend's address is where its scrapes go: without the pods' real IPs every scrape
+        # fails and the filter routes blind.
         if len(args.pod_ips) != args.replicas:
-            p.error(f"--pod-ips has {len(args.pod_ips)} entries, --replicas is {args.replicas}")
+            p.error(f"--route-mode header needs --pod-ips with one IP per replica ({len(args.pod_ips)} given, "
+                    f"--replicas is {args.replicas})")
         for ip in args.pod_ips:
             try:
                 ipaddress.ip_address(ip)
             except ValueError:
                 p.error(f"--pod-ips: {ip!r} is not an IP address")
-    else:
-        print(f"generate.py: note: no --pod-ips; backend addresses are placeholders in {PLACEHOLDER_NET}0/24 "
-              "(fine for header mode routing, wrong for scrapes/endpoint mode)", file=sys.stderr)
 
     # Reproducible command line in the banner (without --out, which is a local path).
     shown = []
@@ -561,20 +670,31 @@ def main(argv=None) -> int:
     banner = BANNER.format(argv=" ".join(shown))
 
     config = plugin_config(args)
+    routing_note = ADMIN_NOTE if args.route_mode == "endpoint" else ""
     os.makedirs(args.out, exist_ok=True)
     files = {
         "destinationrule.yaml": banner + documents([destination_rule(args)]),
         "virtualservice.yaml": banner + documents([virtual_service(args)]),
-        "virtualservice-mesh.yaml": banner + documents([mesh_virtual_service(args)]),
         "pluginconfig.json": json.dumps(config, indent=2) + "\n",
         "envoyfilter-wasm-gateway.yaml": banner + documents([wasm_envoyfilter(args, config, "gateway")]),
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
-        "envoyfilter-routing-gateway.yaml": banner + documents([routing_envoyfilter(args, "gateway")]),
-        "envoyfilter-routing-sidecar.yaml": banner + documents([routing_envoyfilter(args, "sidecar")]),
+        "envoyfilter-routing-gateway.yaml": banner + routing_note + documents([routing_envoyfilter(args, "gateway")]),
+        "envoyfilter-routing-sidecar.yaml": banner + routing_note + documents([routing_envoyfilter(args, "sidecar")]),
     }
+    if args.route_mode == "header":
+        files["virtualservice-mesh.yaml"] = banner + documents([mesh_virtual_service(args)])
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
+    # A header-mode run left in the directory would still be applied with `kubectl apply -f`.
+    for name in sorted(set(OUTPUTS) - set(files)):
+        stale = os.path.join(args.out, name)
+        if os.path.exists(stale):
+            with open(stale, encoding="utf-8") as f:
+                ours = f.read(len(BANNER_START)) == BANNER_START
+            if ours:
+                os.remove(stale)
+                print(f"generate.py: removed {name}, which this mode does not use", file=sys.stderr)
     print(f"generate.py: wrote {', '.join(sorted(files))} to {args.out}")
     return 0
 
