@@ -1,35 +1,56 @@
 //! The backend's own cache report against what the index predicted.
 //!
 //! ```text
-//! predicted = matched_blocks · block_tokens       (the index's claim for the pod chosen)
-//! reported  = usage.prompt_tokens_details.cached_tokens        (vLLM, SGLang)
-//! evicted  ⇔ reported + slack < predicted,    slack = 2 · block_tokens + predicted / 10
-//! keep      = ⌊reported / block_tokens⌋ blocks
+//! predicted = matched_blocks                     (the index's claim for the pod chosen)
+//! reported  = cached_tokens / prompt_tokens · prompt_blocks
+//!             (usage.prompt_tokens_details.cached_tokens and usage.prompt_tokens:
+//!              vLLM, SGLang; as a share of the prompt, since the index counts
+//!              bytes and the pod tokens)
+//! evicted  ⇔ reported + 2 + predicted / 10 < predicted
+//! then      forget, on that pod, what it last used at or before t_last
+//!           (t_last: when the deepest predicted block was last used, before this request)
 //! ```
-//! On an eviction the pod keeps the first `keep` blocks of the prompt's
-//! chain, as far as the router can tell, and the index forgets the rest of
-//! that chain there: in this VM at once, in the others through the log
-//! ([`crate::index_log`], an *evicted* event). The next request with that
-//! prefix is then not steered to a cache that is gone. The index only
-//! approximates a pod's cache (its blocks are bytes, the pod's are tokens;
-//! it cannot see other gateways' traffic), hence the slack: only a clear
-//! shortfall counts.
+//! vLLM and SGLang evict least recently used blocks first: a pod that lost a
+//! block last used at `t_last` has lost whatever it last used before, too.
+//! So the index drops that pod's entries of that age, here at once and in
+//! every VM through the log ([`crate::index_log`], an *evicted* event): the
+//! next request for any of those prefixes is not steered there for a cache
+//! that is gone. The prompt that revealed it is not among them: its request
+//! has just prefilled it again, and its entries were refreshed when it was
+//! routed. The index only approximates a pod's cache (its blocks are bytes,
+//! the pod's are tokens; it does not see other gateways' traffic), hence the
+//! slack: only a clear shortfall counts.
 //!
 //! The report is read from the response without delaying a byte: only for a
-//! request the index predicted a hit for, that will carry a usage report (a
-//! non-streamed answer, or a stream with `stream_options.include_usage`), and
-//! only the tail of each body chunk, until it is found. The response is never
-//! changed.
+//! request the index predicted a hit for, whose answer will carry usage (not
+//! streamed, or a stream with `stream_options.include_usage`), and only the
+//! tail of each body chunk, until it is found. The response is never changed.
 
 /// Bytes at the end of each response chunk searched for the report (a usage
 /// object, the last thing in an answer or in its usage chunk, is ~200 bytes).
 pub const TAIL_BYTES: usize = 1024;
 
-/// The `cached_tokens` count in `text`, if any.
-pub fn cached_tokens(text: &[u8]) -> Option<u64> {
-    const KEY: &[u8] = b"\"cached_tokens\"";
-    let at = text.windows(KEY.len()).rposition(|w| w == KEY)?;
-    let rest = &text[at + KEY.len()..];
+/// A usage report: prompt tokens, and how many of them the pod had cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: u64,
+}
+
+/// The usage report at the end of `text`, if it holds one.
+pub fn report(text: &[u8]) -> Option<Report> {
+    Some(Report {
+        prompt_tokens: number(text, b"\"prompt_tokens\"")?,
+        cached_tokens: number(text, b"\"cached_tokens\"")?,
+    })
+}
+
+/// The number after the last `key:` in `text`.
+fn number(text: &[u8], key: &[u8]) -> Option<u64> {
+    let at = text.windows(key.len()).rposition(|w| w == key)?;
+    let rest = &text[at + key.len()..];
     let rest = rest.strip_prefix(b" ").unwrap_or(rest);
     let rest = rest.strip_prefix(b":")?;
     let digits: Vec<u8> = rest
@@ -41,14 +62,22 @@ pub fn cached_tokens(text: &[u8]) -> Option<u64> {
     std::str::from_utf8(&digits).ok()?.parse().ok()
 }
 
-/// How many leading blocks the pod still holds when its report shows it
-/// evicted part of what the index predicted; `None` if the report agrees.
-pub fn kept_blocks(predicted_blocks: u32, reported_tokens: u64, block_tokens: f64) -> Option<u32> {
-    let block_tokens = block_tokens.max(f64::MIN_POSITIVE);
-    let predicted = f64::from(predicted_blocks) * block_tokens;
-    let slack = 2.0 * block_tokens + predicted / 10.0;
-    ((reported_tokens as f64) + slack < predicted)
-        .then(|| ((reported_tokens as f64) / block_tokens) as u32)
+impl Report {
+    /// The prompt blocks the pod had cached, by its own account.
+    pub fn cached_blocks(&self, prompt_blocks: u32) -> f64 {
+        if self.prompt_tokens == 0 {
+            return 0.0;
+        }
+        let share = (self.cached_tokens as f64 / self.prompt_tokens as f64).min(1.0);
+        share * f64::from(prompt_blocks)
+    }
+
+    /// Whether the pod clearly had less than the `predicted_blocks` of a
+    /// `prompt_blocks`-block prompt the index credited it with.
+    pub fn shows_eviction(&self, predicted_blocks: u32, prompt_blocks: u32) -> bool {
+        let predicted = f64::from(predicted_blocks);
+        self.cached_blocks(prompt_blocks) + 2.0 + predicted / 10.0 < predicted
+    }
 }
 
 #[cfg(test)]
@@ -60,24 +89,34 @@ mod tests {
     #[test]
     fn the_report_is_found_in_an_answer_or_a_usage_chunk() {
         let answer = br#"{"id":"x","choices":[{"text":"hi"}],"usage":{"prompt_tokens":900,"total_tokens":904,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":768}}}"#;
-        assert_eq!(cached_tokens(answer), Some(768));
-        let chunk = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens_details\": {\"cached_tokens\": 0}}}\n\ndata: [DONE]\n\n";
-        assert_eq!(cached_tokens(chunk), Some(0));
+        let r = report(answer).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (900, 768));
+        let chunk = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\": 10, \"prompt_tokens_details\": {\"cached_tokens\": 0}}}\n\ndata: [DONE]\n\n";
+        assert_eq!(report(chunk).map(|r| r.cached_tokens), Some(0));
         assert_eq!(
-            cached_tokens(b"data: {\"choices\":[{\"delta\":{\"content\":\"cached_tokens\"}}]}"),
+            report(b"data: {\"choices\":[{\"delta\":{\"content\":\"cached_tokens\"}}]}"),
             None
         );
-        assert_eq!(cached_tokens(b"\"cached_tokens\":null"), None);
-        assert_eq!(cached_tokens(b""), None);
+        assert_eq!(report(b"\"prompt_tokens\":3,\"cached_tokens\":null"), None);
+        assert_eq!(report(b""), None);
     }
 
     #[test]
     fn only_a_clear_shortfall_is_an_eviction() {
-        // 16 blocks of 64 tokens predicted (1024 tokens); slack 128 + 102.4.
-        assert_eq!(kept_blocks(16, 1024, 64.0), None);
-        assert_eq!(kept_blocks(16, 800, 64.0), None);
-        assert_eq!(kept_blocks(16, 700, 64.0), Some(10));
-        assert_eq!(kept_blocks(16, 0, 64.0), Some(0));
-        assert_eq!(kept_blocks(0, 0, 64.0), None);
+        let r = |cached| Report {
+            prompt_tokens: 1000,
+            cached_tokens: cached,
+        };
+        // 40 of 50 blocks predicted (800 tokens' worth); slack 2 + 4 blocks.
+        assert!(!r(800).shows_eviction(40, 50));
+        assert!(!r(700).shows_eviction(40, 50));
+        assert!(r(600).shows_eviction(40, 50));
+        assert!(r(0).shows_eviction(40, 50));
+        assert!(!r(0).shows_eviction(2, 50), "too little predicted to tell");
+        assert!(!Report {
+            prompt_tokens: 0,
+            cached_tokens: 0
+        }
+        .shows_eviction(0, 0));
     }
 }

@@ -346,20 +346,31 @@ impl Index {
         }
     }
 
-    /// Forgets what `backend` held of a chain from position `from` on;
-    /// `tail` is the chain's blocks from there (its own report said it
-    /// evicted them, [`crate::feedback`]).
-    pub fn forget_from(&mut self, tail: &[u64], from: usize, backend: usize) {
-        let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
+    /// When `backend` last used `blocks[len − 1]` (the deepest block of a
+    /// match of `len` blocks), if the index holds it.
+    pub fn last_use(&self, blocks: &[u64], len: u32, backend: usize) -> Option<u64> {
+        let h = *blocks.get((len as usize).checked_sub(1)?)?;
+        self.map.get(&self.key(h, backend)).copied()
+    }
+
+    /// Forgets what `backend` last used at or before `before_ms`: its own
+    /// report showed a block of that age gone, and a pod evicts least
+    /// recently used first ([`crate::feedback`]).
+    pub fn forget_used_before(&mut self, backend: usize, before_ms: u64) {
+        let Some(lru) = self.lru.get_mut(backend) else {
             return;
         };
-        let last = (from + tail.len()).saturating_sub(1);
-        for (j, &h) in tail.iter().enumerate() {
-            let i = from + j;
-            // Only kept positions have entries; the queue's records of the
-            // removed ones are skipped when they reach the front.
-            if kept(i, last) && self.map.remove(&(h ^ salt)).is_some() {
-                lru.live = lru.live.saturating_sub(span(i) as usize);
+        // The queue is in recording order, so its front holds the oldest uses.
+        while let Some(&r) = lru.queue.front() {
+            if r.time() > before_ms {
+                break;
+            }
+            lru.queue.pop_front();
+            if let Entry::Occupied(e) = self.map.entry(r.key) {
+                if *e.get() == r.time() {
+                    e.remove();
+                    lru.live = lru.live.saturating_sub(r.span());
+                }
             }
         }
     }

@@ -3,8 +3,8 @@
 //!
 //! A ring of `slots` shared-data values, each holding one [`Event`] ("backend
 //! b received these block hashes at time t, routed by VM v", or "backend b
-//! no longer holds these blocks of a chain, from position p on", when its own
-//! cache report said so: [`crate::feedback`]). Event `seq`
+//! no longer holds what it last used at or before t", when its own cache
+//! report said so: [`crate::feedback`]). Event `seq`
 //! lives in slot `seq % slots`; the sequence counter lives in the ledger
 //! ([`crate::store`]), so the CAS that accounts a request also reserves its
 //! event's number, and an append costs one write of its own slot, whatever
@@ -14,26 +14,24 @@
 //! ```text
 //! slots      = clamp(log_bytes / 16 KiB, 16, 1024)
 //! slot_bytes = log_bytes / slots
-//! event      = version u8 ‖ kind u8 ‖ from u32 ‖ seq u64 ‖ origin u64
-//!              ‖ backend u16 ‖ time_ms u64 ‖ n u32 ‖ n × block u64
-//!              (little-endian, [`crate::codec`]; kind 0 received, from 0;
-//!               kind 1 evicted, blocks = the chain from position `from`)
+//! event      = version u8 ‖ kind u8 ‖ seq u64 ‖ origin u64 ‖ backend u16
+//!              ‖ time_ms u64 ‖ n u32 ‖ n × block u64
+//!              (little-endian, [`crate::codec`]; kind 0 received;
+//!               kind 1 evicted: no blocks, time_ms is the cut-off)
 //! ```
 //! A chain longer than a slot keeps its head, the part other requests most
 //! likely share. 16 KiB holds ~2k blocks ≈ 128k tokens at 256-byte blocks.
 
 use crate::codec::{put, Reader};
 
-/// What an event says of its blocks.
+/// What an event says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Kind {
-    /// The backend received them (a routed prompt's chain).
-    Received,
-    /// The backend no longer holds them: a chain's blocks from position `from` on.
-    Evicted {
-        /// Chain position of the first block.
-        from: u32,
-    },
+    /// The backend received its blocks (a routed prompt's chain).
+    Received = 0,
+    /// The backend no longer holds what it last used at or before `time_ms`.
+    Evicted = 1,
 }
 
 /// One change to what `backend` holds, seen by VM `origin`.
@@ -54,7 +52,7 @@ pub struct Event {
 }
 
 const EVENT_VERSION: u8 = 3;
-const EVENT_HEADER: usize = 1 + 1 + 4 + 8 + 8 + 2 + 8 + 4;
+const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4;
 /// Slot size the ring aims for.
 const SLOT_TARGET: usize = 16 << 10;
 
@@ -99,12 +97,7 @@ impl Event {
         let blocks = &blocks[..blocks.len().min(room)];
         let mut out = Vec::with_capacity(EVENT_HEADER + blocks.len() * 8);
         put(&mut out, EVENT_VERSION);
-        let (code, from) = match kind {
-            Kind::Received => (0u8, 0u32),
-            Kind::Evicted { from } => (1, from),
-        };
-        put(&mut out, code);
-        put(&mut out, from);
+        put(&mut out, kind as u8);
         put(&mut out, seq);
         put(&mut out, origin);
         put(&mut out, backend);
@@ -123,9 +116,9 @@ impl Event {
         if r.get::<u8>()? != EVENT_VERSION {
             return None;
         }
-        let kind = match (r.get::<u8>()?, r.get::<u32>()?) {
-            (0, _) => Kind::Received,
-            (1, from) => Kind::Evicted { from },
+        let kind = match r.get::<u8>()? {
+            0 => Kind::Received,
+            1 => Kind::Evicted,
             _ => return None,
         };
         let (seq, origin, backend, time_ms) = (r.get()?, r.get()?, r.get()?, r.get()?);
@@ -152,11 +145,11 @@ mod tests {
 
     #[test]
     fn event_round_trip() {
-        let bytes = Event::encode(Kind::Evicted { from: 5 }, 9, 7, 2, 1234, &[1, 2, 3], 4096);
+        let bytes = Event::encode(Kind::Evicted, 9, 7, 2, 1234, &[1, 2, 3], 4096);
         assert_eq!(
             Event::decode(&bytes),
             Some(Event {
-                kind: Kind::Evicted { from: 5 },
+                kind: Kind::Evicted,
                 seq: 9,
                 origin: 7,
                 backend: 2,
@@ -219,9 +212,9 @@ mod tests {
                 backend in any::<u16>(),
                 time_ms in any::<u64>(),
                 blocks in proptest::collection::vec(any::<u64>(), 0..600),
-                evicted_from in proptest::option::of(any::<u32>()),
+                evicted in any::<bool>(),
             ) {
-                let kind = evicted_from.map_or(Kind::Received, |from| Kind::Evicted { from });
+                let kind = if evicted { Kind::Evicted } else { Kind::Received };
                 let bytes = Event::encode(kind, seq, origin, backend, time_ms, &blocks, 4096);
                 let ev = Event::decode(&bytes).unwrap();
                 // A chain longer than the slot keeps its head.

@@ -25,7 +25,7 @@
 //! backend is in rotation when neither view keeps it out.
 
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
-use crate::feedback::kept_blocks;
+use crate::feedback::Report;
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
@@ -74,6 +74,9 @@ pub struct Routed {
     pub log_gap: bool,
     /// No pod serves the request's model (and every pod says what it serves).
     pub unknown_model: bool,
+    /// When the chosen pod last used the deepest block of its match, before
+    /// this request (for its cache report to check, [`crate::feedback`]).
+    pub last_use_ms: Option<u64>,
 }
 
 /// Per-VM routing state.
@@ -363,11 +366,9 @@ impl Router {
                                 self.index
                                     .record(&ev.blocks, ev.backend as usize, ev.time_ms)
                             }
-                            Kind::Evicted { from } => self.index.forget_from(
-                                &ev.blocks,
-                                from as usize,
-                                ev.backend as usize,
-                            ),
+                            Kind::Evicted => self
+                                .index
+                                .forget_used_before(ev.backend as usize, ev.time_ms),
                         }
                     }
                 }
@@ -399,7 +400,14 @@ impl Router {
             };
         }
         let (decision, blocks) = self.decide(host, req, &mut seen);
-        self.commit(host, req, decision, blocks, seen)
+        let last_use_ms = match (req.key, decision.order.first()) {
+            (Some(k), Some(&b)) => self.index.last_use(&k.blocks, decision.matched, b),
+            _ => None,
+        };
+        Routed {
+            last_use_ms,
+            ..self.commit(host, req, decision, blocks, seen)
+        }
     }
 
     /// Keeps only the pods that serve `model` (and, for an adapter, those to
@@ -555,6 +563,7 @@ impl Router {
                 host_errors,
                 log_gap: seen.log_gap,
                 unknown_model: false,
+                last_use_ms: None,
             };
         };
         let held = Delta {
@@ -615,6 +624,7 @@ impl Router {
             host_errors,
             log_gap: seen.log_gap,
             unknown_model: false,
+            last_use_ms: None,
         }
     }
 
@@ -698,27 +708,25 @@ impl Router {
         self.write_ledger(host, Some(read.raw), now_ms)
     }
 
-    /// Folds a pod's own cache report for a request into the index: when
-    /// `reported_tokens` falls clearly short of the `predicted_blocks` the
-    /// index credited `backend` with for `chain`, the blocks past what it
-    /// kept are forgotten here and, through the log, in every VM
-    /// ([`crate::feedback`]). Returns the blocks it kept, on an eviction.
+    /// Folds a pod's own cache report for a request into the index: when it
+    /// falls clearly short of the `(matched, prompt)` blocks the index
+    /// credited `backend` with, what it last used at or before
+    /// `last_use_ms` (the deepest predicted block's last use, before this
+    /// request) is forgotten there, here and, through the log, in every VM
+    /// ([`crate::feedback`]). Returns whether it was an eviction.
     pub fn reported<H: Host>(
         &mut self,
         host: &H,
         backend: usize,
-        chain: &[u64],
-        predicted_blocks: u32,
-        reported_tokens: u64,
-    ) -> Option<u32> {
-        let keep = kept_blocks(
-            predicted_blocks,
-            reported_tokens,
-            self.cfg.policy.block_tokens,
-        )?;
-        let from = (keep as usize).min(chain.len());
-        let tail = &chain[from..];
-        self.index.forget_from(tail, from, backend);
+        predicted: (u32, u32),
+        report: Report,
+        last_use_ms: u64,
+    ) -> bool {
+        let (predicted_blocks, prompt_blocks) = predicted;
+        if !report.shows_eviction(predicted_blocks, prompt_blocks) {
+            return false;
+        }
+        self.index.forget_used_before(backend, last_use_ms);
         let now = host.now_ms();
         let store = self.store(host);
         let event = store
@@ -726,12 +734,12 @@ impl Router {
             .and_then(|accounted| {
                 let seq = accounted.seq.ok_or(HostError::CasMismatch)?;
                 store.write_event(
-                    Kind::Evicted { from: from as u32 },
+                    Kind::Evicted,
                     seq,
                     self.vm_id,
                     backend as u16,
-                    now,
-                    tail,
+                    last_use_ms,
+                    &[],
                 )?;
                 Ok(seq)
             });
@@ -744,7 +752,7 @@ impl Router {
             }
             Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
         }
-        Some(keep)
+        true
     }
 
     /// Records the LoRA state a scrape of `backend` reported, in shared data

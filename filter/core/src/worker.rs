@@ -21,7 +21,7 @@
 //! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
 
 use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
-use crate::feedback::{cached_tokens, TAIL_BYTES};
+use crate::feedback::{report, TAIL_BYTES};
 use crate::health::Outcome;
 use crate::host::{Callout, Host};
 use crate::inflight::Delta;
@@ -84,8 +84,12 @@ pub struct Exchange {
 /// What the index credited the chosen pod with, for the pod's report to check.
 #[derive(Debug)]
 struct Predicted {
-    chain: Vec<u64>,
+    /// Matched blocks.
     blocks: u32,
+    /// The prompt's blocks.
+    of: u32,
+    /// When the pod last used the deepest of them, before this request.
+    last_use_ms: u64,
 }
 
 /// One worker VM: its router, its stats, and (while it holds the lease) the scrapes.
@@ -325,12 +329,15 @@ impl Worker {
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
         ex.held = routed.held;
-        ex.awaiting_report = key
-            .as_ref()
-            .filter(|k| k.reports_usage && routed.decision.matched > 0 && primary.is_some())
-            .map(|k| Predicted {
-                chain: k.blocks.clone(),
+        ex.awaiting_report = routed
+            .last_use_ms
+            .filter(|_| {
+                key.as_ref().is_some_and(|k| k.reports_usage) && routed.decision.matched > 0
+            })
+            .map(|last_use_ms| Predicted {
                 blocks: routed.decision.matched,
+                of: routed.blocks,
+                last_use_ms,
             });
         self.stats.decided(
             routed.decision.reason,
@@ -410,7 +417,7 @@ impl Worker {
         let start = body_size.saturating_sub(TAIL_BYTES);
         let Some(reported) = host
             .response_body(start, body_size - start)
-            .and_then(|tail| cached_tokens(&tail))
+            .and_then(|tail| report(&tail))
         else {
             return;
         };
@@ -419,10 +426,12 @@ impl Worker {
         };
         let evicted = self
             .router
-            .reported(host, b, &p.chain, p.blocks, reported)
-            .is_some();
-        let predicted = (f64::from(p.blocks) * self.router.config().policy.block_tokens) as u64;
-        self.stats.reported(predicted, reported, evicted);
+            .reported(host, b, (p.blocks, p.of), reported, p.last_use_ms);
+        // In the pod's tokens: the index's share of the prompt, against the pod's.
+        let predicted =
+            f64::from(p.blocks) / f64::from(p.of.max(1)) * reported.prompt_tokens as f64;
+        self.stats
+            .reported(predicted as u64, reported.cached_tokens, evicted);
     }
 
     /// The exchange is over (every outcome): counts it and releases what it held.
@@ -1528,54 +1537,56 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
     }
 
     /// Routes `body`, delivers one response chunk holding `usage` with
-    /// `cached` tokens, and ends it; returns (pod, matched blocks).
-    fn answered_with(
-        w: &mut Worker,
-        host: &MemoryHost,
-        body: &[u8],
-        cached: Option<u64>,
-    ) -> (String, u32) {
+    /// `cached` tokens, and ends it; returns the blocks the index predicted.
+    fn answered_with(w: &mut Worker, host: &MemoryHost, body: &[u8], cached: Option<u64>) -> u32 {
         let mut ex = send(w, host, &chat_headers(), body);
-        let to = routed_to(host).unwrap();
         let matched = ex.awaiting_report.as_ref().map_or(0, |p| p.blocks);
         let usage = cached.map_or(String::new(), |c| {
-            format!(r#","usage":{{"prompt_tokens_details":{{"cached_tokens":{c}}}}}"#)
+            format!(r#","usage":{{"prompt_tokens":10000,"prompt_tokens_details":{{"cached_tokens":{c}}}}}"#)
         });
         host.exchange.borrow_mut().response_body =
             format!(r#"{{"choices":[{{"message":{{"content":"ok"}}}}]{usage}}}"#).into_bytes();
         let size = host.exchange.borrow().response_body.len();
         w.on_response_body(host, &mut ex, size, true);
         w.on_log(host, &mut ex);
-        (to, matched)
+        matched
     }
 
     #[test]
-    fn a_pods_report_of_an_eviction_makes_every_vm_forget_the_prefix_there() {
-        // Checked once in the VM that read the report and once in another: a check
-        // routes the prompt, which records it on a pod again.
+    fn a_pods_report_of_an_eviction_makes_every_vm_forget_what_it_used_before() {
+        // One pod, two VMs. Checked once in the VM that read the report and once in
+        // the other: a check routes its prompt, which records it again.
+        let one_pod = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#;
         for check_other_vm in [false, true] {
             let host = MemoryHost::default();
-            let mut a = worker(&host);
-            let mut b = worker(&host);
-            let body = chat_body(&"a long conversation ".repeat(500));
-            let (pod, first) = answered_with(&mut a, &host, &body, Some(0));
-            assert_eq!(first, 0, "nothing predicted for a new prompt");
-            // The pod had it, as predicted: nothing changes.
-            let (again, matched) = answered_with(&mut a, &host, &body, Some(100_000));
-            assert_eq!(again, pod);
-            assert!(matched > 0);
-            // The pod evicted it: its report says 0 tokens were cached.
-            let (_, predicted) = answered_with(&mut a, &host, &body, Some(0));
-            assert!(predicted > 0);
+            let mut a = Worker::configure(&host, one_pod.as_bytes()).unwrap();
+            let mut b = Worker::configure(&host, one_pod.as_bytes()).unwrap();
+            let older = chat_body(&"an older conversation ".repeat(500));
+            let newer = chat_body(&"a newer conversation ".repeat(500));
+            host.now.set(1000);
+            answered_with(&mut a, &host, &older, Some(0));
+            host.now.set(2000);
+            answered_with(&mut a, &host, &newer, Some(0));
+            // As predicted: nothing changes.
+            host.now.set(3000);
+            assert!(answered_with(&mut a, &host, &newer, Some(10_000)) > 0);
+            // The pod lost the newer prompt (last used at 3000), so the older one too.
+            host.now.set(4000);
+            assert!(answered_with(&mut a, &host, &newer, Some(0)) > 0);
             a.tick(&host);
             assert_eq!(host.metric("warmroute.feedback.evictions"), Some(1));
-            assert_eq!(host.metric("warmroute.feedback.reports"), Some(2));
             let w = if check_other_vm { &mut b } else { &mut a };
-            let ex = send(w, &host, &chat_headers(), &body);
+            // Only the system prompt both share (refreshed by the newer one) is left.
+            let ex = send(w, &host, &chat_headers(), &older);
+            let left = ex.awaiting_report.as_ref().map_or(0, |p| p.blocks);
             assert!(
-                ex.awaiting_report.is_none(),
-                "still predicted a hit (other VM: {check_other_vm})"
+                left <= 3,
+                "{left} blocks of the older prompt still predicted (other VM: {check_other_vm})"
             );
+            w.on_log(&host, &mut { ex });
+            // The prompt that revealed it was just prefilled again: still a hit.
+            let ex = send(w, &host, &chat_headers(), &newer);
+            assert!(ex.awaiting_report.is_some(), "other VM: {check_other_vm}");
         }
     }
 

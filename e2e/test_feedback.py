@@ -1,0 +1,48 @@
+"""The pods' own cache reports correct the filter's index when a pod evicted prefixes."""
+
+from __future__ import annotations
+
+from warmroute_harness import MODEL, Fleet, post, words
+
+DEBUG = {"debug_header": True, "debug_match_counts": True}
+
+
+def matched(reply) -> int:
+    fields = dict(kv.split("=", 1) for kv in reply.headers.get("x-warmroute", "").split(";") if "=" in kv)
+    return int(fields["match"].split("/")[0])
+
+
+def cached(reply) -> int:
+    return reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def ask(port: int, text: str):
+    return post(port, "/v1/chat/completions",
+                {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]})
+
+
+def test_after_a_pod_evicts_prefixes_they_are_not_predicted_there_any_more():
+    # One pod with 4k tokens of KV: two 1.5k-token prompts fit, three more evict them.
+    with Fleet(1, ["--time-scale", "20", "--kv-capacity-tokens", "4000"],
+               filter_overrides={"metrics": {"period_ms": 200, "timeout_ms": 150}, **DEBUG}) as f:
+        pod = f.sims[0]
+        older, newer = words("older", 1500), words("newer", 1500)
+        ask(f.envoy.port, older)
+        ask(f.envoy.port, newer)
+        hit = ask(f.envoy.port, older)
+        assert matched(hit) > 0 and cached(hit) > 0, (hit.headers, hit.body[-200:])
+        hit = ask(f.envoy.port, newer)
+        assert matched(hit) > 0 and cached(hit) > 0
+        # Both evicted behind the filter's back: other long prompts straight to the pod.
+        for i in range(3):
+            post(pod.port, "/v1/chat/completions",
+                 {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": words(f"evict{i}", 1500)}]})
+        # The filter still predicts the newer prompt; the pod's answer says it had nothing.
+        stale = ask(f.envoy.port, newer)
+        assert matched(stale) > 0 and cached(stale) == 0, stale.headers
+        assert f.envoy.counter("warmroute.feedback.evictions") >= 1
+        # The older prompt, last used before it, is no longer predicted there either
+        # (without the report the index would still credit the pod with it).
+        again = ask(f.envoy.port, older)
+        assert matched(again) == 0, again.headers
+        assert cached(again) == 0
