@@ -13,20 +13,7 @@ def count_dump():
         d = json.load(r)
     eps = d["configs"][0]["endpoint_config"]["endpoints"]
     return sum(len(l.get("lb_endpoints", [])) for l in eps)
-import importlib.util, os, yaml
-def set_pool(name, n, bad):
-    d = os.environ.get("MEMBERSHIP_DIR", "/tmp/membership") + f"/{name}/eds-pool"
-    eps = []
-    for i in range(n):
-        ep = {"endpoint": {"address": {"socket_address": {"address": f"10.2.{i//250}.{i%250+1}", "port_value": 8000}}, "hostname": f"vllm-{i}.pool.svc"},
-              "metadata": {"filter_metadata": {"warmroute": {"pod": f"vllm-{i}", "kv_blocks": 4096}}}}
-        if i in bad: ep["health_status"] = "UNHEALTHY"
-        eps.append(ep)
-    doc = {"resources": [{"@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment", "cluster_name": "pool",
-            "endpoints": [{"locality": {"zone": "z1"}, "lb_endpoints": eps}]}]}
-    data = yaml.safe_dump(doc)
-    with open(f"{d}/.tmp", "w") as f: f.write(data)
-    os.rename(f"{d}/.tmp", f"{d}/pool.yaml")
+from set_pool import set_pool  # noqa: E402  (beside this script)
 res = []
 for t in range(trials):
     n = n0 + 1 if t % 2 == 0 else n0

@@ -115,6 +115,17 @@ impl Sim {
         }
     }
 
+    /// Posts `body` to `path` and returns the answer, which must be a 200.
+    async fn ok(&self, path: &str, body: &Value) -> Value {
+        let (status, _, v) = self.post(path, body).await;
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+
+    async fn get_json(&self, path: &str) -> Value {
+        serde_json::from_str(&self.get_text(path).await.1).unwrap()
+    }
+
     async fn metrics(&self) -> HashMap<String, f64> {
         let res = self
             .client
@@ -479,15 +490,7 @@ async fn sse_stream_is_valid_and_carries_usage() {
 #[tokio::test]
 async fn metrics_parse_and_move_with_load() {
     let sim = start(&["--time-scale", "5"]).await;
-    let text = sim
-        .client
-        .get(format!("{}/metrics", sim.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, text) = sim.get_text("/metrics").await;
     for needle in [
         "# TYPE vllm:num_requests_running gauge",
         "vllm:num_requests_running{model_name=\"sim-llama-8b\"} 0.0",
@@ -650,15 +653,7 @@ async fn models_health_and_multi_prompt() {
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(res.headers()[REPLICA_HEADER], "test-replica");
     assert!(res.text().await.unwrap().is_empty());
-    let v: Value = sim
-        .client
-        .get(format!("{}/v1/models", sim.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = sim.get_json("/v1/models").await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "m1");
     let (s, _, v) = sim
@@ -763,22 +758,20 @@ async fn every_served_model_name_answers() {
     ])
     .await;
     let prompt = words("n", 100);
-    let (s, _, a) = sim
-        .post(
+    let a = sim
+        .ok(
             "/v1/completions",
             &json!({"model": "alpha", "prompt": prompt, "max_tokens": 2}),
         )
         .await;
-    assert_eq!(s, 200, "{a}");
     assert_eq!(a["model"], "alpha");
     // Both names are the same base model: one prefix cache.
-    let (s, _, b) = sim
-        .post(
+    let b = sim
+        .ok(
             "/v1/completions",
             &json!({"model": "beta", "prompt": prompt, "max_tokens": 2}),
         )
         .await;
-    assert_eq!(s, 200, "{b}");
     assert_eq!(b["model"], "beta");
     assert_eq!(cached(&b), 96);
     let (s, _, none) = sim
@@ -818,15 +811,7 @@ async fn every_served_model_name_answers() {
     .unwrap();
     assert_eq!(first["model"], "beta", "{text}");
 
-    let models: Value = sim
-        .client
-        .get(format!("{}/v1/models", sim.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = sim.get_json("/v1/models").await;
     let data = models["data"].as_array().unwrap();
     let ids: Vec<&str> = data.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["alpha", "beta"]);
@@ -839,15 +824,7 @@ async fn every_served_model_name_answers() {
         assert_eq!(m["permission"][0]["object"], "model_permission");
     }
 
-    let metrics = sim
-        .client
-        .get(format!("{}/metrics", sim.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, metrics) = sim.get_text("/metrics").await;
     assert!(
         metrics.contains(
             "vllm:request_success_total{finished_reason=\"length\",model_name=\"alpha\"} 4.0"
@@ -897,13 +874,12 @@ async fn lora_adapter_is_served_and_reported_running() {
     );
     drop(running);
 
-    let (s, _, v) = sim
-        .post(
+    let v = sim
+        .ok(
             "/v1/completions",
             &json!({"model": "sql", "prompt": "select one", "max_tokens": 3}),
         )
         .await;
-    assert_eq!(s, 200, "{v}");
     assert_eq!(v["model"], "sql");
     assert_eq!(v["usage"]["completion_tokens"], 3);
     // The step that finished it leaves nothing in flight; older combinations stay exported.

@@ -107,6 +107,24 @@ fn span(i: usize) -> u32 {
     }
 }
 
+/// Pops `lru`'s oldest records while `pop` says so, removing the entries
+/// they are still current for.
+fn pop_oldest(map: &mut HashMap<u64, u64>, lru: &mut Lru, pop: impl Fn(&Lru, Rec) -> bool) {
+    while let Some(&r) = lru.queue.front() {
+        if !pop(lru, r) {
+            break;
+        }
+        lru.queue.pop_front();
+        // A newer record for this entry is further back: this one is stale.
+        if let Entry::Occupied(e) = map.entry(r.key) {
+            if *e.get() == r.time() {
+                e.remove();
+                lru.live = lru.live.saturating_sub(r.span());
+            }
+        }
+    }
+}
+
 /// Makes room for one more entry in `map` while keeping at most half of its
 /// `capacity` (as of its last growth) live, doubling it when needed (see "Memory").
 fn make_room(map: &mut HashMap<u64, u64>, capacity: &mut usize) {
@@ -326,20 +344,10 @@ impl Index {
         let Some(lru) = self.lru.get_mut(backend) else {
             return;
         };
-        while let Some(&r) = lru.queue.front() {
-            let expired = now_ms.saturating_sub(r.time()) > self.ttl_ms;
-            if lru.live <= lru.capacity && !expired {
-                break;
-            }
-            lru.queue.pop_front();
-            // A newer record for this entry is further back: this one is stale.
-            if let Entry::Occupied(e) = self.map.entry(r.key) {
-                if *e.get() == r.time() {
-                    e.remove();
-                    lru.live = lru.live.saturating_sub(r.span());
-                }
-            }
-        }
+        let ttl_ms = self.ttl_ms;
+        pop_oldest(&mut self.map, lru, |lru, r| {
+            lru.live > lru.capacity || now_ms.saturating_sub(r.time()) > ttl_ms
+        });
         if lru.queue.len() > 2 * lru.live + 1024 {
             let map = &self.map;
             lru.queue.retain(|r| map.get(&r.key) == Some(&r.time()));
@@ -361,18 +369,7 @@ impl Index {
             return;
         };
         // The queue is in recording order, so its front holds the oldest uses.
-        while let Some(&r) = lru.queue.front() {
-            if r.time() > before_ms {
-                break;
-            }
-            lru.queue.pop_front();
-            if let Entry::Occupied(e) = self.map.entry(r.key) {
-                if *e.get() == r.time() {
-                    e.remove();
-                    lru.live = lru.live.saturating_sub(r.span());
-                }
-            }
-        }
+        pop_oldest(&mut self.map, lru, |_, r| r.time() <= before_ms);
     }
 
     /// Forgets everything `backend` held: its slot now stands for another pod.
@@ -380,13 +377,7 @@ impl Index {
         let Some(lru) = self.lru.get_mut(backend) else {
             return;
         };
-        for r in lru.queue.drain(..) {
-            if let Entry::Occupied(e) = self.map.entry(r.key) {
-                if *e.get() == r.time() {
-                    e.remove();
-                }
-            }
-        }
+        pop_oldest(&mut self.map, lru, |_, _| true);
         lru.live = 0;
     }
 
