@@ -110,7 +110,11 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             return None
 
         r = over_runs(gateway_ratio)
-        if r:
+        if r and workload == "conversation":
+            # Withdrawn as a target (#18): single-message prompts carry nothing independent
+            # gateways can agree on without shared state. Kept as information.
+            check(f"{workload}: 3 gateways hit rate vs 1 gateway (information)", r[1], "none", None)
+        elif r:
             check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", r[1], ">= 0.95x", r[0] >= 0.95)
     if ov:
         for c in ov["compare"]:

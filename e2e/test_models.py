@@ -84,3 +84,34 @@ def test_adapter_requests_concentrate_where_it_is_loaded():
         finally:
             c.close()
         assert served == {"sim-2": 20}, served
+
+
+def test_adapter_requests_move_to_a_free_slot_once_the_loaded_pods_saturate():
+    f = fleet()
+    holder = next(s for s in f.sims if s.name == "sim-2")
+    holder.args += ["--max-num-seqs", "1"]  # the held request takes its only sequence
+    with f:
+        c = http.client.HTTPConnection("127.0.0.1", holder.port, timeout=60)
+        c.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": SQL, "max_tokens": 100_000, "stream": True,
+             "messages": [{"role": "user", "content": words("hold", 50)}]}),
+            {"content-type": "application/json"})
+        c.getresponse().read1(1)
+        with ThreadPoolExecutor(8) as ex:
+            try:
+                deadline = time.time() + 10
+                while time.time() < deadline and f'running_lora_adapters="{SQL}"' not in holder.metrics_text():
+                    time.sleep(0.05)
+                time.sleep(3 * PERIOD_MS / 1000)
+                # Adapter requests go where it is loaded and queue there (one sequence, held)...
+                queued = [ex.submit(ask, f.envoy.port, SQL, f"queued-{i}") for i in range(8)]
+                while time.time() < deadline and holder.metrics().get("vllm:num_requests_waiting", 0) < 4:
+                    time.sleep(0.05)
+                time.sleep(3 * PERIOD_MS / 1000)  # a scrape shows the queue: saturated
+                # ... until it saturates: then to the pod with a free adapter slot.
+                after = collections.Counter(ask(f.envoy.port, SQL, f"after-{i}").replica for i in range(6))
+            finally:
+                c.close()
+            first = collections.Counter(q.result(timeout=60).replica for q in queued)
+        assert first["sim-2"] >= 4, first
+        assert after == {"sim-1": 6}, after

@@ -158,6 +158,20 @@ class Envoy:
         return cfg
 
     def start(self, logdir: Path) -> "Envoy":
+        for attempt in range(3):
+            try:
+                return self._start(logdir)
+            except RuntimeError:
+                log = logdir / f"envoy-{self.port}.log"
+                lost_port = log.exists() and "Address already in use" in log.read_text(errors="replace")
+                if attempt == 2 or not lost_port:
+                    raise
+                # free_port() saw the ports free, but another socket (the fleet's own
+                # outgoing connections use ephemeral ports) took one before Envoy bound it.
+                self.port, self.admin_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self, logdir: Path) -> "Envoy":
         if "eds_cluster_config" in self.config_file.read_text():
             self.eds_path = logdir / f"eds-{self.port}" / "pool.yaml"
             self.eds_path.parent.mkdir(exist_ok=True)

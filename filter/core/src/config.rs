@@ -844,10 +844,13 @@ impl TryFrom<WireConfig> for Config {
                 0,
                 1000,
             )?,
+            // A down verdict is renewed by each failed scrape, which a lost reply
+            // reports up to two periods plus the timeout apart: a shorter expiry
+            // would let a dead pod flap back between them.
             stale_after_ms: in_range(
                 "metrics.stale_after_ms",
                 m.stale_after_ms,
-                period_ms,
+                2 * period_ms + timeout_ms,
                 86_400_000,
             )?,
             model_name: m.model_name,
@@ -897,6 +900,21 @@ fn serde_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError 
 }
 
 impl Config {
+    /// The fleet in a few words, for logs: its backends, or its pool.
+    pub fn describe_fleet(&self) -> String {
+        match &self.pool {
+            Some(p) => {
+                let names: Vec<&str> = p.clusters.iter().map(|c| c.name.as_str()).collect();
+                format!(
+                    "a pool of up to {} pods from {}",
+                    p.max_backends,
+                    names.join(", ")
+                )
+            }
+            None => format!("{} backends", self.backends.len()),
+        }
+    }
+
     /// Slots of per-pod state: the fixed list's length, or the pool's `max_backends`.
     pub fn slot_count(&self) -> usize {
         self.pool

@@ -9,7 +9,8 @@
 //! ([`crate::store`]), so the CAS that accounts a request also reserves its
 //! event's number, and an append costs one write of its own slot, whatever
 //! the log's size. A reader that falls more than `slots` events behind has
-//! lost the overwritten ones (a *gap*: its index forgets, never misroutes).
+//! lost the overwritten ones (a *gap*: its index misses prefixes routed
+//! meanwhile, and keeps entries an eviction event would have dropped).
 //!
 //! ```text
 //! slots      = clamp(log_bytes / 16 KiB, 16, 1024)
@@ -45,7 +46,7 @@ pub struct Event {
     pub origin: u64,
     /// Backend index.
     pub backend: u16,
-    /// Host time of the routing decision.
+    /// Host time of the routing decision; for an eviction, the cut-off.
     pub time_ms: u64,
     /// Block hashes now held.
     pub blocks: Vec<u64>,
@@ -110,7 +111,7 @@ impl Event {
     }
 
     /// Decodes a slot; garbage (another version, truncation) reads as no event,
-    /// which only makes the index forget, never misroute.
+    /// which costs the index what the event said, never a misread one.
     pub fn decode(b: &[u8]) -> Option<Event> {
         let mut r = Reader::new(b);
         if r.get::<u8>()? != EVENT_VERSION {

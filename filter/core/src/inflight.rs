@@ -13,7 +13,7 @@
 //! limit is what the pod reserves room for.
 //! Changes travel as [`Delta`]s and saturate at 0, so a release that arrives
 //! twice or for a request the ledger never heard of cannot drive a count
-//! negative. Each record is two little-endian `u32` ([`crate::codec`]).
+//! negative. Each record is three little-endian `u32` ([`crate::codec`]).
 
 use crate::codec::{put, Reader};
 

@@ -16,13 +16,18 @@
 //! | [`index`] | this VM's replica of which pod holds which block |
 //! | [`index_log`] | the shared change log that replicates the index across VMs |
 //! | [`inflight`] | what this gateway has in flight per pod, and its changes |
-//! | [`store`] | fleet state in proxy-wasm shared data, with CAS: ledger, rotation, health, lease, log |
+//! | [`membership`] | the fleet in slots: a fixed list, or the pods Envoy discovers, read from its admin |
+//! | [`store`] | fleet state in proxy-wasm shared data, with CAS: ledger, rotation, health, lease, log, slot table, LoRA state, last answers, the fleets registry |
 //! | [`codec`] | the little-endian field codec of every shared-data record |
 //! | [`prometheus`] | Prometheus text parser |
 //! | [`scrape`] | a pod's `/metrics` → the gauges routing uses |
 //! | [`health`] | scrape outcomes → each pod's health, and its shared record |
+//! | [`passive`] | Envoy's own view: how the requests routed to each pod ended |
 //! | [`scheduler`] | when each pod's scrape is due (idle → pending → idle) |
-//! | [`load`] | per-pod load and saturation, the formula every strategy weighs |
+//! | [`load`] | per-pod load and saturation from in-flight counts and scrapes |
+//! | [`work`] | work in flight per pod, in typical requests |
+//! | [`models`] | which pods may serve a request's model; LoRA adapter tiers |
+//! | [`feedback`] | a pod's own cache report against the index's prediction |
 //! | [`policy`] | the six strategies |
 //! | [`router`] | one VM's routing: observe the fleet, decide, commit |
 //! | [`steering`] | the header that steers Envoy, and the client headers stripped |

@@ -18,11 +18,13 @@
 //! keys. A pod back on a new IP is a new member in a cleared slot: it starts
 //! cold. Taking the slot vacated longest ago gives the requests still ending
 //! on a departed pod time to release their in-flight share before another pod
-//! inherits the slot.
+//! inherits the slot; with no other free slot, the new pod inherits that
+//! share at once (it drains as those requests end). Index events about the
+//! slot's previous pod that a VM applies late are dropped by their time.
 //!
 //! | parameter | default | why |
 //! |---|---|---|
-//! | `pool.max_backends` | 64 | slots: a pool with more endpoints routes over the first `max_backends` in address order, and the log says so; every per-pod structure is sized by it |
+//! | `pool.max_backends` | 64 | slots: a pool with more endpoints leaves the rest out (the first fill takes them in address order, later pods take slots as they free up), and the log says so; every per-pod structure is sized by it |
 //!
 //! Envoy's admin is the source because it holds exactly the set that
 //! `override_host` routes to, kept current by EDS (Kubernetes, Istio, a file),
@@ -220,6 +222,8 @@ pub struct Slots {
     pub members: Vec<Option<Member>>,
     /// When each empty slot was vacated (0: never held).
     vacated_ms: Vec<u64>,
+    /// When each slot's pod joined (0: from the start).
+    joined_ms: Vec<u64>,
 }
 
 /// What one assignment changed.
@@ -246,6 +250,7 @@ impl Slots {
         Slots {
             members: vec![None; n],
             vacated_ms: vec![0; n],
+            joined_ms: vec![0; n],
         }
     }
 
@@ -264,6 +269,7 @@ impl Slots {
         Slots {
             members,
             vacated_ms: vec![0; n],
+            joined_ms: vec![0; n],
         }
     }
 
@@ -304,12 +310,21 @@ impl Slots {
                         routable: e.routable,
                         cluster: e.cluster,
                     });
+                    if let Some(j) = self.joined_ms.get_mut(s) {
+                        *j = now_ms.max(1);
+                    }
                     changes.joined.push((s, e.address.clone()));
                 }
                 None => changes.unplaced += 1,
             }
         }
         changes
+    }
+
+    /// When slot `b`'s pod joined (0: from the start): index events older
+    /// than that were about its previous pod.
+    pub fn joined_ms(&self, b: usize) -> u64 {
+        self.joined_ms.get(b).copied().unwrap_or(0)
     }
 
     /// The slot holding `address`.
@@ -319,13 +334,20 @@ impl Slots {
             .position(|m| m.as_ref().is_some_and(|m| m.address == address))
     }
 
-    /// The table as shared data: per slot, when it was vacated, whether its
-    /// pod is routable, and its address (empty: no pod).
+    /// The table as shared data: per slot, when it was vacated and when its
+    /// pod joined, whether that pod is routable, its cluster, and its address
+    /// (empty: no pod).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
         put(&mut out, self.members.len() as u32);
-        for (m, &v) in self.members.iter().zip(&self.vacated_ms) {
+        for ((m, &v), &j) in self
+            .members
+            .iter()
+            .zip(&self.vacated_ms)
+            .zip(&self.joined_ms)
+        {
             put(&mut out, v);
+            put(&mut out, j);
             put(&mut out, m.as_ref().is_some_and(|m| m.routable) as u8);
             put(&mut out, m.as_ref().map_or(0, |m| m.cluster));
             let a = m.as_ref().map_or("", |m| m.address.as_str());
@@ -344,6 +366,7 @@ impl Slots {
         let mut s = Slots::empty(n);
         for slot in 0..n {
             s.vacated_ms[slot] = r.get()?;
+            s.joined_ms[slot] = r.get()?;
             let routable = r.get::<u8>()? == 1;
             let cluster = r.get::<u16>()?;
             let len = r.get::<u16>()? as usize;

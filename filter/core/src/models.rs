@@ -159,6 +159,12 @@ pub fn narrow(
     Fit::Served
 }
 
+/// Most adapters per list kept from a scrape, and the longest name: a broken
+/// or hostile `/metrics` cannot make the shared record every VM re-reads large.
+pub const MAX_ADAPTERS: usize = 64;
+/// Longest adapter name kept (as `models`/`adapters` in the configuration).
+pub const MAX_NAME_BYTES: usize = 256;
+
 /// Encodes every slot's LoRA state for shared data.
 pub fn encode_lora(all: &[Option<Lora>]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -168,11 +174,15 @@ pub fn encode_lora(all: &[Option<Lora>]) -> Vec<u8> {
         let Some(l) = l else { continue };
         put(&mut out, l.max_lora);
         for list in [&l.running, &l.waiting] {
-            put(&mut out, list.len().min(u16::MAX as usize) as u16);
-            for a in list.iter().take(u16::MAX as usize) {
-                let a = &a.as_bytes()[..a.len().min(u16::MAX as usize)];
+            let kept: Vec<&String> = list
+                .iter()
+                .filter(|a| a.len() <= MAX_NAME_BYTES)
+                .take(MAX_ADAPTERS)
+                .collect();
+            put(&mut out, kept.len() as u16);
+            for a in kept {
                 put(&mut out, a.len() as u16);
-                out.extend_from_slice(a);
+                out.extend_from_slice(a.as_bytes());
             }
         }
     }
@@ -336,6 +346,25 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         );
         assert_eq!(fit, Fit::Served);
         assert_eq!(state(&loads), vec![(true, true), (false, false)]);
+    }
+
+    #[test]
+    fn hostile_adapter_lists_are_bounded_and_never_spoil_the_record() {
+        let long = "é".repeat(200); // 400 bytes: dropped whole, never cut mid-character
+        let mut running: Vec<String> = (0..500).map(|i| format!("a{i}")).collect();
+        running.insert(0, long);
+        let all = vec![
+            Some(Lora {
+                running,
+                waiting: vec![],
+                max_lora: 1,
+            }),
+            None,
+        ];
+        let back = decode_lora(&encode_lora(&all), 2);
+        let kept = &back[0].as_ref().unwrap().running;
+        assert_eq!(kept.len(), MAX_ADAPTERS);
+        assert_eq!(kept[0], "a0");
     }
 
     #[test]

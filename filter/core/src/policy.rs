@@ -203,25 +203,32 @@ impl Chooser<'_> {
         }
     }
 
+    /// The bounded-load cap over request counts (`cache_aware`).
     fn cap(&self, healthy: &[usize]) -> f64 {
-        let total: f64 = healthy.iter().map(|&b| self.loads[b].load).sum();
-        ((1.0 + self.cfg.eps) * (total + 1.0) / healthy.len().max(1) as f64).ceil()
+        self.cap_by(healthy, |l| l.load)
     }
 
     fn eligible(&self, b: usize, cap: f64) -> bool {
-        let l = &self.loads[b];
-        !l.saturated && l.load + 1.0 <= cap
+        self.eligible_by(b, cap, |l| l.load)
     }
 
-    /// The bounded-load cap over work in flight rather than requests.
+    /// The bounded-load cap over work in flight ([`crate::work`]).
     fn work_cap(&self, healthy: &[usize]) -> f64 {
-        let total: f64 = healthy.iter().map(|&b| self.loads[b].work).sum();
-        ((1.0 + self.cfg.eps) * (total + 1.0) / healthy.len().max(1) as f64).ceil()
+        self.cap_by(healthy, |l| l.work)
     }
 
     fn eligible_by_work(&self, b: usize, cap: f64) -> bool {
+        self.eligible_by(b, cap, |l| l.work)
+    }
+
+    fn cap_by(&self, healthy: &[usize], measure: impl Fn(&BackendLoad) -> f64) -> f64 {
+        let total: f64 = healthy.iter().map(|&b| measure(&self.loads[b])).sum();
+        ((1.0 + self.cfg.eps) * (total + 1.0) / healthy.len().max(1) as f64).ceil()
+    }
+
+    fn eligible_by(&self, b: usize, cap: f64, measure: impl Fn(&BackendLoad) -> f64) -> bool {
         let l = &self.loads[b];
-        !l.saturated && l.work + 1.0 <= cap
+        !l.saturated && measure(l) + 1.0 <= cap
     }
 
     /// Least load among `among` (ties by `tiebreak`).

@@ -5,8 +5,8 @@
 //! Per routed request the host calls are: read the ledger (in-flight records
 //! and the index log's head, see [`crate::store`]), read the slots of events
 //! other VMs appended since, one CAS write of the ledger (the chosen
-//! backend's request count and prefill blocks, and the reservation of this
-//! request's log event) and one slot write — none of them per block, none of
+//! backend's request count, prefill blocks and output tokens, and the
+//! reservation of this request's log event) and one slot write — none of them per block, none of
 //! them the size of the log. The CAS reuses the read made to decide (a second
 //! read only after a lost CAS): in Envoy a host call costs more than deciding
 //! on a 1 KB prompt. Releases (a request's end, a streamed response's first
@@ -22,7 +22,8 @@
 //! writes at once ([`Router::record_scrape`]). Another VM sees a scrape at most
 //! one tick late, on top of the scrape period it already waits. Each VM also
 //! keeps Envoy's own view of how its requests ended ([`crate::passive`]); a
-//! backend is in rotation when neither view keeps it out.
+//! backend is in rotation when Envoy would route to it (a discovered pool's
+//! endpoint health, [`crate::membership`]) and neither view keeps it out.
 
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
 use crate::feedback::Report;
@@ -66,7 +67,8 @@ pub struct Routed {
     /// Full blocks in the prompt.
     pub blocks: u32,
     /// What the request holds on the primary until released: one request slot,
-    /// and the blocks it must prefill there (until its first response byte).
+    /// the blocks it must prefill there (until its first response byte), and
+    /// the output tokens it may generate (until it ends).
     pub held: Delta,
     /// Host calls that failed along the way (the decision is still made).
     pub host_errors: u32,
@@ -285,7 +287,8 @@ impl Router {
     }
 
     /// Folds Envoy's list of the pool's endpoints (an admin reply) into the
-    /// shared slot table and this VM's view; a changed slot's health starts over.
+    /// shared slot table and this VM's view; what is shared per slot (health,
+    /// LoRA state, last answer) starts over for a slot whose pod changed.
     pub fn members_reply<H: Host>(
         &mut self,
         host: &H,
@@ -306,14 +309,17 @@ impl Router {
             let c = s.assign(&endpoints, now);
             (s, c)
         })?;
-        for &(b, _) in changes.joined.iter().chain(&changes.left) {
-            self.store(host)
-                .update_health(b, |h| *h = Health::default())?;
+        let changed = self.apply_slots(slots);
+        for &b in &changed {
             if let Some(h) = self.health.get_mut(b) {
                 *h = Health::default();
             }
         }
-        self.apply_slots(slots);
+        self.resize_index();
+        if let Err(e) = self.store(host).reset_slots(&changed) {
+            // The table is written: other VMs follow it; the scrapes refill the rest.
+            log::debug!("warmroute: per-slot records of changed pods not reset: {e:?}");
+        }
         Ok(Ok(changes))
     }
 
@@ -362,6 +368,9 @@ impl Router {
                 Some(ev) if ev.seq == seq => {
                     if ev.origin != self.vm_id {
                         match ev.kind {
+                            // Routed to the slot's previous pod: not this one's cache.
+                            Kind::Received
+                                if ev.time_ms < self.slots.joined_ms(ev.backend as usize) => {}
                             Kind::Received => {
                                 self.index
                                     .record(&ev.blocks, ev.backend as usize, ev.time_ms)
@@ -582,31 +591,10 @@ impl Router {
         if let Some(d) = self.unreleased.get_mut(primary) {
             *d += held;
         }
-        let store = Store {
-            host,
-            keys: &self.keys,
-            n: self.fleet.len(),
-        };
-        let writer = self.writer(seen.now);
-        let held = match store.account(seen.ledger, writer, &self.unreleased, !chain.is_empty()) {
-            Ok(accounted) => {
-                self.unreleased.fill(Delta::default());
-                note_reclaimed(&accounted.reclaimed);
-                if let Some(seq) = accounted.seq {
-                    let written = store.write_event(
-                        Kind::Received,
-                        seq,
-                        self.vm_id,
-                        primary as u16,
-                        seen.now,
-                        chain,
-                    );
-                    host_errors += u32::from(written.is_err());
-                    // Nothing in between to read: skip our own event instead of reading it back.
-                    if seq == self.applied_seq {
-                        self.applied_seq = seq + 1;
-                    }
-                }
+        let event = (!chain.is_empty()).then_some((Kind::Received, primary, seen.now, chain));
+        let held = match self.account_and_log(host, seen.ledger, seen.now, event) {
+            Ok(logged) => {
+                host_errors += u32::from(!logged);
                 held
             }
             Err(_) => {
@@ -708,6 +696,37 @@ impl Router {
         self.write_ledger(host, Some(read.raw), now_ms)
     }
 
+    /// One ledger write of the releases waiting for it (and this VM's
+    /// heartbeat), reserving a log slot for `event` and writing it there.
+    /// `Err`: the ledger write failed and nothing changed; `Ok(false)`: the
+    /// event's slot could not be written (other VMs miss it, a gap).
+    fn account_and_log<H: Host>(
+        &mut self,
+        host: &H,
+        seed: Option<Versioned>,
+        now: u64,
+        event: Option<(Kind, usize, u64, &[u64])>,
+    ) -> Result<bool, HostError> {
+        let store = Store {
+            host,
+            keys: &self.keys,
+            n: self.fleet.len(),
+        };
+        let writer = self.writer(now);
+        let accounted = store.account(seed, writer, &self.unreleased, event.is_some())?;
+        self.unreleased.fill(Delta::default());
+        note_reclaimed(&accounted.reclaimed);
+        let (Some((kind, backend, time_ms, blocks)), Some(seq)) = (event, accounted.seq) else {
+            return Ok(true);
+        };
+        let written = store.write_event(kind, seq, self.vm_id, backend as u16, time_ms, blocks);
+        // Nothing in between to read: skip our own event instead of reading it back.
+        if seq == self.applied_seq {
+            self.applied_seq = seq + 1;
+        }
+        Ok(written.is_ok())
+    }
+
     /// Folds a pod's own cache report for a request into the index: when it
     /// falls clearly short of the `(matched, prompt)` blocks the index
     /// credited `backend` with, what it last used at or before
@@ -727,29 +746,10 @@ impl Router {
             return false;
         }
         self.index.forget_used_before(backend, last_use_ms);
-        let now = host.now_ms();
-        let store = self.store(host);
-        let event = store
-            .account(None, self.writer(now), &self.unreleased, true)
-            .and_then(|accounted| {
-                let seq = accounted.seq.ok_or(HostError::CasMismatch)?;
-                store.write_event(
-                    Kind::Evicted,
-                    seq,
-                    self.vm_id,
-                    backend as u16,
-                    last_use_ms,
-                    &[],
-                )?;
-                Ok(seq)
-            });
-        match event {
-            Ok(seq) => {
-                self.unreleased.fill(Delta::default());
-                if seq == self.applied_seq {
-                    self.applied_seq = seq + 1;
-                }
-            }
+        let event = Some((Kind::Evicted, backend, last_use_ms, &[][..]));
+        match self.account_and_log(host, None, host.now_ms(), event) {
+            Ok(true) => {}
+            Ok(false) => log::debug!("warmroute: eviction not written to the log"),
             Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
         }
         true
@@ -954,7 +954,6 @@ mod tests {
         .unwrap()
     }
 
-    /// Nothing in flight anywhere, by the ledger.
     /// What a request without an output limit holds once its prefill is done.
     fn one() -> Delta {
         Delta {
@@ -964,6 +963,7 @@ mod tests {
         }
     }
 
+    /// Nothing in flight anywhere, by the ledger.
     fn assert_idle(a: &Router, host: &MemoryHost) {
         assert_eq!(
             a.store(host).inflight().unwrap(),

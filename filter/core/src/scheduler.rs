@@ -2,8 +2,8 @@
 //!
 //! Per backend: idle → pending(token, since) → idle. Every reply, failure or
 //! timeout clears `pending`; a reply that never comes (lost callout) is given
-//! up after `timeout + period` and counted as a failure, so the backend is
-//! scraped again on a later tick. One VM per Envoy holds a lease in shared
+//! up after `timeout + period` and counted as slow, so the backend is scraped
+//! again on a later tick. One VM per Envoy holds a lease in shared
 //! data and is the only one that scrapes; the others only read the snapshot.
 //! What a reply does to health is [`crate::health`]'s job.
 

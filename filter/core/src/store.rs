@@ -1,8 +1,9 @@
 //! Fleet state every worker VM shares through proxy-wasm shared data.
 //!
 //! Each value lives under `warmroute.<fleet>.<name>`, where `<fleet>` hashes
-//! the backend addresses (or a discovered pool's cluster): a reconfigured
-//! fleet never reads another fleet's bytes. Updates are read-modify-write with
+//! the backend addresses (or a discovered pool's clusters and slot count),
+//! the block size and the log's size: a reconfigured fleet never reads
+//! another fleet's bytes. Updates are read-modify-write with
 //! CAS, retried a bounded number of times (a worker that keeps losing gives up
 //! and counts it rather than spin).
 //!
@@ -10,10 +11,11 @@
 //! Shared data lives as long as Envoy, so every reconfiguration to another
 //! backend list would strand its predecessor's keys (the index log alone is
 //! `index.log_bytes`). Every VM heartbeats its fleet in one registry value,
-//! `warmroute.fleets`, at its tick; a fleet silent for [`FLEET_IDLE_MS`] (or
-//! ten of its leases, if longer) is swept by the next tick of any other: each
-//! of its values is emptied and its entry dropped. Envoy has no delete, so
-//! the key names stay, a few bytes each.
+//! `warmroute.fleets.v1`, at its tick, with how long it may stay silent:
+//! [`FLEET_IDLE_MS`], or ten of its own leases if longer (a fleet's ticks may
+//! be far apart). One silent for longer is swept by the next tick of any
+//! other: each of its values is emptied and its entry dropped. Envoy has no
+//! delete, so the key names stay, a few bytes each.
 //!
 //! The value every routed request updates is the *ledger*: each VM's share
 //! of the in-flight records (per backend) and the sequence number the index
@@ -64,8 +66,18 @@ use crate::models::{decode_lora, encode_lora, Lora};
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
 
-/// The registry of the fleets using this Envoy's shared data.
-pub const FLEETS_KEY: &str = "warmroute.fleets";
+/// The registry of the fleets using this Envoy's shared data (its layout's version in the name).
+pub const FLEETS_KEY: &str = "warmroute.fleets.v1";
+
+/// A fleet's registry entry.
+#[derive(Debug, Clone, Copy)]
+struct Fleet {
+    id: u64,
+    beat_ms: u64,
+    log_bytes: u64,
+    /// How long it may stay silent before it is swept.
+    idle_ms: u64,
+}
 
 /// How long a fleet must be silent before its values are swept.
 pub const FLEET_IDLE_MS: u64 = 60_000;
@@ -444,6 +456,40 @@ impl<H: Host> Store<'_, H> {
         })
     }
 
+    /// Starts the per-slot records (health, LoRA state, last answer) of
+    /// `slots` over: another pod holds each now.
+    pub fn reset_slots(&self, slots: &[usize]) -> Result<(), HostError> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let n = self.n;
+        update(self.host, &self.keys.health, |v| {
+            let mut all = decode_health(v.as_deref().unwrap_or_default(), n);
+            for &b in slots {
+                if let Some(h) = all.get_mut(b) {
+                    *h = Health::default();
+                }
+            }
+            (Some(encode_health(&all)), ())
+        })?;
+        self.update_lora(n, |all| {
+            for &b in slots {
+                if let Some(l) = all.get_mut(b) {
+                    *l = None;
+                }
+            }
+        })?;
+        update(self.host, &self.keys.served, |v| {
+            let mut all = decode_served(v.as_deref().unwrap_or_default(), n);
+            for &b in slots {
+                if let Some(t) = all.get_mut(b) {
+                    *t = 0;
+                }
+            }
+            (Some(encode_served(&all)), ())
+        })
+    }
+
     /// Every slot's LoRA state as the scraper last published it.
     pub fn lora(&self) -> Result<Vec<Option<Lora>>, HostError> {
         let v = self.host.get_shared(&self.keys.lora)?.0;
@@ -479,48 +525,67 @@ impl<H: Host> Store<'_, H> {
                 newer |= m > *a;
                 *a = (*a).max(m);
             }
-            let mut out = Vec::with_capacity(n * 8);
-            all.iter().for_each(|&t| put(&mut out, t));
-            (newer.then_some(out), ())
+            (newer.then(|| encode_served(&all)), ())
         })
     }
 
     /// Heartbeats this fleet in the registry and sweeps the fleets silent for
     /// `idle_ms` (see "Fleets that are gone"); returns the swept fleet ids.
     pub fn sweep_fleets(&self, now_ms: u64, idle_ms: u64) -> Result<Vec<u64>, HostError> {
-        let me = (self.keys.fleet, self.keys.log_bytes as u64);
+        const ENTRY: usize = 32;
+        let me = Fleet {
+            id: self.keys.fleet,
+            beat_ms: now_ms,
+            log_bytes: self.keys.log_bytes as u64,
+            idle_ms,
+        };
         let gone = update(self.host, FLEETS_KEY, |v| {
-            let mut r = Reader::new(v.as_deref().unwrap_or_default());
-            let mut keep = Vec::new();
-            let mut gone = Vec::new();
-            while let (Some(id), Some(beat), Some(log)) = (r.get(), r.get(), r.get()) {
-                let entry: (u64, u64, u64) = (id, beat, log);
-                if id == me.0 {
+            let v = v.unwrap_or_default();
+            // Another layout is nobody's entry: dropping it strands, never sweeps, a fleet.
+            let bytes = if v.len() % ENTRY == 0 {
+                &v[..]
+            } else {
+                &[][..]
+            };
+            let mut r = Reader::new(bytes);
+            let (mut keep, mut gone) = (Vec::new(), Vec::new());
+            while let (Some(id), Some(beat_ms), Some(log_bytes), Some(idle)) =
+                (r.get(), r.get(), r.get(), r.get())
+            {
+                let f = Fleet {
+                    id,
+                    beat_ms,
+                    log_bytes,
+                    idle_ms: idle,
+                };
+                if f.id == me.id {
                     continue;
                 }
-                if now_ms.saturating_sub(beat) > idle_ms {
-                    gone.push(entry);
+                // Each fleet by its own patience: its ticks may be far apart.
+                if now_ms.saturating_sub(f.beat_ms) > f.idle_ms {
+                    gone.push(f);
                 } else {
-                    keep.push(entry);
+                    keep.push(f);
                 }
             }
-            keep.push((me.0, now_ms, me.1));
-            let mut out = Vec::with_capacity(keep.len() * 24);
-            for (id, beat, log) in keep {
-                put(&mut out, id);
-                put(&mut out, beat);
-                put(&mut out, log);
+            keep.push(me);
+            let mut out = Vec::with_capacity(keep.len() * ENTRY);
+            for f in keep {
+                put(&mut out, f.id);
+                put(&mut out, f.beat_ms);
+                put(&mut out, f.log_bytes);
+                put(&mut out, f.idle_ms);
             }
             (Some(out), gone)
         })?;
-        for &(id, _, log) in &gone {
-            let keys = Keys::new(id, usize::try_from(log).unwrap_or(0));
+        for f in &gone {
+            let keys = Keys::new(f.id, usize::try_from(f.log_bytes).unwrap_or(0));
             for k in keys.every() {
-                // Best effort: an unswept value is a stranded one, as before.
+                // Best effort: an unswept value is a stranded one, no worse.
                 let _ = self.host.set_shared(k, &[], None);
             }
         }
-        Ok(gone.into_iter().map(|(id, _, _)| id).collect())
+        Ok(gone.into_iter().map(|f| f.id).collect())
     }
 
     /// Takes or renews the scraper lease; true when this VM holds it.
@@ -573,6 +638,13 @@ impl<H: Host> Store<'_, H> {
         );
         self.host.set_shared(self.keys.slot(seq), &event, None)
     }
+}
+
+/// Encodes every slot's last-answered time.
+fn encode_served(all: &[u64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(all.len() * 8);
+    all.iter().for_each(|&t| put(&mut out, t));
+    out
 }
 
 /// Decodes `n` last-answered times; a blob of another length (another fleet) reads as "never".

@@ -110,18 +110,7 @@ fn main() -> ExitCode {
         match verdict {
             Ok(c) => println!(
                 "ok   {f}: {}, strategy {}, route mode {:?}{}",
-                c.pool.as_ref().map_or_else(
-                    || format!("{} backends", c.backends.len()),
-                    |p| format!(
-                        "a pool of up to {} pods from {}",
-                        p.max_backends,
-                        p.clusters
-                            .iter()
-                            .map(|c| c.name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                ),
+                c.describe_fleet(),
                 c.strategy.name(),
                 c.route.mode,
                 buffers.map_or(String::new(), |b| format!(
