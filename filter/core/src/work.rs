@@ -21,11 +21,12 @@
 //! | `balance.default_output_tokens` | 256 | a chat answer; a request that sets no limit is assumed typical |
 //! | [`MAX_OUTPUT_TOKENS`] | 131072 | a context window: no client makes a pod look busier than one long generation |
 //!
-//! Used by `least_request`, `prefix_hash`'s bounded load and the load-only
-//! fallback: a small request avoids a pod busy with one huge prompt or one
-//! long generation although request counts are equal. `cache_aware` keeps its
-//! load term in requests (its `warm_min_cap` reasons about batch slots) and
-//! already weighs the prefill queue separately.
+//! Used by `least_request` and the load-only fallback: a small request avoids
+//! a pod busy with one huge prompt or one long generation although request
+//! counts are equal. The bounded loads stay in requests: `cache_aware`'s
+//! `warm_min_cap` reasons about batch slots and it weighs the prefill queue
+//! apart; `prefix_hash`'s bound over work spilled agents off their pods (see
+//! [`crate::policy`]).
 
 use crate::config::PolicyConfig;
 use crate::inflight::InFlight;
