@@ -35,6 +35,20 @@ async fn start(extra: &[&str]) -> Sim {
     }
 }
 
+/// A sim serving LoRA adapters `a` and `b`, `max_loras` of them at once.
+async fn start_with_adapters_a_b(max_loras: &str, extra: &[&str]) -> Sim {
+    let mut args = extra.to_vec();
+    args.extend([
+        "--enable-lora",
+        "--max-loras",
+        max_loras,
+        "--lora-modules",
+        "a=/adapters/a",
+        "b=/adapters/b",
+    ]);
+    start(&args).await
+}
+
 impl Sim {
     async fn post(&self, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
         let res = self
@@ -892,17 +906,7 @@ async fn lora_adapter_is_served_and_reported_running() {
 
 #[tokio::test]
 async fn adapters_beyond_max_loras_wait() {
-    let sim = start(&[
-        "--time-scale",
-        "1",
-        "--enable-lora",
-        "--max-loras",
-        "1",
-        "--lora-modules",
-        "a=/adapters/a",
-        "b=/adapters/b",
-    ])
-    .await;
+    let sim = start_with_adapters_a_b("1", &["--time-scale", "1"]).await;
     let a = sim.start_stream("a", "a").await;
     let b = {
         let sim = Sim {
@@ -947,17 +951,7 @@ async fn adapters_beyond_max_loras_wait() {
 
 #[tokio::test]
 async fn two_adapters_run_together_under_max_loras_2() {
-    let sim = start(&[
-        "--time-scale",
-        "1",
-        "--enable-lora",
-        "--max-loras",
-        "2",
-        "--lora-modules",
-        "a=/adapters/a",
-        "b=/adapters/b",
-    ])
-    .await;
+    let sim = start_with_adapters_a_b("2", &["--time-scale", "1"]).await;
     let a = sim.start_stream("a", "a").await;
     let b = sim.start_stream("b", "b").await;
     let text = sim.get_text("/metrics").await.1;
@@ -968,15 +962,7 @@ async fn two_adapters_run_together_under_max_loras_2() {
 
 #[tokio::test]
 async fn adapters_share_no_prefix_blocks_and_unknown_models_404() {
-    let sim = start(&[
-        "--enable-lora",
-        "--max-loras",
-        "2",
-        "--lora-modules",
-        "a=/adapters/a",
-        "b=/adapters/b",
-    ])
-    .await;
+    let sim = start_with_adapters_a_b("2", &[]).await;
     let prompt = words("p", 100);
     let run = async |model: Option<&str>| {
         let mut body = json!({"prompt": prompt, "max_tokens": 2});

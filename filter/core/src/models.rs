@@ -101,22 +101,16 @@ pub enum Fit {
 /// Narrows `loads` to the members that serve `model` (see the module doc):
 /// others stop being members; for an adapter, members outside the preferred
 /// tier stop being healthy, so they are chosen only if the tier is empty.
-pub fn narrow(
+pub fn narrow<'s>(
     model: &str,
-    serves: &[Option<&Serves>],
+    serves: impl Fn(usize) -> Option<&'s Serves>,
     lora: &[Option<Lora>],
     loads: &mut [BackendLoad],
 ) -> Fit {
     let n = loads.len();
     let lora_of = |b: usize| lora.get(b).and_then(Option::as_ref);
     let loaded = |b: usize| lora_of(b).is_some_and(|l| l.loaded(model));
-    let declared = |b: usize| {
-        serves
-            .get(b)
-            .copied()
-            .flatten()
-            .and_then(|s| s.knows(model))
-    };
+    let declared = |b: usize| serves(b).and_then(|s| s.knows(model));
     let candidate: Vec<bool> = (0..n)
         .map(|b| loads[b].member && (declared(b) != Some(false) || loaded(b)))
         .collect();
@@ -133,14 +127,8 @@ pub fn narrow(
             l.healthy = false;
         }
     }
-    let adapter = (0..n).any(|b| {
-        loaded(b)
-            || serves
-                .get(b)
-                .copied()
-                .flatten()
-                .is_some_and(|s| s.adapters.iter().any(|a| a == model))
-    });
+    let adapter = (0..n)
+        .any(|b| loaded(b) || serves(b).is_some_and(|s| s.adapters.iter().any(|a| a == model)));
     if adapter {
         let open = |b: usize| candidate[b] && loads[b].healthy && !loads[b].saturated;
         let loaded_tier: Vec<bool> = (0..n).map(|b| open(b) && loaded(b)).collect();
@@ -242,6 +230,16 @@ mod tests {
         }
     }
 
+    /// `narrow` over a table of what each slot serves.
+    fn narrow_in(
+        model: &str,
+        table: &[Option<&Serves>],
+        lora: &[Option<Lora>],
+        loads: &mut [BackendLoad],
+    ) -> Fit {
+        narrow(model, |b| table.get(b).copied().flatten(), lora, loads)
+    }
+
     fn serves(models: &[&str], adapters: &[&str]) -> Serves {
         Serves {
             models: models.iter().map(|m| m.to_string()).collect(),
@@ -277,17 +275,17 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         let b = serves(&["qwen"], &[]);
         let table = [Some(&a), Some(&b), Some(&a)];
         let mut loads = vec![member(); 3];
-        assert_eq!(narrow("qwen", &table, &[], &mut loads), Fit::Served);
+        assert_eq!(narrow_in("qwen", &table, &[], &mut loads), Fit::Served);
         assert_eq!(
             state(&loads),
             vec![(false, false), (true, true), (false, false)]
         );
         let mut loads = vec![member(); 3];
-        assert_eq!(narrow("mistral", &table, &[], &mut loads), Fit::Unknown);
+        assert_eq!(narrow_in("mistral", &table, &[], &mut loads), Fit::Unknown);
         // A pod that declares nothing may serve anything: no 404 then.
         let table = [Some(&a), None, Some(&a)];
         let mut loads = vec![member(); 3];
-        assert_eq!(narrow("mistral", &table, &[], &mut loads), Fit::Served);
+        assert_eq!(narrow_in("mistral", &table, &[], &mut loads), Fit::Served);
         assert_eq!(
             state(&loads),
             vec![(false, false), (true, true), (false, false)]
@@ -295,7 +293,7 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         // An empty slot is no member and says nothing.
         let mut loads = vec![member(), BackendLoad::default(), member()];
         assert_eq!(
-            narrow("qwen", &[Some(&a), None, Some(&a)], &[], &mut loads),
+            narrow_in("qwen", &[Some(&a), None, Some(&a)], &[], &mut loads),
             Fit::Unknown
         );
     }
@@ -313,7 +311,7 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         };
         let states = [lora(&["chat"], 1), lora(&["sql"], 1), lora(&[], 1)];
         let mut loads = vec![member(); 3];
-        narrow("sql", &table, &states, &mut loads);
+        narrow_in("sql", &table, &states, &mut loads);
         assert_eq!(
             state(&loads),
             vec![(true, false), (true, true), (true, false)]
@@ -321,7 +319,7 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         // Saturated where it is loaded: a pod with a free slot next.
         let mut loads = vec![member(); 3];
         loads[1].saturated = true;
-        narrow("sql", &table, &states, &mut loads);
+        narrow_in("sql", &table, &states, &mut loads);
         assert_eq!(
             state(&loads),
             vec![(true, false), (true, false), (true, true)]
@@ -329,16 +327,16 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         // Nowhere loaded, no free slot: every pod that can serve it.
         let full = [lora(&["chat"], 1), lora(&["law"], 1), lora(&["x"], 1)];
         let mut loads = vec![member(); 3];
-        narrow("sql", &table, &full, &mut loads);
+        narrow_in("sql", &table, &full, &mut loads);
         assert_eq!(state(&loads), vec![(true, true); 3]);
         // A base-model request is not narrowed by adapters.
         let mut loads = vec![member(); 3];
-        narrow("llama", &table, &states, &mut loads);
+        narrow_in("llama", &table, &states, &mut loads);
         assert_eq!(state(&loads), vec![(true, true); 3]);
         // An adapter loaded on a pod that did not declare it is still served there.
         let plain = serves(&["llama"], &[]);
         let mut loads = vec![member(); 2];
-        let fit = narrow(
+        let fit = narrow_in(
             "dyn",
             &[Some(&plain), Some(&plain)],
             &[lora(&["dyn"], 2), None],

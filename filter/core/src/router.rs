@@ -91,6 +91,8 @@ pub struct Router {
     fleet: Vec<Option<Backend>>,
     /// Each slot's LoRA adapters as last scraped ([`crate::models`]).
     lora: Vec<Option<Lora>>,
+    /// Some pod declares what it serves or reported an adapter ([`Router::note_models`]).
+    model_aware: bool,
     /// Each backend's rendezvous id (its address, hashed).
     ids: Vec<u64>,
     /// Fleet-unique id of this VM.
@@ -192,6 +194,7 @@ impl Router {
             slots: Slots::empty(n),
             fleet: vec![None; n],
             lora: vec![None; n],
+            model_aware: false,
             ids: vec![0; n],
             vm_id,
             index,
@@ -213,6 +216,11 @@ impl Router {
     /// Slots of per-pod state.
     pub fn slot_count(&self) -> usize {
         self.fleet.len()
+    }
+
+    /// The rendezvous id of slot `b`'s pod (its address, hashed; 0: empty).
+    pub fn pod_id(&self, b: usize) -> u64 {
+        self.ids.get(b).copied().unwrap_or(0)
     }
 
     /// The pod in slot `b`, if any.
@@ -271,6 +279,7 @@ impl Router {
             }
         }
         self.slots = slots;
+        self.note_models();
         changed
     }
 
@@ -409,8 +418,11 @@ impl Router {
             };
         }
         let (decision, blocks) = self.decide(host, req, &mut seen);
+        // Only a predicted hit whose answer carries usage is checked against it.
         let last_use_ms = match (req.key, decision.order.first()) {
-            (Some(k), Some(&b)) => self.index.last_use(&k.blocks, decision.matched, b),
+            (Some(k), Some(&b)) if k.reports_usage && decision.matched > 0 => {
+                self.index.last_use(&k.blocks, decision.matched, b)
+            }
             _ => None,
         };
         Routed {
@@ -423,16 +435,23 @@ impl Router {
     /// prefer) in `loads` ([`crate::models`]). Free when no pod says what it
     /// serves and none reported an adapter.
     fn narrow_to_model(&self, model: &str, loads: &mut [BackendLoad]) -> Fit {
-        let declared = |b: &Backend| !b.serves.models.is_empty() || !b.serves.adapters.is_empty();
-        if !self.fleet.iter().flatten().any(declared) && self.lora.iter().all(Option::is_none) {
+        if !self.model_aware {
             return Fit::Served;
         }
-        let serves: Vec<_> = self
-            .fleet
-            .iter()
-            .map(|f| f.as_ref().map(|b| &b.serves))
-            .collect();
-        narrow(model, &serves, &self.lora, loads)
+        narrow(
+            model,
+            |b| self.backend(b).map(|x| &x.serves),
+            &self.lora,
+            loads,
+        )
+    }
+
+    /// Whether any pod says what it serves or has reported an adapter: until
+    /// one does, every model may go anywhere and requests skip the narrowing.
+    fn note_models(&mut self) {
+        let declared = |b: &Backend| !b.serves.models.is_empty() || !b.serves.adapters.is_empty();
+        self.model_aware =
+            self.fleet.iter().flatten().any(declared) || self.lora.iter().any(Option::is_some);
     }
 
     /// Reads the ledger (and, for a request with a prompt, the index events
@@ -773,12 +792,14 @@ impl Router {
             }
         })?;
         self.lora = all;
+        self.note_models();
         Ok(())
     }
 
     /// Re-reads every slot's LoRA state (from the tick).
     pub fn refresh_lora<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
         self.lora = self.store(host).lora()?;
+        self.note_models();
         Ok(())
     }
 

@@ -88,9 +88,9 @@ pub struct Exchange {
 /// What the index credited the chosen pod with, for the pod's report to check.
 #[derive(Debug)]
 struct Predicted {
-    /// The pod's address: a report from a pod that has since left its slot
-    /// says nothing of the slot's new pod.
-    address: String,
+    /// The pod's id: a report from a pod that has since left its slot says
+    /// nothing of the slot's new pod.
+    pod: u64,
     /// Matched blocks.
     blocks: u32,
     /// The prompt's blocks.
@@ -330,14 +330,12 @@ impl Worker {
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
         ex.held = routed.held;
+        // Set only for a predicted hit whose answer will carry usage.
         ex.awaiting_report = routed
             .last_use_ms
-            .filter(|_| {
-                key.as_ref().is_some_and(|k| k.reports_usage) && routed.decision.matched > 0
-            })
-            .zip(primary.and_then(|b| self.router.backend(b)))
-            .map(|(last_use_ms, pod)| Predicted {
-                address: pod.address.clone(),
+            .zip(primary)
+            .map(|(last_use_ms, b)| Predicted {
+                pod: self.router.pod_id(b),
                 blocks: routed.decision.matched,
                 of: routed.blocks,
                 last_use_ms,
@@ -427,11 +425,7 @@ impl Worker {
         let (Some(p), Some(b)) = (ex.awaiting_report.take(), ex.chosen) else {
             return;
         };
-        if self
-            .router
-            .backend(b)
-            .is_none_or(|pod| pod.address != p.address)
-        {
+        if self.router.pod_id(b) != p.pod {
             return;
         }
         let evicted = self
