@@ -5,6 +5,7 @@
 //! checks every value and names the offending field in the error, so
 //! `on_configure` can log one precise line and refuse to start.
 
+use crate::gate::{Class, GateConfig, Knee, MAX_CLASSES};
 use serde::Deserialize;
 use std::net::SocketAddr;
 
@@ -289,6 +290,69 @@ struct WirePoolCluster {
     adapters: Vec<String>,
 }
 
+#[derive(Debug, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct WireKnee {
+    requests: Option<f64>,
+    work: Option<f64>,
+    waiting: Option<f64>,
+    kv_usage: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireClass {
+    name: String,
+    #[serde(default)]
+    aliases: Vec<String>,
+    max_wait_ms: u64,
+    max_queue: u32,
+}
+
+/// Priority classes and deadlines at the gate ([`crate::gate`]); off unless given.
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct WireGate {
+    knee: WireKnee,
+    classes: Vec<WireClass>,
+    default_class: String,
+    header: String,
+    deadline_header: String,
+    lower_share: f64,
+    check_ms: u64,
+    retry_after_s: u32,
+}
+
+impl Default for WireGate {
+    fn default() -> Self {
+        let class = |name: &str, alias: &str, max_wait_ms, max_queue| WireClass {
+            name: name.into(),
+            aliases: vec![alias.into()],
+            max_wait_ms,
+            max_queue,
+        };
+        // The aliases are the Gateway API Inference Extension's criticality values.
+        WireGate {
+            knee: WireKnee::default(),
+            classes: vec![
+                class("interactive", "critical", 5_000, 256),
+                class("standard", "standard", 30_000, 256),
+                class("batch", "sheddable", 600_000, 512),
+            ],
+            default_class: "standard".into(),
+            header: "x-warmroute-priority".into(),
+            deadline_header: "x-warmroute-deadline-ms".into(),
+            lower_share: 0.1,
+            check_ms: 50,
+            retry_after_s: 1,
+        }
+    }
+}
+
+/// The Gateway API Inference Extension's header naming a request's objective,
+/// read after the gate's own header.
+pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+
 /// Most clusters one filter discovers pods in.
 pub const MAX_POOL_CLUSTERS: usize = 16;
 
@@ -311,6 +375,7 @@ struct WireConfig {
     metrics: WireMetrics,
     debug_header: bool,
     debug_match_counts: bool,
+    gate: Option<WireGate>,
 }
 
 impl Default for WireConfig {
@@ -330,6 +395,7 @@ impl Default for WireConfig {
             metrics: WireMetrics::default(),
             debug_header: false,
             debug_match_counts: false,
+            gate: None,
         }
     }
 }
@@ -514,6 +580,8 @@ pub struct Config {
     /// it was chosen: off by default, since either tells any client whether
     /// someone sent that prefix recently.
     pub debug_match_counts: bool,
+    /// Priority classes and deadlines while the fleet is past its knee; `None`: never held.
+    pub gate: Option<GateConfig>,
 }
 
 /// Most backends one filter instance routes over.
@@ -623,6 +691,87 @@ fn pool_config(p: WirePool) -> Result<PoolConfig, ConfigError> {
         clusters,
         admin_cluster: cluster_name("pool.admin_cluster", p.admin_cluster)?,
         max_backends: in_range("pool.max_backends", p.max_backends, 1, MAX_BACKENDS)?,
+    })
+}
+
+fn header_name(field: &str, h: String) -> Result<String, ConfigError> {
+    let h = h.to_ascii_lowercase();
+    if valid_header_name(&h) {
+        Ok(h)
+    } else {
+        Err(bad(field, format!("{h:?} is not a valid header name")))
+    }
+}
+
+fn gate_config(g: WireGate) -> Result<GateConfig, ConfigError> {
+    let limit = |field: &str, v: Option<f64>, hi: f64| {
+        v.map(|v| finite_in_range(&format!("gate.knee.{field}"), v, f64::MIN_POSITIVE, hi))
+            .transpose()
+    };
+    let knee = Knee {
+        requests: limit("requests", g.knee.requests, 1e9)?,
+        work: limit("work", g.knee.work, 1e9)?,
+        waiting: limit("waiting", g.knee.waiting, 1e9)?,
+        kv_usage: limit("kv_usage", g.knee.kv_usage, 1.0)?,
+    };
+    if knee == Knee::default() {
+        return Err(bad(
+            "gate.knee",
+            "must set at least one of requests, work, waiting, kv_usage",
+        ));
+    }
+    if g.classes.is_empty() || g.classes.len() > MAX_CLASSES {
+        return Err(bad(
+            "gate.classes",
+            format!("must list 1-{MAX_CLASSES} classes, highest first"),
+        ));
+    }
+    let mut classes: Vec<Class> = Vec::with_capacity(g.classes.len());
+    for (i, c) in g.classes.into_iter().enumerate() {
+        let field = format!("gate.classes[{i}]");
+        let name = c.name.to_ascii_lowercase();
+        let aliases: Vec<String> = c.aliases.iter().map(|a| a.to_ascii_lowercase()).collect();
+        for n in std::iter::once(&name).chain(&aliases) {
+            if !valid_name(n) {
+                return Err(bad(
+                    format!("{field}.name"),
+                    "names and aliases must be 1-128 characters of [A-Za-z0-9._-]",
+                ));
+            }
+            if classes
+                .iter()
+                .any(|o| &o.name == n || o.aliases.contains(n))
+            {
+                return Err(bad(
+                    format!("{field}.name"),
+                    format!("{n:?} already names another class"),
+                ));
+            }
+        }
+        classes.push(Class {
+            name,
+            aliases,
+            max_wait_ms: in_range(&format!("{field}.max_wait_ms"), c.max_wait_ms, 1, 3_600_000)?,
+            max_queue: in_range(&format!("{field}.max_queue"), c.max_queue, 1, 4096)?,
+        });
+    }
+    let default = g.default_class.to_ascii_lowercase();
+    let default_class = classes
+        .iter()
+        .position(|c| c.name == default)
+        .ok_or_else(|| bad("gate.default_class", format!("{default:?} is not a class")))?;
+    Ok(GateConfig {
+        knee,
+        classes,
+        default_class,
+        class_headers: vec![
+            header_name("gate.header", g.header)?,
+            OBJECTIVE_HEADER.to_string(),
+        ],
+        deadline_header: header_name("gate.deadline_header", g.deadline_header)?,
+        lower_share: finite_in_range("gate.lower_share", g.lower_share, 0.0, 1.0)?,
+        check_ms: in_range("gate.check_ms", g.check_ms, 5, 10_000)?,
+        retry_after_s: in_range("gate.retry_after_s", g.retry_after_s, 1, 3600)?,
     })
 }
 
@@ -873,6 +1022,7 @@ impl TryFrom<WireConfig> for Config {
             metrics,
             debug_header: w.debug_header,
             debug_match_counts: w.debug_match_counts,
+            gate: w.gate.map(gate_config).transpose()?,
         })
     }
 }
@@ -1080,6 +1230,48 @@ mod tests {
         assert!(e.field.starts_with("line 1"), "{e}");
         let t = err(r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]} trailing"#);
         assert!(t.problem.contains("trailing"), "{t}");
+    }
+
+    #[test]
+    fn a_gate_needs_a_knee_and_names_its_classes() {
+        let base = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"gate":"#;
+        let g = Config::parse(format!(r#"{base}{{"knee":{{"requests":8}}}}}}"#).as_bytes())
+            .unwrap()
+            .gate
+            .unwrap();
+        let names: Vec<&str> = g.classes.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, vec!["interactive", "standard", "batch"]);
+        assert_eq!(g.default_class, 1);
+        assert_eq!(
+            g.class_headers,
+            vec!["x-warmroute-priority".to_string(), OBJECTIVE_HEADER.into()]
+        );
+        for (gate, named) in [
+            (r#"{}"#, "gate.knee"),
+            (r#"{"knee":{"requests":0}}"#, "gate.knee.requests"),
+            (r#"{"knee":{"kv_usage":2}}"#, "gate.knee.kv_usage"),
+            (r#"{"knee":{"requests":4},"classes":[]}"#, "gate.classes"),
+            (
+                r#"{"knee":{"requests":4},"default_class":"gold"}"#,
+                "gate.default_class",
+            ),
+            (
+                r#"{"knee":{"requests":4},"default_class":"a","classes":[{"name":"a","max_wait_ms":1,"max_queue":1},{"name":"b","aliases":["A"],"max_wait_ms":1,"max_queue":1}]}"#,
+                "gate.classes[1].name",
+            ),
+            (
+                r#"{"knee":{"requests":4},"default_class":"a","classes":[{"name":"a","max_wait_ms":0,"max_queue":1}]}"#,
+                "gate.classes[0].max_wait_ms",
+            ),
+            (r#"{"knee":{"requests":4},"check_ms":1}"#, "gate.check_ms"),
+            (r#"{"knee":{"requests":4},"header":"a b"}"#, "gate.header"),
+            (
+                r#"{"knee":{"requests":4},"lower_share":2}"#,
+                "gate.lower_share",
+            ),
+        ] {
+            assert_eq!(err(&format!("{base}{gate}}}")).field, named, "{gate}");
+        }
     }
 
     #[test]

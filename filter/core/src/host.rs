@@ -3,7 +3,8 @@
 //!
 //! The trait is the whole surface the worker's verbs ([`crate::worker`]) use:
 //! time, shared data, the current HTTP exchange's headers and body, callouts
-//! (scrapes) and their replies, and Envoy stats. Every fallible call returns
+//! (scrapes) and their replies, Envoy stats, and for requests held at the
+//! gate ([`crate::gate`]) shared queues and acting on another exchange. Every fallible call returns
 //! a [`HostError`]; the core never unwraps one, and a failed call degrades to
 //! less information (a fallback decision, a scrape counted as failed), never
 //! to a broken request.
@@ -97,4 +98,17 @@ pub trait Host {
     fn record_metric(&self, id: u32, value: u64);
     /// Sets the root context's tick period.
     fn set_tick_period_ms(&self, ms: u64) -> Result<(), HostError>;
+
+    /// Registers this VM's shared queue `name`: whatever any VM enqueues on
+    /// it arrives as this VM's root `on_queue_ready`. Returns its token.
+    fn register_queue(&self, name: &str) -> Result<u32, HostError>;
+    /// Puts a message on a shared queue, by token (any VM's).
+    fn enqueue(&self, queue: u32, value: &[u8]) -> Result<(), HostError>;
+    /// Takes the oldest message off a shared queue; `None` when it is empty.
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, HostError>;
+    /// Makes `context` (an HTTP context of this VM) the one later calls act on
+    /// (its headers, its local reply, its resumption), from any callback.
+    fn enter_context(&self, context: u32) -> Result<(), HostError>;
+    /// Lets the current exchange's paused request go on through Envoy.
+    fn resume_request(&self) -> Result<(), HostError>;
 }

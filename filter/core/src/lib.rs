@@ -28,6 +28,7 @@
 //! | [`work`] | work in flight per pod, in typical requests |
 //! | [`models`] | which pods may serve a request's model; LoRA adapter tiers |
 //! | [`feedback`] | a pod's own cache report against the index's prediction |
+//! | [`gate`] | priority classes and deadlines: the held-request queue shared by every VM, its release order |
 //! | [`policy`] | the six strategies |
 //! | [`router`] | one VM's routing: observe the fleet, decide, commit |
 //! | [`steering`] | the header that steers Envoy, and the client headers stripped |
@@ -38,6 +39,7 @@
 pub mod codec;
 pub mod config;
 pub mod feedback;
+pub mod gate;
 pub mod hash;
 pub mod health;
 pub mod host;

@@ -26,6 +26,7 @@
 //! ignored: no metrics degrades to in-flight accounting, never to an outage.
 
 use crate::config::PolicyConfig;
+use crate::gate::Knee;
 use crate::health::Health;
 use crate::inflight::InFlight;
 use crate::work::work;
@@ -57,6 +58,8 @@ pub struct BackendLoad {
     pub prefill: f64,
     /// Work in flight, in typical requests ([`crate::work`]).
     pub work: f64,
+    /// Typical requests it takes before its knee ([`crate::gate`]); ∞ without a gate.
+    pub headroom: f64,
 }
 
 /// Combines in-flight counts and health into per-backend load.
@@ -67,6 +70,7 @@ pub fn backend_loads(
     now_ms: u64,
     stale_after_ms: u64,
     policy: &PolicyConfig,
+    knee: Option<&Knee>,
 ) -> Vec<BackendLoad> {
     inflight
         .iter()
@@ -75,6 +79,7 @@ pub fn backend_loads(
             let h = health.get(b).copied().unwrap_or_default();
             let fresh = h.scraped_ms > 0 && now_ms.saturating_sub(h.scraped_ms) <= stale_after_ms;
             let inf = f.requests as f64;
+            let scraped = fresh.then_some(h.scrape);
             let (others, sat) = if fresh {
                 let s = h.scrape;
                 (
@@ -85,13 +90,22 @@ pub fn backend_loads(
             } else {
                 (0.0, false)
             };
+            let work = work(f, others, policy);
             BackendLoad {
                 member: standing.get(b).is_some_and(|&s| s != Standing::Absent),
                 healthy: standing.get(b) == Some(&Standing::In),
                 load: inf + others,
                 saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
                 prefill: f.prefill_blocks as f64,
-                work: work(f, others, policy),
+                work,
+                headroom: knee.map_or(f64::INFINITY, |k| {
+                    k.headroom(
+                        inf + others,
+                        work,
+                        scraped.map(|s| s.waiting),
+                        scraped.map(|s| s.kv_usage),
+                    )
+                }),
             }
         })
         .collect()
@@ -130,6 +144,7 @@ mod tests {
                 now,
                 2000,
                 &c.policy,
+                None,
             )
         };
         let l = at(1500);
@@ -162,6 +177,7 @@ mod tests {
             1100,
             2000,
             &c.policy,
+            None,
         );
         assert_eq!(l[0].load, 0.0, "our finished request is not load");
         assert_eq!(l[1].load, 3.0, "three requests from other gateways are");

@@ -461,6 +461,7 @@ mod tests {
                 work: l,
                 saturated: false,
                 prefill: 0.0,
+                headroom: f64::INFINITY,
             })
             .collect()
     }

@@ -116,6 +116,38 @@ pub struct Router {
     last_now: u64,
 }
 
+/// The fleet as the gate sees it, per slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capacity {
+    /// Typical requests it takes before its knee, if it is a member in rotation.
+    pub headroom: Vec<Option<f64>>,
+    /// Whether it may serve the request (in rotation and serving its model).
+    pub eligible: Vec<bool>,
+}
+
+impl Capacity {
+    /// Requests each pod takes before its knee in one release round; a pod
+    /// bounded only by its scrape (∞ headroom) takes one.
+    pub fn slots(&self) -> Vec<u32> {
+        self.headroom
+            .iter()
+            .map(|h| match h {
+                Some(h) if h.is_infinite() => 1,
+                Some(h) if *h > 0.0 => h.ceil().min(f64::from(u16::MAX)) as u32,
+                _ => 0,
+            })
+            .collect()
+    }
+
+    /// Whether a pod that may serve the request is below its knee.
+    pub fn room(&self) -> bool {
+        self.headroom
+            .iter()
+            .zip(&self.eligible)
+            .any(|(h, &e)| e && h.is_some_and(|h| h > 0.0))
+    }
+}
+
 /// What a request saw of the fleet before deciding.
 struct Observed {
     loads: Vec<BackendLoad>,
@@ -417,6 +449,12 @@ impl Router {
                 ..self.commit(host, req, decision, blocks, seen)
             };
         }
+        if self.cfg.gate.is_some() && seen.loads.iter().any(|l| l.healthy && l.headroom > 0.0) {
+            // Keep each pod below its knee while any is ([`crate::gate`]).
+            for l in seen.loads.iter_mut().filter(|l| l.headroom <= 0.0) {
+                l.healthy = false;
+            }
+        }
         let (decision, blocks) = self.decide(host, req, &mut seen);
         // Only a predicted hit whose answer carries usage is checked against it.
         let last_use_ms = match (req.key, decision.order.first()) {
@@ -429,6 +467,38 @@ impl Router {
             last_use_ms,
             ..self.commit(host, req, decision, blocks, seen)
         }
+    }
+
+    /// What the gate needs to know of the fleet ([`crate::gate`]): each
+    /// slot's headroom before its knee if it is a member in rotation, and
+    /// whether it may serve `model`.
+    pub fn capacity<H: Host>(&mut self, host: &H, model: Option<&str>) -> Capacity {
+        let mut seen = self.observe(host, false);
+        let headroom: Vec<Option<f64>> = seen
+            .loads
+            .iter()
+            .map(|l| (l.member && l.healthy).then_some(l.headroom))
+            .collect();
+        if let Some(m) = model {
+            self.narrow_to_model(m, &mut seen.loads);
+        }
+        let eligible = seen
+            .loads
+            .iter()
+            .zip(&headroom)
+            .map(|(l, h)| l.member && h.is_some())
+            .collect();
+        Capacity { headroom, eligible }
+    }
+
+    /// Host time of this VM's last routed request, tick or look at the fleet.
+    pub fn last_now(&self) -> u64 {
+        self.last_now
+    }
+
+    /// The gate's id for this fleet's held requests.
+    pub fn gate_key(&self) -> &str {
+        self.keys.gate()
     }
 
     /// Keeps only the pods that serve `model` (and, for an adapter, those to
@@ -487,6 +557,7 @@ impl Router {
             now,
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
+            self.cfg.gate.as_ref().map(|g| &g.knee),
         );
         Observed {
             loads,

@@ -9,6 +9,7 @@
 //! routing decision itself on a short prompt.
 
 use crate::config::Config;
+use crate::gate::Shed;
 use crate::health::Outcome;
 use crate::host::{Host, MetricKind};
 use crate::inflight::InFlight;
@@ -121,6 +122,34 @@ pub struct Stats {
     evictions: Counter,
     host_errors: Counter,
     log_gaps: Counter,
+    gate: Vec<ClassStats>,
+}
+
+/// One priority class's stats at the gate ([`crate::gate`]).
+struct ClassStats {
+    admitted: Counter,
+    held: Counter,
+    released: Counter,
+    shed_deadline: Counter,
+    shed_queue_full: Counter,
+    abandoned: Counter,
+    wait_ms: Counter,
+    queued: Option<u32>,
+}
+
+/// What became of a request at the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateEvent {
+    /// Routed on arrival.
+    Admitted,
+    /// Held.
+    Held,
+    /// Routed after waiting this many milliseconds.
+    Released(u64),
+    /// Answered 429.
+    Shed(Shed),
+    /// Its client left while it was held.
+    Abandoned,
 }
 
 fn set(host: &impl Host, id: Option<u32>, v: u64) {
@@ -179,6 +208,49 @@ impl Stats {
             evictions: counter("warmroute.feedback.evictions".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
+            gate: cfg
+                .gate
+                .iter()
+                .flat_map(|g| &g.classes)
+                .map(|c| {
+                    let name = |what: &str| format!("warmroute.gate.{}.{what}", c.name);
+                    ClassStats {
+                        admitted: counter(name("admitted")),
+                        held: counter(name("held")),
+                        released: counter(name("released")),
+                        shed_deadline: counter(name("shed_deadline")),
+                        shed_queue_full: counter(name("shed_queue_full")),
+                        abandoned: counter(name("abandoned")),
+                        wait_ms: counter(name("wait_ms")),
+                        queued: host.define_metric(MetricKind::Gauge, &name("queued")),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// A request of class `rank` at the gate.
+    pub fn gate(&mut self, rank: usize, event: GateEvent) {
+        let Some(c) = self.gate.get_mut(rank) else {
+            return;
+        };
+        match event {
+            GateEvent::Admitted => c.admitted.add(1),
+            GateEvent::Held => c.held.add(1),
+            GateEvent::Released(waited_ms) => {
+                c.released.add(1);
+                c.wait_ms.add(i64::try_from(waited_ms).unwrap_or(i64::MAX));
+            }
+            GateEvent::Shed(Shed::Deadline) => c.shed_deadline.add(1),
+            GateEvent::Shed(Shed::QueueFull) => c.shed_queue_full.add(1),
+            GateEvent::Abandoned => c.abandoned.add(1),
+        }
+    }
+
+    /// Sets each class's queue length, gateway-wide.
+    pub fn queued(&self, host: &impl Host, per_class: impl Iterator<Item = u32>) {
+        for (c, n) in self.gate.iter().zip(per_class) {
+            set(host, c.queued, n.into());
         }
     }
 
@@ -284,6 +356,19 @@ impl Stats {
             .flatten()
             .chain(singles)
             .for_each(|c| c.flush(host));
+        for c in &mut self.gate {
+            for counter in [
+                &mut c.admitted,
+                &mut c.held,
+                &mut c.released,
+                &mut c.shed_deadline,
+                &mut c.shed_queue_full,
+                &mut c.abandoned,
+                &mut c.wait_ms,
+            ] {
+                counter.flush(host);
+            }
+        }
     }
 
     /// Refreshes per-backend gauges.

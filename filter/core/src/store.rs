@@ -95,6 +95,7 @@ pub struct Keys {
     served: String,
     members: String,
     lora: String,
+    gate: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -115,11 +116,17 @@ impl Keys {
             served: k("served"),
             members: k("members"),
             lora: k("lora"),
+            gate: k("gate.v1"),
             log_slots: (0..log_shape.slots)
                 .map(|i| k(&format!("index_log.{i}")))
                 .collect(),
             log_shape,
         }
+    }
+
+    /// The requests held at the gate ([`crate::gate::Queue`]).
+    pub fn gate(&self) -> &str {
+        &self.gate
     }
 
     /// Geometry of the index log.
@@ -138,6 +145,7 @@ impl Keys {
             &self.served,
             &self.members,
             &self.lora,
+            &self.gate,
         ]
         .into_iter()
         .chain(&self.log_slots)

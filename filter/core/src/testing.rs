@@ -126,9 +126,21 @@ pub struct MemoryHost {
     /// Tick period last set.
     pub tick_period_ms: Cell<u64>,
     tokens: Cell<u32>,
+    queues: RefCell<HashMap<u32, std::collections::VecDeque<Vec<u8>>>>,
+    /// The HTTP context later calls act on (0: the current exchange's own).
+    pub context: Cell<u32>,
+    /// Contexts resumed, in order, each with its request headers then.
+    pub resumed: RefCell<Vec<(u32, Vec<HeaderPair>)>>,
+    /// Local replies sent, with the context each was sent on.
+    pub replies: RefCell<Vec<(u32, LocalReply)>>,
 }
 
 impl MemoryHost {
+    /// Messages waiting on shared queue `queue`.
+    pub fn queued(&self, queue: u32) -> usize {
+        self.queues.borrow().get(&queue).map_or(0, |q| q.len())
+    }
+
     /// Every shared-data key with the size of its value, sorted by key.
     pub fn shared_sizes(&self) -> Vec<(String, usize)> {
         let mut v: Vec<(String, usize)> = self
@@ -231,11 +243,15 @@ impl Host for MemoryHost {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        self.exchange.borrow_mut().local_reply = Some(LocalReply {
+        let reply = LocalReply {
             status,
             headers,
             body: body.to_vec(),
-        });
+        };
+        self.replies
+            .borrow_mut()
+            .push((self.context.get(), reply.clone()));
+        self.exchange.borrow_mut().local_reply = Some(reply);
         Ok(())
     }
 
@@ -323,6 +339,43 @@ impl Host for MemoryHost {
 
     fn set_tick_period_ms(&self, ms: u64) -> Result<(), HostError> {
         self.tick_period_ms.set(ms);
+        Ok(())
+    }
+
+    fn register_queue(&self, _name: &str) -> Result<u32, HostError> {
+        let token = self.next_token();
+        self.queues.borrow_mut().insert(token, Default::default());
+        Ok(token)
+    }
+
+    fn enqueue(&self, queue: u32, value: &[u8]) -> Result<(), HostError> {
+        match self.queues.borrow_mut().get_mut(&queue) {
+            Some(q) => {
+                q.push_back(value.to_vec());
+                Ok(())
+            }
+            // proxy-wasm's NotFound.
+            None => Err(HostError::Status(1)),
+        }
+    }
+
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, HostError> {
+        match self.queues.borrow_mut().get_mut(&queue) {
+            Some(q) => Ok(q.pop_front()),
+            None => Err(HostError::Status(1)),
+        }
+    }
+
+    fn enter_context(&self, context: u32) -> Result<(), HostError> {
+        self.context.set(context);
+        Ok(())
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        let headers = self.exchange.borrow().request_headers.clone();
+        self.resumed
+            .borrow_mut()
+            .push((self.context.get(), headers));
         Ok(())
     }
 }

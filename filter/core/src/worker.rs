@@ -34,11 +34,15 @@ use crate::membership::{admin_path, MAX_REPLY_BYTES};
 use crate::openai::{prompt_key, Endpoint, ParseError};
 use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
+use crate::prefix::PromptKey;
 use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
 use crate::scrape::extract_with_lora;
 use crate::stats::{Fallback, Stats};
 use crate::steering;
+use admission::{Admission, Holding};
+
+mod admission;
 
 /// Response header carrying the decision when `debug_header` is on.
 pub const DEBUG_HEADER: &str = "x-warmroute";
@@ -70,6 +74,17 @@ fn model_not_found(model: &str) -> Vec<u8> {
 /// One HTTP exchange's state between callbacks.
 #[derive(Debug, Default)]
 pub struct Exchange {
+    /// The glue's id of this exchange's HTTP context: the gate resumes or
+    /// answers a held request from other callbacks by it.
+    context: u32,
+    /// Class rank and longest hold, from the request's headers (with a gate).
+    class: usize,
+    wait_ms: u64,
+    /// Held at the gate or released from it: the worker keeps the state
+    /// meanwhile, and the next callback takes it back ([`Worker::reclaim`]).
+    parked: bool,
+    /// Routed after being held: never held again.
+    released: bool,
     endpoint: Option<Endpoint>,
     session: Option<String>,
     awaiting_body: bool,
@@ -83,6 +98,16 @@ pub struct Exchange {
     response_done: bool,
     /// A predicted cache hit whose answer will carry the pod's own report.
     awaiting_report: Option<Predicted>,
+}
+
+impl Exchange {
+    /// The state of a new exchange on HTTP context `context`.
+    pub fn new(context: u32) -> Exchange {
+        Exchange {
+            context,
+            ..Exchange::default()
+        }
+    }
 }
 
 /// What the index credited the chosen pod with, for the pod's report to check.
@@ -108,6 +133,10 @@ pub struct Worker {
     members_call: Option<(u32, u64)>,
     /// Whether the last read of the pool's endpoints was usable (logs only changes).
     members_ok: bool,
+    /// Requests held at the gate, with a gate configured.
+    holding: Option<Holding>,
+    /// When the next full tick is due (the gate's check ticks in between).
+    next_tick_ms: u64,
 }
 
 impl Worker {
@@ -122,8 +151,12 @@ impl Worker {
             cfg.route.mode,
             cfg.route.header
         );
-        // The tick also ages the index out, so it runs even without scraping.
-        if host.set_tick_period_ms(cfg.metrics.period_ms).is_err() {
+        // The tick also ages the index out, so it runs even without scraping;
+        // with a gate, it also checks the held requests, more often.
+        let tick_ms = cfg.gate.as_ref().map_or(cfg.metrics.period_ms, |g| {
+            g.check_ms.min(cfg.metrics.period_ms)
+        });
+        if host.set_tick_period_ms(tick_ms).is_err() {
             log::warn!(
                 "warmroute: could not set the tick period: no scrapes, no index expiry, and \
                  this worker's in-flight counts live only as long as it routes"
@@ -134,12 +167,17 @@ impl Worker {
             .collect();
         let stats = Stats::define(&cfg, &names, host);
         let scheduler = Scheduler::new(cfg.slot_count());
+        let gated = cfg.gate.is_some();
+        let router = Router::new(cfg, host);
+        let holding = gated.then(|| Holding::new(host, router.vm_id()));
         Ok(Worker {
-            router: Router::new(cfg, host),
+            router,
             stats,
             scheduler,
             members_call: None,
             members_ok: true,
+            holding,
+            next_tick_ms: 0,
         })
     }
 
@@ -172,6 +210,11 @@ impl Worker {
             }
         }
         ex.session = header(&cfg.session_header).map(|v| v.into_owned());
+        if let Some(g) = &cfg.gate {
+            let class = g.class_headers.iter().find_map(|h| header(h));
+            let deadline = header(&g.deadline_header);
+            (ex.class, ex.wait_ms) = g.classify(class.as_deref(), deadline.as_deref());
+        }
         let max_body = cfg.max_body_bytes;
         let post = header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));
         ex.endpoint = header(":path")
@@ -257,8 +300,8 @@ impl Worker {
         self.route(host, ex, Some(&body), None, laps)
     }
 
-    /// Decides, writes the routing header, accounts the request; or, when no
-    /// pod serves the request's model, answers it with a 404.
+    /// Reads the prompt, then routes the request, unless the gate holds it
+    /// (every pod that could serve it is past its knee) or sheds it.
     fn route<H: Host>(
         &mut self,
         host: &H,
@@ -267,6 +310,28 @@ impl Worker {
         fallback: Option<Fallback>,
         mut laps: Laps,
     ) -> Step {
+        let (key, why) = self.read_prompt(ex, body, fallback);
+        laps.lap(host, Phase::Parse);
+        if ex.endpoint.is_some() && self.holding.is_some() {
+            match self.admit(host, ex, key.as_ref()) {
+                Admission::Go => {}
+                Admission::Hold => return self.park(ex, key, why),
+                Admission::Shed(s) => return self.shed_now(host, ex, s),
+            }
+        }
+        let step = self.dispatch(host, ex, key.as_ref(), why, laps);
+        // Grants this VM's admission made to its other held requests.
+        self.release_granted(host, ex.context);
+        step
+    }
+
+    /// Parses the body into the prompt's key, or says why it could not.
+    fn read_prompt(
+        &mut self,
+        ex: &Exchange,
+        body: Option<&[u8]>,
+        fallback: Option<Fallback>,
+    ) -> (Option<PromptKey>, Option<Fallback>) {
         let cfg = self.router.config();
         let mut why = fallback;
         let key = match (ex.endpoint, body) {
@@ -289,23 +354,35 @@ impl Worker {
             }
             _ => None,
         };
-        laps.lap(host, Phase::Parse);
         if let Some(w) = why {
             self.stats.fell_back(w);
             log::debug!("warmroute: fallback routing: {}", w.name());
         } else if ex.endpoint.is_none() {
             self.stats.passed_through();
         }
+        (key, why)
+    }
+
+    /// Decides, writes the routing header, accounts the request; or, when no
+    /// pod serves the request's model, answers it with a 404.
+    fn dispatch<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        key: Option<&PromptKey>,
+        why: Option<Fallback>,
+        mut laps: Laps,
+    ) -> Step {
         let routed = self.router.route(
             host,
             &Request {
-                key: key.as_ref(),
+                key,
                 session: ex.session.as_deref(),
             },
         );
         laps.lap(host, Phase::Route);
         if routed.unknown_model {
-            let model = key.as_ref().and_then(|k| k.model.as_deref()).unwrap_or("");
+            let model = key.and_then(|k| k.model.as_deref()).unwrap_or("");
             self.stats.unknown_model();
             log::debug!("warmroute: no pod serves the requested model");
             ex.chosen = None;
@@ -319,7 +396,7 @@ impl Worker {
         }
         if let (Some(name), Some(model)) = (
             &self.router.config().route.model_header,
-            key.as_ref().and_then(|k| k.model.as_deref()),
+            key.and_then(|k| k.model.as_deref()),
         ) {
             if host.set_request_header(name, Some(model)).is_err() {
                 log::warn!("warmroute: could not set {name}");
@@ -386,6 +463,7 @@ impl Worker {
         ex: &mut Exchange,
         end_of_stream: bool,
     ) {
+        self.reclaim(ex);
         ex.response_done = end_of_stream;
         if let Some(d) = &ex.debug {
             let _ = host.add_response_header(DEBUG_HEADER, d);
@@ -403,6 +481,7 @@ impl Worker {
         body_size: usize,
         end_of_stream: bool,
     ) {
+        self.reclaim(ex);
         ex.response_done |= end_of_stream;
         if body_size > 0 && !end_of_stream && ex.held.prefill_blocks > 0 {
             if let Some(b) = ex.chosen {
@@ -440,6 +519,9 @@ impl Worker {
 
     /// The exchange is over (every outcome): counts it and releases what it held.
     pub fn on_log<H: Host>(&mut self, host: &H, ex: &mut Exchange) {
+        if ex.parked {
+            self.leave_gate(host, ex);
+        }
         let Some(b) = ex.chosen.take() else { return };
         // A stream reset after the headers still has a :status; Envoy's details tell the
         // truth. A response whose last byte passed this filter was not reset upstream,
@@ -458,6 +540,8 @@ impl Worker {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
         }
         self.answered(host, Answer::of(status, details.as_deref()));
+        // Its pod has room again: the gate's next held request may go.
+        self.pump(host, ex.context);
     }
 
     /// Envoy's own view of the pod that served (or failed) the request: the
@@ -485,9 +569,25 @@ impl Worker {
     /// index, re-reads the slot table and health, refreshes the gauges and, in
     /// the VM holding the lease, reads the pool's endpoints from Envoy and
     /// dispatches the scrapes that are due.
+    ///
+    /// With a gate, the tick runs every `gate.check_ms`: the rest of the work
+    /// every `metrics.period_ms` (within half a check), the gate's check
+    /// ([`Worker::check_gate`]) every time, last.
     pub fn tick<H: Host>(&mut self, host: &H) {
-        self.stats.flush(host);
         let now = host.now_ms();
+        let half_check = self.router.config().gate.as_ref().map(|g| g.check_ms / 2);
+        let due = half_check.is_none_or(|half| now.saturating_add(half) >= self.next_tick_ms);
+        if due {
+            self.next_tick_ms = now.saturating_add(self.router.config().metrics.period_ms);
+            self.periodic(host, now);
+        }
+        if self.holding.is_some() {
+            self.check_gate(host, now);
+        }
+    }
+
+    fn periodic<H: Host>(&mut self, host: &H, now: u64) {
+        self.stats.flush(host);
         let inflight = self.router.tick_ledger(host, now).unwrap_or_else(|e| {
             log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
             self.router.inflight(host).unwrap_or_default()

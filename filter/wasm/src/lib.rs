@@ -148,6 +148,26 @@ impl Host for Proxy {
     fn set_tick_period_ms(&self, ms: u64) -> Result<(), HostError> {
         hostcalls::set_tick_period(Duration::from_millis(ms)).map_err(err)
     }
+
+    fn register_queue(&self, name: &str) -> Result<u32, HostError> {
+        hostcalls::register_shared_queue(name).map_err(err)
+    }
+
+    fn enqueue(&self, queue: u32, value: &[u8]) -> Result<(), HostError> {
+        hostcalls::enqueue_shared_queue(queue, Some(value)).map_err(err)
+    }
+
+    fn dequeue(&self, queue: u32) -> Result<Option<Vec<u8>>, HostError> {
+        hostcalls::dequeue_shared_queue(queue).map_err(err)
+    }
+
+    fn enter_context(&self, context: u32) -> Result<(), HostError> {
+        hostcalls::set_effective_context(context).map_err(err)
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        hostcalls::resume_http_request().map_err(err)
+    }
 }
 
 /// The worker every context of this VM shares.
@@ -206,10 +226,14 @@ impl RootContext for Root {
         with(&self.worker, |w| w.tick(&Proxy));
     }
 
-    fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_queue_ready(&mut self, queue: u32) {
+        with(&self.worker, |w| w.on_wake(&Proxy, queue));
+    }
+
+    fn create_http_context(&self, id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Http {
             worker: self.worker.clone(),
-            exchange: Exchange::default(),
+            exchange: Exchange::new(id),
         }))
     }
 

@@ -1,0 +1,595 @@
+//! Priority classes and deadlines at the gate: while every pod that could
+//! serve a request is past its knee, the request waits in Envoy (paused, its
+//! body in Envoy's buffer) rather than in a vLLM queue, where it would wait
+//! in arrival order behind batch work. Held requests leave highest class
+//! first, earliest deadline first within a class, as capacity returns.
+//!
+//! ```text
+//! headroom_b = min( knee.requests − load_b,  knee.work − work_b,        (each if set)
+//!                   0 if waiting_b ≥ knee.waiting or kv_b ≥ knee.kv_usage else ∞ )
+//! slots_b    = ceil(headroom_b)  (∞ → 1 per release round)  − grants not yet routed to b
+//! admit      ⇔ no request is held  ∧  some eligible pod has headroom_b > 0
+//! release order: (class rank, deadline, arrival); every k-th release, k = round(1 / lower_share),
+//!                goes to the best held request of a class below the best one's (no starvation)
+//! deadline   = arrival + min(deadline header, class.max_wait_ms)
+//! shed (429, Retry-After) ⇔ deadline passed ∨ the class already holds max_queue requests
+//! ```
+//! `load_b` and `work_b` are [`crate::load`]'s and [`crate::work`]'s: this
+//! gateway's in-flight requests plus what a fresh scrape shows beyond them, so
+//! a request ending frees headroom at once, and a scrape's queue or KV usage
+//! holds a pod at its knee until the next scrape says otherwise.
+//!
+//! **Across worker VMs.** Envoy runs a VM per worker, and a paused request can
+//! only be resumed by its own VM. The held requests of the whole gateway are
+//! one shared record (this module's [`Queue`]: one [`Ticket`] per request,
+//! naming its VM, its HTTP context and that VM's wake-up queue), so the order
+//! holds across workers. Whoever frees capacity (a request ending, a tick)
+//! picks the next tickets in one CAS and wakes their VMs through proxy-wasm
+//! shared queues; a ticket granted to another VM stays in the record,
+//! reserving its pod's slot, until that VM has routed it. A VM resumes its own
+//! grants at once. Every VM also runs the gate at `check_ms` (default 50 ms),
+//! which sheds its expired requests and releases any grant a lost wake-up
+//! left behind: a held request never waits a whole scrape period, and never
+//! hangs.
+//!
+//! | parameter | default | why |
+//! |---|---|---|
+//! | `gate.knee.*` | none (one is required) | the operator knows the replica's knee: vLLM's `max_num_seqs`, or where TTFT starts to climb in a load test |
+//! | classes | `interactive` (5 s, 256) > `standard` (30 s, 256) > `batch` (600 s, 512) | max wait and queue per class; a chat user gives up in seconds, a batch job waits minutes |
+//! | `gate.lower_share` | 0.1 | one release in ten goes to a lower class while a higher one waits: batch progresses under sustained interactive load |
+//! | `gate.check_ms` | 50 | expiry and missed wake-ups within a twentieth of a second |
+//! | `gate.retry_after_s` | 1 | `Retry-After` of a shed request |
+//! | [`GRANT_TTL_MS`] | 2000 | a grant whose VM never routed it (the VM died) stops reserving its pod |
+//!
+//! Cost: nothing while the gate is not configured. With it, below the knee a
+//! routed request reads the small queue record once (empty) and a request
+//! ending reads it once more; a held request costs a CAS on it to enter and
+//! one to leave. The record holds at most Σ `max_queue` tickets (~40 bytes
+//! each, plus the eligibility mask of a gateway with several models).
+
+use crate::codec::{put, Reader};
+
+/// A grant its VM has not routed within this long no longer reserves a pod.
+pub const GRANT_TTL_MS: u64 = 2000;
+
+/// Most classes one gate orders.
+pub const MAX_CLASSES: usize = 8;
+
+/// When a pod is past its knee; `None` fields are not checked.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Knee {
+    /// Requests on the pod (this gateway's in flight plus other gateways' seen in its scrape).
+    pub requests: Option<f64>,
+    /// Work on the pod, in typical requests ([`crate::work`]).
+    pub work: Option<f64>,
+    /// Requests the pod's scrape shows waiting.
+    pub waiting: Option<f64>,
+    /// KV cache usage, 0..1, in the pod's scrape.
+    pub kv_usage: Option<f64>,
+}
+
+impl Knee {
+    /// How many more typical requests the pod takes before its knee (`≤ 0`:
+    /// past it; `∞`: no count-like bound set). `waiting`/`kv_usage` are from
+    /// a fresh scrape, or `None`.
+    pub fn headroom(&self, load: f64, work: f64, waiting: Option<f64>, kv: Option<f64>) -> f64 {
+        let queued = matches!((self.waiting, waiting), (Some(k), Some(w)) if w >= k);
+        let full = matches!((self.kv_usage, kv), (Some(k), Some(u)) if u >= k);
+        if queued || full {
+            return 0.0;
+        }
+        let by_requests = self.requests.map_or(f64::INFINITY, |k| k - load);
+        let by_work = self.work.map_or(f64::INFINITY, |k| k - work);
+        by_requests.min(by_work)
+    }
+}
+
+/// One priority class, as configured (rank = position, 0 the highest).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Class {
+    /// Name (stats, the priority header's value).
+    pub name: String,
+    /// Other header values that mean this class (lower-case).
+    pub aliases: Vec<String>,
+    /// Longest a request of this class is held.
+    pub max_wait_ms: u64,
+    /// Most requests of this class held at once, gateway-wide.
+    pub max_queue: u32,
+}
+
+/// The validated `gate` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateConfig {
+    /// When a pod is past its knee.
+    pub knee: Knee,
+    /// Classes, highest first.
+    pub classes: Vec<Class>,
+    /// Rank of a request without a (known) class.
+    pub default_class: usize,
+    /// Headers naming the class, first present wins (lower-case).
+    pub class_headers: Vec<String>,
+    /// Header carrying the client's deadline, in milliseconds from arrival.
+    pub deadline_header: String,
+    /// Share of releases that go to a lower class while a higher one waits.
+    pub lower_share: f64,
+    /// Period of the gate's own check (expiry, missed wake-ups).
+    pub check_ms: u64,
+    /// `Retry-After` of a shed request, in seconds.
+    pub retry_after_s: u32,
+}
+
+impl GateConfig {
+    /// The class rank of a request whose class headers read `value` (the
+    /// first one present), and its deadline relative to arrival.
+    pub fn classify(&self, value: Option<&str>, deadline: Option<&str>) -> (usize, u64) {
+        let rank = value
+            .map(|v| v.trim().to_ascii_lowercase())
+            .and_then(|v| {
+                self.classes
+                    .iter()
+                    .position(|c| c.name == v || c.aliases.contains(&v))
+            })
+            .unwrap_or(self.default_class);
+        let max_wait = self.classes.get(rank).map_or(0, |c| c.max_wait_ms);
+        let asked = deadline.and_then(|d| d.trim().parse::<u64>().ok());
+        (rank, asked.map_or(max_wait, |d| d.min(max_wait)))
+    }
+
+    /// Releases between two that go to a lower class (0: never).
+    pub fn lower_every(&self) -> u64 {
+        if self.lower_share <= 0.0 {
+            0
+        } else {
+            (1.0 / self.lower_share).round().max(1.0) as u64
+        }
+    }
+}
+
+/// One held request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Ticket {
+    /// The VM holding it.
+    pub vm: u64,
+    /// Its HTTP context in that VM.
+    pub context: u32,
+    /// That VM's wake-up queue (0: none; it finds its grants at its check).
+    pub wake: u32,
+    /// Class rank.
+    pub class: u8,
+    /// When it is shed, host milliseconds.
+    pub deadline_ms: u64,
+    /// Arrival order, gateway-wide.
+    pub seq: u64,
+    /// When it was granted (0: still held).
+    pub granted_ms: u64,
+    /// The pod its grant reserves a slot on.
+    pub pod: u16,
+    /// The slots that may serve it, a bit per slot (empty: any).
+    pub eligible: Vec<u8>,
+}
+
+impl Ticket {
+    /// Whether slot `b` may serve it.
+    pub fn fits(&self, b: usize) -> bool {
+        self.eligible.is_empty()
+            || self
+                .eligible
+                .get(b / 8)
+                .is_some_and(|m| m >> (b % 8) & 1 == 1)
+    }
+
+    fn order(&self) -> (u8, u64, u64) {
+        (self.class, self.deadline_ms, self.seq)
+    }
+}
+
+/// The eligibility mask of the slots in `eligible` out of `n` (empty when all are).
+pub fn mask(eligible: impl Iterator<Item = bool>, n: usize) -> Vec<u8> {
+    let mut m = vec![0u8; n.div_ceil(8)];
+    let mut all = true;
+    for (b, ok) in eligible.take(n).enumerate() {
+        if ok {
+            m[b / 8] |= 1 << (b % 8);
+        }
+        all &= ok;
+    }
+    if all {
+        Vec::new()
+    } else {
+        m
+    }
+}
+
+/// Every request this gateway holds, in shared data.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Queue {
+    /// The next arrival's `seq`.
+    pub next_seq: u64,
+    /// Releases so far (picks every k-th for a lower class).
+    pub releases: u64,
+    /// Held and granted requests, in no particular order.
+    pub tickets: Vec<Ticket>,
+}
+
+/// Layout version, first in the record.
+const VERSION: u8 = 1;
+
+impl Queue {
+    /// The record as shared data holds it.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(17 + self.tickets.len() * 40);
+        put(&mut out, VERSION);
+        put(&mut out, self.next_seq);
+        put(&mut out, self.releases);
+        for t in &self.tickets {
+            put(&mut out, t.vm);
+            put(&mut out, t.context);
+            put(&mut out, t.wake);
+            put(&mut out, t.class);
+            put(&mut out, t.deadline_ms);
+            put(&mut out, t.seq);
+            put(&mut out, t.granted_ms);
+            put(&mut out, t.pod);
+            put(&mut out, t.eligible.len() as u16);
+            out.extend_from_slice(&t.eligible);
+        }
+        out
+    }
+
+    /// Decodes a record; an empty, foreign or damaged one is an empty queue
+    /// (its requests are shed by their own VMs at their deadlines).
+    pub fn decode(bytes: &[u8]) -> Queue {
+        Self::try_decode(bytes).unwrap_or_default()
+    }
+
+    fn try_decode(bytes: &[u8]) -> Option<Queue> {
+        let mut r = Reader::new(bytes);
+        if r.get::<u8>()? != VERSION {
+            return None;
+        }
+        let mut q = Queue {
+            next_seq: r.get()?,
+            releases: r.get()?,
+            tickets: Vec::new(),
+        };
+        while !r.rest().is_empty() {
+            let mut t = Ticket {
+                vm: r.get()?,
+                context: r.get()?,
+                wake: r.get()?,
+                class: r.get()?,
+                deadline_ms: r.get()?,
+                seq: r.get()?,
+                granted_ms: r.get()?,
+                pod: r.get()?,
+                eligible: Vec::new(),
+            };
+            let len = usize::from(r.get::<u16>()?);
+            let rest = r.rest();
+            t.eligible = rest.get(..len)?.to_vec();
+            r = Reader::new(&rest[len..]);
+            q.tickets.push(t);
+        }
+        Some(q)
+    }
+
+    /// Requests of class `rank` held (granted ones are on their way out).
+    pub fn held(&self, rank: usize) -> u32 {
+        self.tickets
+            .iter()
+            .filter(|t| t.granted_ms == 0 && usize::from(t.class) == rank)
+            .count() as u32
+    }
+
+    /// Whether any request is held (not yet granted).
+    pub fn any_held(&self) -> bool {
+        self.tickets.iter().any(|t| t.granted_ms == 0)
+    }
+
+    /// Adds a ticket at the back of the arrival order; returns its `seq`.
+    pub fn push(&mut self, mut t: Ticket) -> u64 {
+        t.seq = self.next_seq;
+        t.granted_ms = 0;
+        self.next_seq += 1;
+        let seq = t.seq;
+        self.tickets.push(t);
+        seq
+    }
+
+    /// Takes out the ticket of (`vm`, `context`), if there.
+    pub fn remove(&mut self, vm: u64, context: u32) -> Option<Ticket> {
+        let i = self
+            .tickets
+            .iter()
+            .position(|t| t.vm == vm && t.context == context)?;
+        Some(self.tickets.swap_remove(i))
+    }
+
+    /// Drops what nobody will route: grants older than [`GRANT_TTL_MS`] and
+    /// held tickets a whole TTL past their deadline (their VM is gone, or it
+    /// would have shed them).
+    pub fn sweep(&mut self, now_ms: u64) {
+        self.tickets.retain(|t| {
+            if t.granted_ms > 0 {
+                now_ms.saturating_sub(t.granted_ms) < GRANT_TTL_MS
+            } else {
+                now_ms < t.deadline_ms.saturating_add(GRANT_TTL_MS)
+            }
+        });
+    }
+
+    /// Grants held tickets while pods have slots, in the release order at the
+    /// top of the module. `slots[b]`: requests pod `b` takes before its knee
+    /// (grants already out are subtracted here). Each grant is marked with
+    /// `now_ms` and its pod, and returned.
+    pub fn grant(&mut self, slots: &mut [u32], now_ms: u64, lower_every: u64) -> Vec<Ticket> {
+        for t in self.tickets.iter().filter(|t| t.granted_ms > 0) {
+            if let Some(s) = slots.get_mut(usize::from(t.pod)) {
+                *s = s.saturating_sub(1);
+            }
+        }
+        let mut out = Vec::new();
+        loop {
+            // The pod with the most slots the ticket may use.
+            let pod_for = |t: &Ticket| {
+                (0..slots.len())
+                    .filter(|&b| slots[b] > 0 && t.fits(b))
+                    .max_by_key(|&b| (slots[b], std::cmp::Reverse(b)))
+            };
+            let mut waiting: Vec<usize> = (0..self.tickets.len())
+                .filter(|&i| self.tickets[i].granted_ms == 0)
+                .collect();
+            waiting.sort_by_key(|&i| self.tickets[i].order());
+            let Some(&best) = waiting
+                .iter()
+                .find(|&&i| pod_for(&self.tickets[i]).is_some())
+            else {
+                break;
+            };
+            let lower_turn = lower_every > 0 && self.releases % lower_every == lower_every - 1;
+            let top = self.tickets[best].class;
+            let pick = if lower_turn {
+                waiting
+                    .iter()
+                    .copied()
+                    .find(|&i| self.tickets[i].class > top && pod_for(&self.tickets[i]).is_some())
+                    .unwrap_or(best)
+            } else {
+                best
+            };
+            let Some(pod) = pod_for(&self.tickets[pick]) else {
+                break;
+            };
+            slots[pod] -= 1;
+            self.releases += 1;
+            let t = &mut self.tickets[pick];
+            t.granted_ms = now_ms.max(1);
+            t.pod = pod as u16;
+            out.push(t.clone());
+        }
+        out
+    }
+}
+
+/// The body of a shed request, in OpenAI's error shape.
+pub fn shed_body(class: &str, why: Shed) -> Vec<u8> {
+    let message = match why {
+        Shed::Deadline => format!(
+            "Every replica is at capacity and this {class} request's deadline passed before one \
+             had room. Retry later."
+        ),
+        Shed::QueueFull => {
+            format!("Every replica is at capacity and the {class} queue is full. Retry later.")
+        }
+    };
+    serde_json::json!({"error": {
+        "message": message,
+        "type": "rate_limit_error",
+        "param": null,
+        "code": why.name(),
+    }})
+    .to_string()
+    .into_bytes()
+}
+
+/// Why a request was answered 429 instead of routed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shed {
+    /// Its deadline (or its class's longest wait) passed while held.
+    Deadline,
+    /// Its class already held `max_queue` requests.
+    QueueFull,
+}
+
+impl Shed {
+    /// Stable name (stats, the error's `code`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Shed::Deadline => "deadline_exceeded",
+            Shed::QueueFull => "queue_full",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn ticket(vm: u64, context: u32, class: u8, deadline_ms: u64) -> Ticket {
+        Ticket {
+            vm,
+            context,
+            wake: 7,
+            class,
+            deadline_ms,
+            ..Ticket::default()
+        }
+    }
+
+    fn contexts(ts: &[Ticket]) -> Vec<u32> {
+        ts.iter().map(|t| t.context).collect()
+    }
+
+    #[test]
+    fn higher_classes_leave_first_then_earlier_deadlines_then_arrivals() {
+        let mut q = Queue::default();
+        q.push(ticket(1, 1, 2, 100)); // batch
+        q.push(ticket(1, 2, 0, 900)); // interactive, late deadline
+        q.push(ticket(2, 3, 0, 500)); // interactive, early deadline, another VM
+        q.push(ticket(1, 4, 1, 100)); // standard
+        q.push(ticket(2, 5, 0, 900)); // interactive, same deadline as 2, later
+        let granted = q.grant(&mut [5], 10, 0);
+        assert_eq!(contexts(&granted), vec![3, 2, 5, 4, 1]);
+        assert!(!q.any_held());
+    }
+
+    #[test]
+    fn grants_stop_at_the_slots_and_reserve_them_until_routed() {
+        let mut q = Queue::default();
+        for c in 0..4 {
+            q.push(ticket(1, c, 0, 1000));
+        }
+        assert_eq!(q.grant(&mut [1, 1], 10, 0).len(), 2);
+        // The same free slots seen again (the grants are not in the ledger yet): no more.
+        assert!(q.grant(&mut [1, 1], 11, 0).is_empty());
+        // One grant is routed (its VM removes it): its slot is the ledger's business again.
+        let first = q.tickets.iter().find(|t| t.granted_ms > 0).unwrap().clone();
+        q.remove(first.vm, first.context);
+        assert_eq!(q.grant(&mut [1, 1], 12, 0).len(), 1);
+        assert_eq!(q.held(0), 1);
+    }
+
+    #[test]
+    fn a_lower_class_gets_its_share_under_sustained_high_load() {
+        let mut q = Queue::default();
+        for c in 0..20 {
+            q.push(ticket(1, 100 + c, 2, 1000));
+        }
+        let mut batch = 0;
+        for c in 0..100 {
+            q.push(ticket(1, c, 0, 1000));
+            let g = q.grant(&mut [1], 10, 10);
+            batch += g.iter().filter(|t| t.class == 2).count();
+            for t in g {
+                q.remove(t.vm, t.context);
+            }
+        }
+        assert_eq!(batch, 10, "one release in ten");
+        // Without a share, batch waits as long as interactive does.
+        let mut q = Queue::default();
+        q.push(ticket(1, 100, 2, 1000));
+        for c in 0..50 {
+            q.push(ticket(1, c, 0, 1000));
+            let g = q.grant(&mut [1], 10, 0);
+            assert_eq!(g[0].class, 0);
+            q.remove(g[0].vm, g[0].context);
+        }
+    }
+
+    #[test]
+    fn a_request_no_free_pod_may_serve_does_not_block_those_behind_it() {
+        let mut q = Queue::default();
+        let mut only_b0 = ticket(1, 1, 0, 100);
+        only_b0.eligible = mask([true, false].into_iter(), 2);
+        q.push(only_b0);
+        q.push(ticket(1, 2, 1, 100));
+        let g = q.grant(&mut [0, 1], 10, 0);
+        assert_eq!((contexts(&g), g[0].pod), (vec![2], 1));
+        assert_eq!(q.held(0), 1);
+    }
+
+    #[test]
+    fn the_record_round_trips_and_damage_reads_as_empty() {
+        let mut q = Queue::default();
+        q.push(ticket(u64::MAX, 3, 1, 77));
+        let mut t = ticket(5, 9, 0, 88);
+        t.eligible = mask([true, false, true].into_iter(), 3);
+        q.push(t);
+        q.grant(&mut [0, 0, 1], 5, 0);
+        let bytes = q.encode();
+        assert_eq!(Queue::decode(&bytes), q);
+        assert_eq!(Queue::decode(&bytes[..bytes.len() - 1]), Queue::default());
+        assert_eq!(Queue::decode(b""), Queue::default());
+        assert_eq!(mask([true, true].into_iter(), 2), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn stale_grants_and_long_expired_tickets_are_swept() {
+        let mut q = Queue::default();
+        q.push(ticket(1, 1, 0, 100));
+        q.push(ticket(1, 2, 0, 100_000));
+        q.grant(&mut [1], 1000, 0);
+        q.sweep(1000 + GRANT_TTL_MS);
+        assert_eq!(
+            contexts(&q.tickets),
+            vec![2],
+            "the unrouted grant stopped reserving"
+        );
+        q.sweep(100_000 + GRANT_TTL_MS);
+        assert!(q.tickets.is_empty(), "a ticket its VM never shed");
+    }
+
+    #[test]
+    fn the_knee_counts_requests_and_work_and_a_scraped_queue_or_full_cache() {
+        let k = Knee {
+            requests: Some(8.0),
+            work: Some(20.0),
+            waiting: Some(1.0),
+            kv_usage: Some(0.95),
+        };
+        assert_eq!(k.headroom(5.0, 3.0, Some(0.0), Some(0.5)), 3.0);
+        assert_eq!(k.headroom(5.0, 19.0, None, None), 1.0);
+        assert_eq!(k.headroom(1.0, 1.0, Some(2.0), None), 0.0);
+        assert_eq!(k.headroom(1.0, 1.0, None, Some(0.97)), 0.0);
+        assert!(Knee::default()
+            .headroom(100.0, 100.0, None, None)
+            .is_infinite());
+    }
+
+    fn gate() -> GateConfig {
+        GateConfig {
+            knee: Knee::default(),
+            classes: vec![
+                Class {
+                    name: "interactive".into(),
+                    aliases: vec!["critical".into()],
+                    max_wait_ms: 5000,
+                    max_queue: 2,
+                },
+                Class {
+                    name: "batch".into(),
+                    aliases: vec![],
+                    max_wait_ms: 60_000,
+                    max_queue: 2,
+                },
+            ],
+            default_class: 1,
+            class_headers: vec!["x-warmroute-priority".into()],
+            deadline_header: "x-warmroute-deadline-ms".into(),
+            lower_share: 0.1,
+            check_ms: 50,
+            retry_after_s: 1,
+        }
+    }
+
+    #[test]
+    fn classes_come_from_names_or_aliases_and_deadlines_are_capped() {
+        let g = gate();
+        assert_eq!(g.classify(Some("Critical"), None), (0, 5000));
+        assert_eq!(g.classify(Some("interactive"), Some("250")), (0, 250));
+        assert_eq!(g.classify(Some("interactive"), Some("99999")), (0, 5000));
+        assert_eq!(g.classify(Some("gold"), Some("soon")), (1, 60_000));
+        assert_eq!(g.classify(None, None), (1, 60_000));
+        assert_eq!(g.lower_every(), 10);
+    }
+
+    #[test]
+    fn a_shed_request_reads_as_an_openai_error() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&shed_body("batch", Shed::QueueFull)).unwrap();
+        assert_eq!(v["error"]["code"], "queue_full");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+    }
+}

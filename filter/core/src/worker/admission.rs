@@ -1,0 +1,672 @@
+//! The worker's side of the gate ([`crate::gate`]): admitting, holding,
+//! releasing and shedding this VM's requests, and waking other VMs whose
+//! held requests were granted.
+//!
+//! A held request's [`Exchange`] and prompt key stay here (Envoy keeps its
+//! body); its HTTP context only knows it is parked. Released, it is routed
+//! from whichever callback freed the capacity, under its own context
+//! ([`Host::enter_context`]), resumed, and its state is handed back to its
+//! context's next callback ([`Worker::reclaim`]). Every callback does this
+//! last, after its own exchange's host calls, and goes back to its own
+//! context when it had one.
+
+use super::{Exchange, Step, Worker};
+use crate::codec::{put, Reader};
+use crate::gate::{mask, shed_body, Queue, Shed, Ticket};
+use crate::host::Host;
+use crate::phases::Laps;
+use crate::prefix::PromptKey;
+use crate::stats::{Fallback, GateEvent};
+use crate::store::update_after;
+use std::collections::HashMap;
+
+/// What the gate does with a new request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// Route it now.
+    Go,
+    /// Hold it.
+    Hold,
+    /// Answer 429.
+    Shed(Shed),
+}
+
+/// A request held in this VM.
+#[derive(Debug)]
+struct Parked {
+    ex: Exchange,
+    key: Option<PromptKey>,
+    why: Option<Fallback>,
+    since_ms: u64,
+    deadline_ms: u64,
+}
+
+/// This VM's held requests.
+#[derive(Debug)]
+pub(super) struct Holding {
+    /// This VM's wake-up queue (0: none could be registered).
+    wake: u32,
+    /// Held requests by HTTP context.
+    held: HashMap<u32, Parked>,
+    /// Released requests whose context has not taken its state back yet.
+    resumed: HashMap<u32, Exchange>,
+    /// This VM's grants to route before the current callback returns.
+    granted: Vec<u32>,
+}
+
+impl Holding {
+    /// Registers this VM's wake-up queue.
+    pub(super) fn new<H: Host>(host: &H, vm: u64) -> Holding {
+        let wake = host
+            .register_queue(&format!("warmroute.wake.{vm:016x}"))
+            .unwrap_or_else(|e| {
+                log::warn!(
+                    "warmroute: no wake-up queue ({e:?}): this worker's held requests are \
+                     released at the gate's check only"
+                );
+                0
+            });
+        Holding {
+            wake,
+            held: HashMap::new(),
+            resumed: HashMap::new(),
+            granted: Vec::new(),
+        }
+    }
+}
+
+/// A wake-up: the VM and the context of a granted request.
+fn wake_message(vm: u64, context: u32) -> Vec<u8> {
+    let mut m = Vec::with_capacity(12);
+    put(&mut m, vm);
+    put(&mut m, context);
+    m
+}
+
+impl Worker {
+    fn gate_now<H: Host>(&self, host: &H) -> (u64, u64) {
+        let every = self
+            .router
+            .config()
+            .gate
+            .as_ref()
+            .map_or(0, |g| g.lower_every());
+        (host.now_ms(), every)
+    }
+
+    /// Whether `ex` goes now, waits, or is shed ([`crate::gate`]'s formulas).
+    /// A host error never holds a request: it goes.
+    pub(super) fn admit<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &Exchange,
+        key: Option<&PromptKey>,
+    ) -> Admission {
+        if ex.released {
+            return Admission::Go;
+        }
+        let Some(max_queue) = self
+            .router
+            .config()
+            .gate
+            .as_ref()
+            .and_then(|g| g.classes.get(ex.class))
+            .map(|c| c.max_queue)
+        else {
+            return Admission::Go;
+        };
+        let (now, every) = self.gate_now(host);
+        let cap = self
+            .router
+            .capacity(host, key.and_then(|k| k.model.as_deref()));
+        // No pod in rotation serves it: the router's fallback decides, not the gate.
+        if !cap.eligible.iter().any(|&e| e) {
+            return Admission::Go;
+        }
+        let gate_key = self.router.gate_key().to_string();
+        let Ok(read) = host.get_shared(&gate_key) else {
+            return Admission::Go;
+        };
+        let queue = Queue::decode(read.0.as_deref().unwrap_or_default());
+        if cap.room() && !queue.any_held() {
+            self.stats.gate(ex.class, GateEvent::Admitted);
+            return Admission::Go;
+        }
+        if ex.wait_ms == 0 {
+            return Admission::Shed(Shed::Deadline);
+        }
+        let vm = self.router.vm_id();
+        let ticket = Ticket {
+            vm,
+            context: ex.context,
+            wake: self.holding.as_ref().map_or(0, |h| h.wake),
+            class: ex.class as u8,
+            deadline_ms: now.saturating_add(ex.wait_ms),
+            eligible: mask(cap.eligible.iter().copied(), cap.eligible.len()),
+            ..Ticket::default()
+        };
+        let slots = cap.slots();
+        let outcome = update_after(host, &gate_key, Some(read), |v| {
+            let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            q.sweep(now);
+            if q.held(ex.class) >= max_queue {
+                return (None, None);
+            }
+            q.push(ticket.clone());
+            let grants = q.grant(&mut slots.clone(), now, every);
+            for g in grants.iter().filter(|g| g.vm == vm) {
+                q.remove(g.vm, g.context);
+            }
+            (Some(q.encode()), Some(grants))
+        });
+        let grants = match outcome {
+            Ok(Some(grants)) => grants,
+            Ok(None) => return Admission::Shed(Shed::QueueFull),
+            Err(e) => {
+                log::debug!("warmroute: gate not updated, request goes: {e:?}");
+                return Admission::Go;
+            }
+        };
+        let mine = grants.iter().any(|g| g.vm == vm && g.context == ex.context);
+        self.deliver(host, grants, ex.context);
+        if mine {
+            self.stats.gate(ex.class, GateEvent::Admitted);
+            Admission::Go
+        } else {
+            self.stats.gate(ex.class, GateEvent::Held);
+            Admission::Hold
+        }
+    }
+
+    /// Wakes the VMs of other VMs' grants; keeps this VM's (but `current`'s,
+    /// which its own callback routes) for [`Worker::release_granted`].
+    fn deliver<H: Host>(&mut self, host: &H, grants: Vec<Ticket>, current: u32) {
+        let vm = self.router.vm_id();
+        let Some(holding) = self.holding.as_mut() else {
+            return;
+        };
+        for g in grants {
+            if g.vm == vm {
+                if g.context != current {
+                    holding.granted.push(g.context);
+                }
+            } else if g.wake == 0
+                || host
+                    .enqueue(g.wake, &wake_message(g.vm, g.context))
+                    .is_err()
+            {
+                // Its VM finds the grant at its next check.
+                log::debug!("warmroute: a granted request's worker could not be woken");
+            }
+        }
+    }
+
+    /// Keeps `ex` (with its prompt's key) until the gate releases or sheds it.
+    pub(super) fn park(
+        &mut self,
+        ex: &mut Exchange,
+        key: Option<PromptKey>,
+        why: Option<Fallback>,
+    ) -> Step {
+        let Some(holding) = self.holding.as_mut() else {
+            return Step::Continue;
+        };
+        let since_ms = self.router.last_now();
+        let context = ex.context;
+        let parked = Parked {
+            since_ms,
+            deadline_ms: since_ms.saturating_add(ex.wait_ms),
+            ex: std::mem::replace(ex, Exchange::new(context)),
+            key,
+            why,
+        };
+        holding.held.insert(context, parked);
+        ex.parked = true;
+        Step::Pause
+    }
+
+    /// Answers the current exchange 429 at once; if even that fails, it is routed.
+    pub(super) fn shed_now<H: Host>(&mut self, host: &H, ex: &mut Exchange, why: Shed) -> Step {
+        self.stats.gate(ex.class, GateEvent::Shed(why));
+        if self.send_shed(host, ex.class, why) {
+            Step::Replied
+        } else {
+            self.dispatch(host, ex, None, None, Laps::start(host))
+        }
+    }
+
+    fn send_shed<H: Host>(&self, host: &H, class: usize, why: Shed) -> bool {
+        let Some(g) = &self.router.config().gate else {
+            return false;
+        };
+        let name = g.classes.get(class).map_or("", |c| c.name.as_str());
+        let retry = g.retry_after_s.to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("retry-after", &retry),
+        ];
+        match host.send_response(429, &headers, &shed_body(name, why)) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("warmroute: could not answer a shed request: {e:?}");
+                false
+            }
+        }
+    }
+
+    /// Routes this VM's granted requests, then acts on `current` again (0:
+    /// a root callback, which has nothing left to do).
+    pub(super) fn release_granted<H: Host>(&mut self, host: &H, current: u32) {
+        let granted = match self.holding.as_mut() {
+            Some(h) if !h.granted.is_empty() => std::mem::take(&mut h.granted),
+            _ => return,
+        };
+        for context in granted {
+            self.release_one(host, context);
+        }
+        if current != 0 {
+            let _ = host.enter_context(current);
+        }
+    }
+
+    /// Routes and resumes one held request under its own context.
+    fn release_one<H: Host>(&mut self, host: &H, context: u32) {
+        let Some(p) = self.holding.as_mut().and_then(|h| h.held.remove(&context)) else {
+            return;
+        };
+        if host.enter_context(context).is_err() {
+            log::debug!("warmroute: a released request's context is gone");
+            return;
+        }
+        let mut ex = p.ex;
+        ex.released = true;
+        let step = self.dispatch(host, &mut ex, p.key.as_ref(), p.why, Laps::start(host));
+        if step == Step::Continue {
+            if let Err(e) = host.resume_request() {
+                log::debug!("warmroute: a released request could not be resumed: {e:?}");
+            }
+        }
+        let waited = host.now_ms().saturating_sub(p.since_ms);
+        self.stats.gate(ex.class, GateEvent::Released(waited));
+        if let Some(h) = self.holding.as_mut() {
+            h.resumed.insert(context, ex);
+        }
+    }
+
+    /// A parked exchange's next callback takes back its state, once released.
+    pub(super) fn reclaim(&mut self, ex: &mut Exchange) {
+        if !ex.parked {
+            return;
+        }
+        if let Some(r) = self
+            .holding
+            .as_mut()
+            .and_then(|h| h.resumed.remove(&ex.context))
+        {
+            *ex = r;
+        }
+    }
+
+    /// A parked exchange ends: released, it goes on to the usual accounting;
+    /// still held, its client left, and its place is given up.
+    pub(super) fn leave_gate<H: Host>(&mut self, host: &H, ex: &mut Exchange) {
+        self.reclaim(ex);
+        let Some(p) = self
+            .holding
+            .as_mut()
+            .and_then(|h| h.held.remove(&ex.context))
+        else {
+            return;
+        };
+        self.stats.gate(p.ex.class, GateEvent::Abandoned);
+        self.remove_tickets(host, &[ex.context]);
+    }
+
+    /// Takes this VM's tickets of `contexts` out of the gate's record.
+    fn remove_tickets<H: Host>(&self, host: &H, contexts: &[u32]) {
+        let vm = self.router.vm_id();
+        let r = update_after(host, self.router.gate_key(), None, |v| {
+            let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            let before = q.tickets.len();
+            for &c in contexts {
+                q.remove(vm, c);
+            }
+            ((q.tickets.len() != before).then(|| q.encode()), ())
+        });
+        if let Err(e) = r {
+            log::debug!("warmroute: gate record not updated ({e:?}); its sweep will be");
+        }
+    }
+
+    /// Capacity may have returned (a request ended, a scrape, a tick): grants
+    /// the next held requests, wakes their VMs and routes this VM's.
+    pub(super) fn pump<H: Host>(&mut self, host: &H, current: u32) {
+        if self.holding.is_none() {
+            return;
+        }
+        let gate_key = self.router.gate_key().to_string();
+        let Ok(read) = host.get_shared(&gate_key) else {
+            return;
+        };
+        if !Queue::decode(read.0.as_deref().unwrap_or_default()).any_held() {
+            return;
+        }
+        let cap = self.router.capacity(host, None);
+        let slots = cap.slots();
+        if slots.iter().all(|&s| s == 0) {
+            return;
+        }
+        let (now, every) = self.gate_now(host);
+        let vm = self.router.vm_id();
+        let grants = update_after(host, &gate_key, Some(read), |v| {
+            let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            q.sweep(now);
+            let grants = q.grant(&mut slots.clone(), now, every);
+            if grants.is_empty() {
+                return (None, grants);
+            }
+            for g in grants.iter().filter(|g| g.vm == vm) {
+                q.remove(g.vm, g.context);
+            }
+            (Some(q.encode()), grants)
+        });
+        match grants {
+            Ok(grants) => self.deliver(host, grants, 0),
+            Err(e) => log::debug!("warmroute: gate not pumped: {e:?}"),
+        }
+        self.release_granted(host, current);
+    }
+
+    /// The root's `on_queue_ready`: other VMs granted some of this VM's held
+    /// requests; routes them.
+    pub fn on_wake<H: Host>(&mut self, host: &H, queue: u32) {
+        let vm = self.router.vm_id();
+        let mut woken = Vec::new();
+        while let Ok(Some(m)) = host.dequeue(queue) {
+            let mut r = Reader::new(&m);
+            if let (Some(v), Some(c)) = (r.get::<u64>(), r.get::<u32>()) {
+                if v == vm {
+                    woken.push(c);
+                }
+            }
+        }
+        if woken.is_empty() {
+            return;
+        }
+        self.remove_tickets(host, &woken);
+        if let Some(h) = self.holding.as_mut() {
+            h.granted.extend(woken);
+        }
+        self.release_granted(host, 0);
+    }
+
+    /// The gate's check, every `gate.check_ms`, last in the tick: sheds this
+    /// VM's held requests whose deadline passed, routes grants a lost wake-up
+    /// left behind, pumps, and refreshes the queue gauges.
+    pub(super) fn check_gate<H: Host>(&mut self, host: &H, now: u64) {
+        let Some(holding) = self.holding.as_mut() else {
+            return;
+        };
+        let expired: Vec<u32> = holding
+            .held
+            .iter()
+            .filter(|(_, p)| p.deadline_ms <= now)
+            .map(|(&c, _)| c)
+            .collect();
+        if !expired.is_empty() {
+            self.remove_tickets(host, &expired);
+            for c in expired {
+                let Some(p) = self.holding.as_mut().and_then(|h| h.held.remove(&c)) else {
+                    continue;
+                };
+                let class = p.ex.class;
+                if host.enter_context(c).is_ok() && self.send_shed(host, class, Shed::Deadline) {
+                    self.stats.gate(class, GateEvent::Shed(Shed::Deadline));
+                } else if let Some(h) = self.holding.as_mut() {
+                    // Never a hang: what cannot be answered is routed.
+                    h.held.insert(
+                        c,
+                        Parked {
+                            deadline_ms: u64::MAX,
+                            ..p
+                        },
+                    );
+                    h.granted.push(c);
+                }
+            }
+        }
+        let Ok((value, _)) = host.get_shared(self.router.gate_key()) else {
+            return;
+        };
+        let q = Queue::decode(value.as_deref().unwrap_or_default());
+        let vm = self.router.vm_id();
+        if let Some(h) = self.holding.as_mut() {
+            let lost: Vec<u32> = q
+                .tickets
+                .iter()
+                .filter(|t| t.vm == vm && t.granted_ms > 0 && h.held.contains_key(&t.context))
+                .map(|t| t.context)
+                .collect();
+            if !lost.is_empty() {
+                h.granted.extend(&lost);
+                self.remove_tickets(host, &lost);
+            }
+        }
+        let classes = self
+            .router
+            .config()
+            .gate
+            .as_ref()
+            .map_or(0, |g| g.classes.len());
+        self.stats.queued(host, (0..classes).map(|c| q.held(c)));
+        self.release_granted(host, 0);
+        self.pump(host, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ENDPOINT_HEADER;
+    use crate::testing::{MemoryHost, TestExchange};
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// Two pods, each past its knee at one request; scrapes off, so only
+    /// this gateway's in-flight requests count.
+    const GATED: &str = r#"{"backends":[
+        {"name":"a","address":"127.0.0.1:1"},
+        {"name":"b","address":"127.0.0.1:2"}],
+        "metrics":{"enabled":false},
+        "gate":{"knee":{"requests":1},
+          "classes":[{"name":"interactive","max_wait_ms":5000,"max_queue":4},
+                     {"name":"batch","max_wait_ms":60000,"max_queue":2}],
+          "default_class":"batch","lower_share":0}}"#;
+
+    fn gated(host: &MemoryHost) -> Worker {
+        Worker::configure(host, GATED.as_bytes()).unwrap()
+    }
+
+    /// Sends a chat request on `context` with these extra headers; returns
+    /// its exchange and the step its body callback returned.
+    fn send(
+        w: &mut Worker,
+        host: &MemoryHost,
+        context: u32,
+        extra: &[(&str, &str)],
+    ) -> (Exchange, Step) {
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"question {context} {}"}}]}}"#,
+            "x".repeat(300)
+        );
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+        ];
+        headers.extend_from_slice(extra);
+        *host.exchange.borrow_mut() = TestExchange::request(&headers, body.as_bytes());
+        host.context.set(context);
+        let mut ex = Exchange::new(context);
+        assert_eq!(w.on_request_headers(host, &mut ex, false), Step::Pause);
+        let step = w.on_request_body(host, &mut ex, body.len(), true);
+        (ex, step)
+    }
+
+    fn end(w: &mut Worker, host: &MemoryHost, ex: &mut Exchange) {
+        host.context.set(ex.context);
+        host.exchange.borrow_mut().status = Some("200".into());
+        w.on_response_headers(host, ex, true);
+        w.on_log(host, ex);
+    }
+
+    fn resumed(host: &MemoryHost) -> Vec<u32> {
+        host.resumed.borrow().iter().map(|(c, _)| *c).collect()
+    }
+
+    #[test]
+    fn nothing_is_held_below_the_knee_and_each_pod_stays_below_it() {
+        let host = MemoryHost::default();
+        let mut w = gated(&host);
+        let (_a, step_a) = send(&mut w, &host, 1, &[]);
+        let first = host.exchange.borrow().header(ENDPOINT_HEADER);
+        let (_b, step_b) = send(&mut w, &host, 2, &[]);
+        let second = host.exchange.borrow().header(ENDPOINT_HEADER);
+        assert_eq!((step_a, step_b), (Step::Continue, Step::Continue));
+        assert_ne!(
+            first, second,
+            "the second request avoids the pod at its knee"
+        );
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.gate.batch.admitted"), Some(2));
+        assert_eq!(host.metric("warmroute.gate.batch.held"), Some(0));
+    }
+
+    #[test]
+    fn held_requests_leave_highest_class_first_as_requests_end() {
+        let host = MemoryHost::default();
+        let mut w = gated(&host);
+        let (mut a, _) = send(&mut w, &host, 1, &[]);
+        let (mut b, _) = send(&mut w, &host, 2, &[]);
+        let (mut batch, s3) = send(&mut w, &host, 3, &[]);
+        let (mut chat, s4) = send(&mut w, &host, 4, &[("x-warmroute-priority", "interactive")]);
+        let (mut chat2, s5) = send(
+            &mut w,
+            &host,
+            5,
+            &[("x-gateway-inference-objective", "Interactive")],
+        );
+        assert_eq!((s3, s4, s5), (Step::Pause, Step::Pause, Step::Pause));
+        assert!(resumed(&host).is_empty());
+        end(&mut w, &host, &mut a);
+        assert_eq!(
+            resumed(&host),
+            vec![4],
+            "interactive first, though batch came first"
+        );
+        // The released request went out with a route, and its context gets its state back.
+        assert!(host.resumed.borrow()[0]
+            .1
+            .iter()
+            .any(|(k, _)| k == ENDPOINT_HEADER));
+        end(&mut w, &host, &mut chat);
+        assert_eq!(resumed(&host), vec![4, 5]);
+        end(&mut w, &host, &mut b);
+        assert_eq!(resumed(&host), vec![4, 5, 3]);
+        for ex in [&mut chat2, &mut batch] {
+            end(&mut w, &host, ex);
+        }
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.gate.interactive.released"), Some(2));
+        assert_eq!(host.metric("warmroute.gate.batch.released"), Some(1));
+        assert_eq!(host.metric("warmroute.backend.a.inflight"), Some(0));
+        assert_eq!(host.metric("warmroute.backend.b.inflight"), Some(0));
+    }
+
+    #[test]
+    fn a_passed_deadline_or_a_full_queue_is_a_429_and_a_gone_client_frees_its_place() {
+        let host = MemoryHost::default();
+        let mut w = gated(&host);
+        let (mut a, _) = send(&mut w, &host, 1, &[]);
+        let (_b, _) = send(&mut w, &host, 2, &[]);
+        host.now.set(1000);
+        let (_late, s) = send(&mut w, &host, 3, &[("x-warmroute-deadline-ms", "100")]);
+        assert_eq!(s, Step::Pause);
+        let (mut gone, _) = send(&mut w, &host, 4, &[]);
+        // The batch queue (2) is full.
+        let (_full, s) = send(&mut w, &host, 5, &[]);
+        assert_eq!(s, Step::Replied);
+        host.now.set(1099);
+        w.tick(&host);
+        assert!(host.replies.borrow().iter().all(|(c, _)| *c == 5));
+        host.now.set(1100);
+        w.tick(&host);
+        let replies = host.replies.borrow().clone();
+        assert_eq!(
+            replies.iter().map(|(c, _)| *c).collect::<Vec<_>>(),
+            vec![5, 3]
+        );
+        for (_, r) in &replies {
+            assert_eq!(r.status, 429);
+            assert!(r
+                .headers
+                .iter()
+                .any(|(k, v)| k == "retry-after" && v == "1"));
+        }
+        // The client of 4 leaves while held: when capacity returns, nothing is resumed.
+        host.context.set(4);
+        w.on_log(&host, &mut gone);
+        end(&mut w, &host, &mut a);
+        assert!(resumed(&host).is_empty());
+        host.now.set(2000);
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.gate.batch.shed_deadline"), Some(1));
+        assert_eq!(host.metric("warmroute.gate.batch.shed_queue_full"), Some(1));
+        assert_eq!(host.metric("warmroute.gate.batch.abandoned"), Some(1));
+        assert_eq!(host.metric("warmroute.gate.batch.queued"), Some(0));
+    }
+
+    #[test]
+    fn the_order_holds_across_vms_and_the_freeing_vm_wakes_the_holder() {
+        let host = MemoryHost::default();
+        let mut a = gated(&host);
+        let mut b = gated(&host);
+        let (mut first, _) = send(&mut a, &host, 1, &[]);
+        let (mut second, _) = send(&mut b, &host, 2, &[]);
+        // VM a holds a batch request, then VM b an interactive one.
+        let (_batch, s1) = send(&mut a, &host, 3, &[]);
+        let (_chat, s2) = send(&mut b, &host, 4, &[("x-warmroute-priority", "interactive")]);
+        assert_eq!((s1, s2), (Step::Pause, Step::Pause));
+        // A request of VM a ends: the grant goes to VM b's interactive request.
+        end(&mut a, &host, &mut first);
+        assert!(
+            resumed(&host).is_empty(),
+            "VM a cannot resume VM b's request"
+        );
+        let wake_b = b.holding.as_ref().unwrap().wake;
+        assert_eq!(host.queued(wake_b), 1);
+        b.on_wake(&host, wake_b);
+        assert_eq!(resumed(&host), vec![4]);
+        // A request of VM b ends: VM a's batch request goes, woken through its queue.
+        end(&mut b, &host, &mut second);
+        let wake_a = a.holding.as_ref().unwrap().wake;
+        a.on_wake(&host, wake_a);
+        assert_eq!(resumed(&host), vec![4, 3]);
+    }
+
+    #[test]
+    fn a_lost_wake_up_is_made_up_by_the_check() {
+        let host = MemoryHost::default();
+        let mut a = gated(&host);
+        let mut b = gated(&host);
+        let (mut first, _) = send(&mut b, &host, 1, &[]);
+        let (_second, _) = send(&mut b, &host, 2, &[]);
+        let (_held, s) = send(&mut a, &host, 3, &[]);
+        assert_eq!(s, Step::Pause);
+        end(&mut b, &host, &mut first);
+        let wake_a = a.holding.as_ref().unwrap().wake;
+        assert_eq!(host.dequeue(wake_a).unwrap().map(|m| m.len()), Some(12));
+        a.tick(&host);
+        assert_eq!(resumed(&host), vec![3]);
+    }
+}
