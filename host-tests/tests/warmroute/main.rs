@@ -4,6 +4,7 @@
 
 mod common;
 mod config;
+mod gate;
 mod growth;
 mod multi_vm;
 mod robustness;
