@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from warmroute_harness import MODEL, Fleet, post, words
 
 DEBUG = {"debug_header": True, "debug_match_counts": True}
@@ -46,3 +48,18 @@ def test_after_a_pod_evicts_prefixes_they_are_not_predicted_there_any_more():
         again = ask(f.envoy.port, older)
         assert matched(again) == 0, again.headers
         assert cached(again) == 0
+
+
+def test_an_operator_may_ask_the_pods_for_usage_on_streams():
+    stream = {"model": MODEL, "max_tokens": 2, "stream": True, "messages": [{"role": "user", "content": words("s", 300)}]}
+    for ask in (False, True):
+        with Fleet(1, filter_overrides={"feedback": {"request_usage": ask}}) as f:
+            reply = post(f.envoy.port, "/v1/chat/completions", stream)
+            assert reply.status == 200, reply.body[:200]
+            chunks = [json.loads(line[6:]) for line in reply.body.decode().splitlines()
+                      if line.startswith("data: {")]
+            usage = [c["usage"] for c in chunks if c.get("usage")]
+            assert bool(usage) == ask, (ask, chunks[-2:])
+            if ask:
+                assert usage[-1]["prompt_tokens"] >= 300
+                assert f.envoy.counter("warmroute.feedback.usage_requested") == 1

@@ -349,6 +349,33 @@ impl Default for WireGate {
     }
 }
 
+/// The pods' own cache reports ([`crate::feedback`]).
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct WireFeedback {
+    enabled: bool,
+    request_usage: bool,
+}
+
+impl Default for WireFeedback {
+    fn default() -> Self {
+        WireFeedback {
+            enabled: true,
+            request_usage: false,
+        }
+    }
+}
+
+/// What the filter does with the pods' own cache reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeedbackConfig {
+    /// Read the usage a pod returns on a predicted hit, and forget what it evicted.
+    pub enabled: bool,
+    /// Ask for usage on streams that did not (`stream_options.include_usage`):
+    /// their clients then get one more chunk, with the usage and no choices.
+    pub request_usage: bool,
+}
+
 /// The Gateway API Inference Extension's header naming a request's objective,
 /// read after the gate's own header.
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
@@ -376,6 +403,7 @@ struct WireConfig {
     debug_header: bool,
     debug_match_counts: bool,
     gate: Option<WireGate>,
+    feedback: WireFeedback,
 }
 
 impl Default for WireConfig {
@@ -396,6 +424,7 @@ impl Default for WireConfig {
             debug_header: false,
             debug_match_counts: false,
             gate: None,
+            feedback: WireFeedback::default(),
         }
     }
 }
@@ -582,6 +611,8 @@ pub struct Config {
     pub debug_match_counts: bool,
     /// Priority classes and deadlines while the fleet is past its knee; `None`: never held.
     pub gate: Option<GateConfig>,
+    /// The pods' own cache reports.
+    pub feedback: FeedbackConfig,
 }
 
 /// Most backends one filter instance routes over.
@@ -967,6 +998,9 @@ impl TryFrom<WireConfig> for Config {
                 * index.bytes_per_token
                 / block_bytes as f64,
         };
+        if w.feedback.request_usage && !w.feedback.enabled {
+            return Err(bad("feedback.request_usage", "needs feedback.enabled"));
+        }
         if w.debug_match_counts && !w.debug_header {
             return Err(bad("debug_match_counts", "needs debug_header"));
         }
@@ -1023,6 +1057,10 @@ impl TryFrom<WireConfig> for Config {
             debug_header: w.debug_header,
             debug_match_counts: w.debug_match_counts,
             gate: w.gate.map(gate_config).transpose()?,
+            feedback: FeedbackConfig {
+                enabled: w.feedback.enabled,
+                request_usage: w.feedback.request_usage,
+            },
         })
     }
 }
@@ -1215,6 +1253,10 @@ mod tests {
             ),
             (r#""route":{"header":"bad header"}"#, "route.header"),
             (r#""debug_match_counts":true"#, "debug_match_counts"),
+            (
+                r#""feedback":{"enabled":false,"request_usage":true}"#,
+                "feedback.request_usage",
+            ),
             // Sizes past what a wasm32 VM can hold.
             (r#""max_body_bytes":1073741824"#, "max_body_bytes"),
             (r#""index":{"max_blocks":67108864}"#, "index.max_blocks"),

@@ -64,6 +64,8 @@ pub trait Host {
     fn set_request_header(&self, name: &str, value: Option<&str>) -> Result<(), HostError>;
     /// The first `size` bytes of the current exchange's buffered request body.
     fn request_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// Replaces the first `len` bytes of the buffered request body (all of it) with `body`.
+    fn replace_request_body(&self, len: usize, body: &[u8]) -> Result<(), HostError>;
     /// `size` bytes from `start` of the response body chunk being delivered.
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>>;
     /// Adds a response header to the current exchange.

@@ -283,6 +283,11 @@ fn tokens(v: Option<&RawValue>) -> Option<u32> {
     (t.is_finite() && t >= 0.0).then(|| t.min(f64::from(u32::MAX)) as u32)
 }
 
+/// A stream whose request sets no `stream_options` at all.
+fn can_ask_usage(stream: Option<&RawValue>, options: Option<&RawValue>) -> bool {
+    stream.is_some_and(|s| s.get() == "true") && options.is_none()
+}
+
 /// Whether the answer will carry `usage`: a non-streamed one always, a stream
 /// only when asked (`stream_options.include_usage`). Read raw, like `tokens`.
 fn reports_usage(stream: Option<&RawValue>, options: Option<&RawValue>) -> bool {
@@ -349,6 +354,7 @@ pub fn prompt_key(
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(req.max_completion_tokens.or(req.max_tokens)),
                 reports_usage: reports_usage(req.stream, req.stream_options),
+                can_ask_usage: can_ask_usage(req.stream, req.stream_options),
                 ..h.finish()
             })
         }
@@ -365,6 +371,7 @@ pub fn prompt_key(
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(req.max_tokens),
                 reports_usage: reports_usage(req.stream, req.stream_options),
+                can_ask_usage: can_ask_usage(req.stream, req.stream_options),
                 ..h.finish()
             })
         }

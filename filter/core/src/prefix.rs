@@ -58,6 +58,9 @@ pub struct PromptKey {
     /// The answer will carry a usage report: not streamed, or streamed with
     /// `stream_options.include_usage`.
     pub reports_usage: bool,
+    /// A stream that sets no `stream_options`: the filter may ask for usage
+    /// there (`feedback.request_usage`) without overriding a client's choice.
+    pub can_ask_usage: bool,
 }
 
 use crate::hash::murmur;
@@ -182,6 +185,7 @@ impl PrefixHasher {
             model: None,
             max_output_tokens: None,
             reports_usage: false,
+            can_ask_usage: false,
         }
     }
 }

@@ -458,7 +458,9 @@ impl Router {
         let (decision, blocks) = self.decide(host, req, &mut seen);
         // Only a predicted hit whose answer carries usage is checked against it.
         let last_use_ms = match (req.key, decision.order.first()) {
-            (Some(k), Some(&b)) if k.reports_usage && decision.matched > 0 => {
+            (Some(k), Some(&b))
+                if self.cfg.feedback.enabled && k.reports_usage && decision.matched > 0 =>
+            {
                 self.index.last_use(&k.blocks, decision.matched, b)
             }
             _ => None,

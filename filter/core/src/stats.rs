@@ -120,6 +120,7 @@ pub struct Stats {
     predicted_tokens: Counter,
     reported_tokens: Counter,
     evictions: Counter,
+    usage_requested: Counter,
     host_errors: Counter,
     log_gaps: Counter,
     gate: Vec<ClassStats>,
@@ -206,6 +207,7 @@ impl Stats {
             predicted_tokens: counter("warmroute.feedback.predicted_tokens".into()),
             reported_tokens: counter("warmroute.feedback.reported_tokens".into()),
             evictions: counter("warmroute.feedback.evictions".into()),
+            usage_requested: counter("warmroute.feedback.usage_requested".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
             gate: cfg
@@ -317,6 +319,11 @@ impl Stats {
         self.evictions.add(evicted.into());
     }
 
+    /// A stream the filter asked to end with its usage (`feedback.request_usage`).
+    pub fn asked_usage(&mut self) {
+        self.usage_requested.add(1);
+    }
+
     /// A request for a model no pod serves, answered 404.
     pub fn unknown_model(&mut self) {
         self.unknown_model.add(1);
@@ -348,6 +355,7 @@ impl Stats {
             &mut self.predicted_tokens,
             &mut self.reported_tokens,
             &mut self.evictions,
+            &mut self.usage_requested,
             &mut self.host_errors,
             &mut self.log_gaps,
         ];

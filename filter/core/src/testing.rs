@@ -233,6 +233,13 @@ impl Host for MemoryHost {
         Some(ex.body[..size.min(ex.body.len())].to_vec())
     }
 
+    fn replace_request_body(&self, len: usize, body: &[u8]) -> Result<(), HostError> {
+        let mut ex = self.exchange.borrow_mut();
+        let len = len.min(ex.body.len());
+        ex.body.splice(..len, body.iter().copied());
+        Ok(())
+    }
+
     fn send_response(
         &self,
         status: u32,

@@ -85,6 +85,8 @@ pub struct Exchange {
     parked: bool,
     /// Routed after being held: never held again.
     released: bool,
+    /// The request said its body's length (not chunked, no trailers).
+    sized: bool,
     endpoint: Option<Endpoint>,
     session: Option<String>,
     awaiting_body: bool,
@@ -226,9 +228,9 @@ impl Worker {
         }
         let encoded =
             header("content-encoding").is_some_and(|e| !e.eq_ignore_ascii_case("identity"));
-        let too_large = header("content-length")
-            .and_then(|l| l.trim().parse::<usize>().ok())
-            .is_some_and(|l| l > max_body);
+        let length = header("content-length").and_then(|l| l.trim().parse::<usize>().ok());
+        ex.sized = length.is_some();
+        let too_large = length.is_some_and(|l| l > max_body);
         let fallback = if end_of_stream {
             Some(Fallback::NoBody)
         } else if encoded {
@@ -310,8 +312,13 @@ impl Worker {
         fallback: Option<Fallback>,
         mut laps: Laps,
     ) -> Step {
-        let (key, why) = self.read_prompt(ex, body, fallback);
+        let (mut key, why) = self.read_prompt(ex, body, fallback);
         laps.lap(host, Phase::Parse);
+        if let (Some(k), Some(b)) = (key.as_mut(), body) {
+            if k.can_ask_usage && ex.sized && self.router.config().feedback.request_usage {
+                k.reports_usage = self.ask_usage(host, b);
+            }
+        }
         if ex.endpoint.is_some() && self.holding.is_some() {
             match self.admit(host, ex, key.as_ref()) {
                 Admission::Go => {}
@@ -323,6 +330,33 @@ impl Worker {
         // Grants this VM's admission made to its other held requests.
         self.release_granted(host, ex.context);
         step
+    }
+
+    /// Asks the pod to end the stream with its usage (`feedback.request_usage`):
+    /// appends `stream_options` to the body, which set none, and fixes its length.
+    fn ask_usage<H: Host>(&mut self, host: &H, body: &[u8]) -> bool {
+        const ASK: &[u8] = br#","stream_options":{"include_usage":true}"#;
+        let Some(end) = body.iter().rposition(|b| !b.is_ascii_whitespace()) else {
+            return false;
+        };
+        if body[end] != b'}' {
+            return false;
+        }
+        let mut asked = Vec::with_capacity(body.len() + ASK.len());
+        asked.extend_from_slice(&body[..end]);
+        asked.extend_from_slice(ASK);
+        asked.extend_from_slice(&body[end..]);
+        let length = asked.len().to_string();
+        let done = host.replace_request_body(body.len(), &asked).is_ok()
+            && host
+                .set_request_header("content-length", Some(&length))
+                .is_ok();
+        if done {
+            self.stats.asked_usage();
+        } else {
+            log::warn!("warmroute: could not ask a pod for usage; the request goes as sent");
+        }
+        done
     }
 
     /// Parses the body into the prompt's key, or says why it could not.
@@ -1734,5 +1768,50 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         let with_usage = streamed(r#""stream_options":{"include_usage":true},"#);
         let ex = send(&mut w, &host, &chat_headers(), with_usage.as_bytes());
         assert!(ex.awaiting_report.is_some());
+    }
+
+    #[test]
+    fn an_operator_may_ask_pods_for_usage_on_streams_that_did_not() {
+        let streamed = |extra: &str| {
+            format!(
+                r#"{{"model":"m","stream":true,{extra}"messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"q"}}]}}"#,
+                "s".repeat(600)
+            )
+        };
+        let cfg = CONFIG.replace(
+            r#""metrics":"#,
+            r#""feedback":{"request_usage":true},"metrics":"#,
+        );
+        for (ask, extra, asked) in [
+            (true, "", true),
+            (false, "", false),
+            // The client chose its stream options: they are left alone.
+            (true, r#""stream_options":{"include_usage":false},"#, false),
+        ] {
+            let host = MemoryHost::default();
+            let config = if ask { cfg.as_str() } else { CONFIG };
+            let mut w = Worker::configure(&host, config.as_bytes()).unwrap();
+            let body = streamed(extra);
+            let len = body.len().to_string();
+            let mut headers = chat_headers();
+            headers.push(("content-length", &len));
+            for turn in 0..2 {
+                let mut ex = send(&mut w, &host, &headers, body.as_bytes());
+                let sent = host.exchange.borrow().body.clone();
+                let v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+                let length = host.exchange.borrow().header("content-length");
+                assert_eq!(length, Some(sent.len().to_string()), "ask {ask}, {extra}");
+                assert_eq!(
+                    v["stream_options"]["include_usage"] == true,
+                    asked,
+                    "{extra}"
+                );
+                // The second turn is a predicted hit: watched only when the answer reports.
+                if turn == 1 {
+                    assert_eq!(ex.awaiting_report.is_some(), asked, "ask {ask}, {extra}");
+                }
+                w.on_log(&host, &mut ex);
+            }
+        }
     }
 }

@@ -91,6 +91,10 @@ impl Host for Proxy {
         property(&["upstream", "address"])
     }
 
+    fn replace_request_body(&self, len: usize, body: &[u8]) -> Result<(), HostError> {
+        hostcalls::set_buffer(BufferType::HttpRequestBody, 0, len, body).map_err(err)
+    }
+
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {
         hostcalls::get_buffer(BufferType::HttpResponseBody, start, size)
             .ok()
