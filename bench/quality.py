@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from measure import loadgen, proc_cpu_s
-from scenarios import QUICK_ROUTERS, RERUN_PAIRS, RERUNS, ROUTERS, TIME_SCALE, WORKLOADS, sim_args
+from scenarios import (EVICTION_ROUNDS, EXTRA_ROUTERS, QUICK_ROUTERS, RERUN_PAIRS, RERUNS, ROUTERS, TIME_SCALE,
+                       WORKLOADS, sim_args)
 from warmroute_harness import Envoy, Fleet
 
 
@@ -67,7 +68,8 @@ class Bench:
         self.n += 1
         rdir = self.logdir / f"{self.n:02d}-{workload}-{label or router}-{replicas}r-{gateways}g"
         rdir.mkdir(parents=True)
-        kwargs = dict(ROUTERS[router]) if router in ROUTERS else {"with_filter": False, "lb": "round_robin"}
+        known = {**ROUTERS, **EXTRA_ROUTERS}
+        kwargs = dict(known[router]) if router in known else {"with_filter": False, "lb": "round_robin"}
         max_s = 60.0 if self.quick else 150.0
         t0 = time.time()
         with Fleet(replicas, sim_args(capacity, scale), gateways=gateways, logdir=rdir, **kwargs) as f:
@@ -136,6 +138,18 @@ class Bench:
         target is then the median of the pair's ratios over the main run and these."""
         print(f"== target re-runs ({n} more of each pair)", flush=True)
         for i in range(1, n + 1):
-            self.reruns.append([])
+            while len(self.reruns) < i:
+                self.reruns.append([])
             for workload, router, gateways in RERUN_PAIRS:
                 self.quality(workload, router, gateways=gateways, rerun=i)
+
+    def eviction(self, rounds: int = EVICTION_ROUNDS) -> None:
+        """cache_aware with and without the pods' cache reports, on a fleet that evicts all
+        the time, in paired rounds: the first round's rows are the section's, the others
+        join the re-runs, so each target is the median ratio over the rounds."""
+        print(f"== eviction-heavy ({rounds} paired rounds)", flush=True)
+        for i in range(rounds):
+            while i and len(self.reruns) < i:
+                self.reruns.append([])
+            for router in ("warmroute_cache_aware", "warmroute_cache_aware_no_feedback"):
+                self.quality("evicting", router, rerun=i)

@@ -116,6 +116,21 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             check(f"{workload}: 3 gateways hit rate vs 1 gateway (information)", r[1], "none", None)
         elif r:
             check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", r[1], ">= 0.95x", r[0] >= 0.95)
+    for path, better in ((("hit_rate",), "higher"), (("ttft_ms", "mean"), "lower"), (("ttft_ms", "p95"), "lower")):
+        def feedback_ratio(rs, path=path):
+            fb = find(rs, "evicting", "warmroute_cache_aware")
+            off = find(rs, "evicting", "warmroute_cache_aware_no_feedback")
+            a, b_ = (g(fb, *path), g(off, *path)) if fb and off else (None, None)
+            if a is None or not b_:
+                return None
+            return a / b_, f"{a:.3f} vs {b_:.3f}" if path == ("hit_rate",) else f"{a:.0f} vs {b_:.0f} ms"
+
+        r = over_runs(feedback_ratio)
+        if r:
+            name = ".".join(path)
+            ok = r[0] >= 1.0 if better == "higher" else r[0] <= 1.0
+            check(f"evicting fleet: cache_aware {name} with the pods' cache reports vs without",
+                  r[1], ">= 1.00x" if better == "higher" else "<= 1.00x", ok)
     if ov:
         for c in ov["compare"]:
             lim = 50 if c["size"] == "1KB" else 150

@@ -6,7 +6,8 @@ Sections (all by default): agent conversation chat uniform (routing quality, 3 r
 every router + the single-replica reference), scale8 (8 replicas), gateways (3 Envoys in
 front of one fleet), reruns (the pairs behind the targets nearest their limits, twice more:
 those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
-backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision).
+backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision),
+eviction (cache_aware with and without the pods' cache reports on a fleet short of KV, 3 paired rounds).
 A full run takes about 22 minutes on 2 cores.
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
@@ -39,8 +40,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 NOTES = HERE / "notes.md"
 
-SECTIONS = ["agent", "conversation", "chat", "uniform", "scale8", "gateways", "reruns", "overhead", "memory",
-            "decision"]
+SECTIONS = ["agent", "conversation", "chat", "uniform", "scale8", "gateways", "eviction", "reruns", "overhead",
+            "memory", "decision"]
 
 
 def write_results(res: dict, out: Path, quick: bool) -> None:
@@ -95,6 +96,8 @@ def main() -> int:
                 b.scale8()
             elif s == "gateways":
                 b.gateways()
+            elif s == "eviction":
+                b.eviction()
             elif s == "reruns":
                 b.reruns_section()
             elif s == "overhead":

@@ -82,6 +82,18 @@ WORKLOADS: dict[str, dict] = {
     },
 }
 
+# The chat workload with a third of its KV per replica: every pod evicts all the time, so
+# the index often credits a pod with prefixes it lost. Run only through cache_aware with and
+# without the pods' cache reports (the `eviction` section), not through every router.
+WORKLOADS["evicting"] = {
+    **WORKLOADS["chat"],
+    "capacity": 20_000,
+    "quick_capacity": 15_000,
+    "why": "the chat workload with a third of its KV per replica (20k tokens against ~150k of live "
+           "sessions): pods evict constantly, and the index keeps crediting them with what they lost "
+           "unless their own cache reports correct it (`feedback`).",
+}
+
 # The filter's scrape period, timeout and staleness are wall-clock parameters too: at the
 # defaults (500/400/2000 ms) a scraped load would be 5 s of modelled time old, far staler
 # than on a real fleet, so they are compressed by TIME_SCALE like the client's times.
@@ -95,6 +107,13 @@ ROUTERS = {
        for s in ["cache_aware", "prefix_hash", "least_request", "round_robin", "random", "sticky_session"]},
 }
 QUICK_ROUTERS = ["envoy_round_robin", "envoy_least_request", "warmroute_cache_aware"]
+# Routers run only by their own sections.
+EXTRA_ROUTERS = {
+    "warmroute_cache_aware_no_feedback": {"filter_overrides": {
+        "strategy": "cache_aware", "metrics": SCALED_METRICS, "feedback": {"enabled": False}}},
+}
+# Paired rounds of the eviction section (cache_aware with and without feedback).
+EVICTION_ROUNDS = 3
 
 
 # The pairs behind the targets nearest their limits, re-run by the `reruns` section.
