@@ -37,6 +37,7 @@ use crate::load::{backend_loads, BackendLoad, Standing};
 use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
 use crate::models::{narrow, Fit, Lora};
 use crate::passive::{recent, Answer, Passive};
+use crate::phases::{Split, Step};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
 use crate::store::{Keys, Store, Writer};
@@ -114,6 +115,8 @@ pub struct Router {
     open_requests: u32,
     /// Host time of this VM's last routed request or tick.
     last_now: u64,
+    /// Times the steps of a routed request (only with `phase-timing`).
+    split: Split,
 }
 
 /// The fleet as the gate sees it, per slot.
@@ -238,6 +241,7 @@ impl Router {
             unreleased: vec![Delta::default(); n],
             open_requests: 0,
             last_now: host.now_ms(),
+            split: Split::default(),
             cfg,
         };
         router.set_all_health(health);
@@ -435,6 +439,13 @@ impl Router {
 
     /// Routes one request; never fails (host errors degrade to less information).
     pub fn route<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
+        self.split.start(host);
+        let routed = self.route_timed(host, req);
+        self.split.stop();
+        routed
+    }
+
+    fn route_timed<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
         let mut seen = self.observe(host, req.key.is_some());
         let model = req.key.and_then(|k| k.model.as_deref());
         if model.is_some_and(|m| self.narrow_to_model(m, &mut seen.loads) == Fit::Unknown) {
@@ -533,7 +544,9 @@ impl Router {
         self.last_now = now;
         let n = self.fleet.len();
         let mut host_errors = 0;
-        let (mut inflight, ledger, log_gap) = match self.store(host).read_ledger() {
+        let read = self.store(host).read_ledger();
+        self.split.lap(host, Step::Ledger);
+        let (mut inflight, ledger, log_gap) = match read {
             Ok(r) => {
                 // Only a request with a prompt looks the index up: only it catches up.
                 let log_gap = if with_prompt {
@@ -551,6 +564,7 @@ impl Router {
                 (vec![InFlight::default(); n], None, false)
             }
         };
+        self.split.lap(host, Step::Sync);
         self.apply_unreleased(&mut inflight);
         let loads = backend_loads(
             &inflight,
@@ -561,6 +575,7 @@ impl Router {
             &self.cfg.policy,
             self.cfg.gate.as_ref().map(|g| &g.knee),
         );
+        self.split.lap(host, Step::Loads);
         Observed {
             loads,
             ledger,
@@ -603,6 +618,7 @@ impl Router {
             Some(key) => {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
+                self.split.lap(host, Step::Match);
                 let rk = RequestKey {
                     anchor: key.anchor,
                     matched: &self.matched,
@@ -640,6 +656,7 @@ impl Router {
             matched: 0,
             reason: Reason::Fallback,
         });
+        self.split.lap(host, Step::Policy);
         (decision, blocks)
     }
 
@@ -679,6 +696,7 @@ impl Router {
             // and, after a spillover, replicates a hot prefix to the new pod.
             self.index.record(chain, primary, seen.now);
         }
+        self.split.lap(host, Step::Record);
         self.open_requests = self.open_requests.saturating_add(1);
         if let Some(d) = self.unreleased.get_mut(primary) {
             *d += held;
@@ -805,13 +823,16 @@ impl Router {
             n: self.fleet.len(),
         };
         let writer = self.writer(now);
-        let accounted = store.account(seed, writer, &self.unreleased, event.is_some())?;
+        let accounted = store.account(seed, writer, &self.unreleased, event.is_some());
+        self.split.lap(host, Step::Account);
+        let accounted = accounted?;
         self.unreleased.fill(Delta::default());
         note_reclaimed(&accounted.reclaimed);
         let (Some((kind, backend, time_ms, blocks)), Some(seq)) = (event, accounted.seq) else {
             return Ok(true);
         };
         let written = store.write_event(kind, seq, self.vm_id, backend as u16, time_ms, blocks);
+        self.split.lap(host, Step::Log);
         // Nothing in between to read: skip our own event instead of reading it back.
         if seq == self.applied_seq {
             self.applied_seq = seq + 1;

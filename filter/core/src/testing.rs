@@ -133,6 +133,9 @@ pub struct MemoryHost {
     pub resumed: RefCell<Vec<(u32, Vec<HeaderPair>)>>,
     /// Local replies sent, with the context each was sent on.
     pub replies: RefCell<Vec<(u32, LocalReply)>>,
+    /// A real clock for `now_ns` (the native decision bench times the
+    /// router's steps with it); without one, `now_ns` follows `now`.
+    pub ns_clock: Cell<Option<fn() -> u64>>,
 }
 
 impl MemoryHost {
@@ -189,6 +192,13 @@ impl MemoryHost {
 impl Host for MemoryHost {
     fn now_ms(&self) -> u64 {
         self.now.get()
+    }
+
+    fn now_ns(&self) -> u64 {
+        match self.ns_clock.get() {
+            Some(clock) => clock(),
+            None => self.now.get().saturating_mul(1_000_000),
+        }
     }
 
     fn get_shared(&self, key: &str) -> Result<Versioned, HostError> {
