@@ -100,7 +100,7 @@
 //! Cost: O(backends · log backends) per decision.
 
 use crate::config::{PolicyConfig, Strategy};
-use crate::hash::rendezvous;
+use crate::hash::{rendezvous, rendezvous_top};
 use crate::load::BackendLoad;
 
 /// Weight of load against cache share in `cache_aware` scores.
@@ -249,12 +249,8 @@ impl Chooser<'_> {
     /// Primary first, then fallbacks in rendezvous order of `key`.
     fn finish(&self, primary: usize, key: u64, matched: u32, reason: Reason) -> Decision {
         let mut order = vec![primary];
-        order.extend(
-            rendezvous(key, self.ids, self.healthy().into_iter())
-                .into_iter()
-                .filter(|&b| b != primary)
-                .take(self.fallbacks),
-        );
+        let others = self.healthy().into_iter().filter(|&b| b != primary);
+        order.extend(rendezvous_top(key, self.ids, others, self.fallbacks));
         Decision {
             order,
             matched,
