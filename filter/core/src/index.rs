@@ -266,6 +266,7 @@ impl Index {
 
     /// For each backend, how many leading blocks of `blocks` it holds (see
     /// "Sampled positions": exact where an earlier prompt ended, else rounded down).
+    /// Each backend's length is written once, when it stops matching.
     pub fn match_lengths(&self, blocks: &[u64], now_ms: u64, out: &mut Vec<u32>) {
         out.clear();
         out.resize(self.lru.len(), 0);
@@ -274,7 +275,8 @@ impl Index {
         };
         // Chains are prefix-closed: only holders of position i can hold a later one.
         let mut alive: Vec<usize> = (0..self.lru.len()).collect();
-        let mut prev = 0;
+        // The previous sampled position, and the blocks its holders hold.
+        let (mut prev, mut reached) = (0, 0);
         for (i, &h) in blocks.iter().enumerate() {
             if alive.is_empty() {
                 break;
@@ -287,22 +289,21 @@ impl Index {
                     return true;
                 }
                 // Stopped between two sampled positions: an earlier prompt may end there.
-                if let Some(j) = (prev + 1..i)
+                let ended = (prev + 1..i)
                     .rev()
-                    .find(|&j| blocks.get(j).is_some_and(|&hj| self.fresh(hj, b, now_ms)))
-                {
-                    if let Some(m) = out.get_mut(b) {
-                        *m = (j + 1) as u32;
-                    }
+                    .find(|&j| blocks.get(j).is_some_and(|&hj| self.fresh(hj, b, now_ms)));
+                if let Some(m) = out.get_mut(b) {
+                    *m = ended.map_or(reached, |j| (j + 1) as u32);
                 }
                 false
             });
-            for &b in &alive {
-                if let Some(m) = out.get_mut(b) {
-                    *m = (i + 1) as u32;
-                }
-            }
             prev = i;
+            reached = (i + 1) as u32;
+        }
+        for &b in &alive {
+            if let Some(m) = out.get_mut(b) {
+                *m = reached;
+            }
         }
     }
 
@@ -582,5 +583,72 @@ mod tests {
         ix.set_capacities(&[Some(10_000), None]);
         assert!(ix.capacity(0) + ix.capacity(1) <= 2048);
         assert!(ix.capacity(0) > ix.capacity(1));
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The lookup as first written: every live backend's length rewritten at each position.
+    fn reference(ix: &Index, blocks: &[u64], now_ms: u64) -> Vec<u32> {
+        let mut out = vec![0; ix.lru.len()];
+        let Some(last) = blocks.len().checked_sub(1) else {
+            return out;
+        };
+        let mut alive: Vec<usize> = (0..ix.lru.len()).collect();
+        let mut prev = 0;
+        for (i, &h) in blocks.iter().enumerate() {
+            if alive.is_empty() {
+                break;
+            }
+            if !kept(i, last) {
+                continue;
+            }
+            alive.retain(|&b| {
+                if ix.fresh(h, b, now_ms) {
+                    return true;
+                }
+                if let Some(j) = (prev + 1..i)
+                    .rev()
+                    .find(|&j| ix.fresh(blocks[j], b, now_ms))
+                {
+                    out[b] = (j + 1) as u32;
+                }
+                false
+            });
+            for &b in &alive {
+                out[b] = (i + 1) as u32;
+            }
+            prev = i;
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config())]
+
+        /// Prompts that share prefixes of a few chains, on a few backends, at
+        /// times that let entries expire and capacities that evict (holes).
+        #[test]
+        fn match_lengths_agree_with_the_reference(
+            records in proptest::collection::vec((0..3u64, 1..200usize, 0..5usize, 0..4000u64), 0..40),
+            capacity in 16..4096usize,
+            query in (0..3u64, 0..220usize, 0..6000u64),
+        ) {
+            let chain = |tag: u64, n: usize| -> Vec<u64> { (0..n as u64).map(|i| crate::hash::mix(tag << 32 | i)).collect() };
+            let mut ix = Index::new(5, capacity, 3000);
+            let mut t = 0;
+            for (tag, len, b, dt) in records {
+                t += dt;
+                ix.record(&chain(tag, len), b, t);
+            }
+            let (tag, len, dt) = query;
+            let now = t + dt;
+            let mut out = Vec::new();
+            ix.match_lengths(&chain(tag, len), now, &mut out);
+            prop_assert_eq!(out, reference(&ix, &chain(tag, len), now));
+        }
     }
 }
