@@ -13,7 +13,10 @@
 //! limit is what the pod reserves room for.
 //! Changes travel as [`Delta`]s and saturate at 0, so a release that arrives
 //! twice or for a request the ledger never heard of cannot drive a count
-//! negative. Each record is three little-endian `u32` ([`crate::codec`]).
+//! negative. Each record is three little-endian `u32` ([`crate::codec`]);
+//! the ledger keeps a VM's records sparsely ([`encode_sparse`]): only the
+//! backends it holds something on, so its size and each request's decode
+//! grow with the pods in flight, not the fleet.
 
 use crate::codec::{put, Reader};
 
@@ -127,6 +130,81 @@ pub fn decode_inflight(bytes: &[u8], n: usize) -> Option<Vec<InFlight>> {
         .collect()
 }
 
+/// The backends one VM holds something on, ascending, with their records.
+pub type Sparse = Vec<(u32, InFlight)>;
+
+/// Appends the non-empty records of `all` (backend, record), ascending by
+/// backend: a count, then per record its backend and its three fields.
+pub fn encode_sparse(all: &[(u32, InFlight)], out: &mut Vec<u8>) {
+    let kept = || all.iter().filter(|(_, f)| *f != InFlight::default());
+    put(out, kept().count() as u32);
+    for (b, f) in kept() {
+        put(out, *b);
+        put(out, f.requests);
+        put(out, f.prefill_blocks);
+        put(out, f.decode_tokens);
+    }
+}
+
+/// Bytes [`encode_sparse`] writes for `k` non-empty records.
+pub const fn sparse_len(k: usize) -> usize {
+    4 + k * (4 + INFLIGHT_LEN)
+}
+
+/// Reads what [`encode_sparse`] wrote from `r`; None unless the backends
+/// ascend strictly and are below `n` (another layout, another fleet size).
+pub fn decode_sparse(r: &mut Reader<'_>, n: usize) -> Option<Sparse> {
+    let k = r.get::<u32>()? as usize;
+    // Every record takes 16 bytes: a count beyond what is left is not this layout.
+    if k > r.rest().len() / (4 + INFLIGHT_LEN) {
+        return None;
+    }
+    let mut out: Sparse = Vec::with_capacity(k);
+    for _ in 0..k {
+        let b: u32 = r.get()?;
+        if (b as usize) >= n || out.last().is_some_and(|(p, _)| *p >= b) {
+            return None;
+        }
+        let f = InFlight {
+            requests: r.get()?,
+            prefill_blocks: r.get()?,
+            decode_tokens: r.get()?,
+        };
+        out.push((b, f));
+    }
+    Some(out)
+}
+
+/// `records` with `deltas[b]` applied to backend `b` (each field saturating
+/// at 0), empty records dropped; ascending like `records`. O(records + deltas).
+pub fn apply_sparse(records: &[(u32, InFlight)], deltas: &[Delta]) -> Sparse {
+    let mut out: Sparse = Vec::with_capacity(records.len() + 1);
+    let mut rest = records.iter().peekable();
+    for (b, d) in deltas.iter().enumerate() {
+        let b = b as u32;
+        while let Some(&&(x, f)) = rest.peek() {
+            if x >= b {
+                break;
+            }
+            out.push((x, f));
+            rest.next();
+        }
+        let mut f = match rest.peek() {
+            Some(&&(x, f)) if x == b => {
+                rest.next();
+                f
+            }
+            _ if *d == Delta::default() => continue,
+            _ => InFlight::default(),
+        };
+        f.apply(*d);
+        out.push((b, f));
+    }
+    out.extend(rest.copied());
+    out.retain(|(_, f)| *f != InFlight::default());
+    out
+}
+
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod properties {
     use super::*;
@@ -144,6 +222,41 @@ mod properties {
             let mut bytes = Vec::new();
             encode_inflight(&all, &mut bytes);
             prop_assert_eq!(decode_inflight(&bytes, all.len()), Some(all));
+        }
+
+        #[test]
+        fn sparse_records_round_trip_and_apply_like_dense_ones(
+            dense in proptest::collection::vec((0..3u32, 0..3u32, 0..3u32), 1..40),
+            deltas in proptest::collection::vec((-3..3i32, -3..3i32, -3..3i32), 0..45),
+        ) {
+            let n = dense.len();
+            let dense: Vec<InFlight> = dense
+                .into_iter()
+                .map(|(requests, prefill_blocks, decode_tokens)| InFlight { requests, prefill_blocks, decode_tokens })
+                .collect();
+            let sparse: Sparse = dense.iter().enumerate().map(|(b, f)| (b as u32, *f)).collect();
+            let mut bytes = Vec::new();
+            encode_sparse(&sparse, &mut bytes);
+            let kept: Sparse = sparse.iter().copied().filter(|(_, f)| *f != InFlight::default()).collect();
+            prop_assert_eq!(bytes.len(), sparse_len(kept.len()));
+            let mut r = Reader::new(&bytes);
+            prop_assert_eq!(decode_sparse(&mut r, n), Some(kept.clone()));
+            prop_assert!(r.is_empty());
+            // A fleet too small for the highest backend is another layout.
+            if let Some((last, _)) = kept.last() {
+                prop_assert_eq!(decode_sparse(&mut Reader::new(&bytes), *last as usize), None);
+            }
+            let deltas: Vec<Delta> = deltas
+                .into_iter()
+                .take(n)
+                .map(|(requests, prefill_blocks, decode_tokens)| Delta { requests, prefill_blocks, decode_tokens })
+                .collect();
+            let mut want = dense.clone();
+            for (f, d) in want.iter_mut().zip(&deltas) {
+                f.apply(*d);
+            }
+            let want: Sparse = want.into_iter().enumerate().map(|(b, f)| (b as u32, f)).filter(|(_, f)| *f != InFlight::default()).collect();
+            prop_assert_eq!(apply_sparse(&kept, &deltas), want);
         }
     }
 }
