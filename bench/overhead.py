@@ -96,7 +96,7 @@ class InstantBackend:
                         "http_filters": [
                             {"name": "envoy.filters.http.buffer", "typed_config": {
                                 "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
-                                "max_request_bytes": 4194304}},
+                                "max_request_bytes": 16777216}},
                             {"name": "envoy.filters.http.router", "typed_config": {
                                 "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
                         ],
@@ -121,7 +121,10 @@ def uniform_args(words: int, requests: int, seed: int) -> list[str]:
             "--requests", str(requests), "--rate", "1000000", "--seed", str(seed)]
 
 
-PHASES_LINE = re.compile(r"warmroute phases: n=(\d+) body_ns=(\d+) parse_ns=(\d+) route_ns=(\d+) header_ns=(\d+)")
+# The filter's four phases, then the router's steps inside `route` (filter/core/src/phases.rs).
+PHASE_NAMES = ["body", "parse", "route", "header"]
+STEP_NAMES = ["ledger", "sync", "loads", "match", "policy", "record", "account", "log"]
+PHASES_LINE = re.compile(r"warmroute phases: n=(\d+) ((?:\w+_ns=\d+ ?)+)")
 
 
 def build_phases_filter() -> Path:
@@ -134,12 +137,15 @@ def build_phases_filter() -> Path:
 
 
 def phase_breakdown(log: Path) -> dict:
-    """Mean µs per phase over every `warmroute phases` line an Envoy log holds."""
-    lines = [tuple(map(int, m.groups())) for m in PHASES_LINE.finditer(log.read_text(errors="replace"))]
+    """Mean µs per phase (and per router step, when the build logs them) over every
+    `warmroute phases` line an Envoy log holds."""
+    lines = []
+    for m in PHASES_LINE.finditer(log.read_text(errors="replace")):
+        fields = dict(f.split("_ns=") for f in m.group(2).split())
+        lines.append((int(m.group(1)), {k: int(v) for k, v in fields.items()}))
     n = sum(x[0] for x in lines)
-    names = ["body", "parse", "route", "header"]
-    return {"requests": n, **{f"{k}_us": sum(x[0] * x[i + 1] for x in lines) / max(n, 1) / 1000
-                              for i, k in enumerate(names)}}
+    names = [k for k in PHASE_NAMES + STEP_NAMES if lines and all(k in x[1] for x in lines)]
+    return {"requests": n, **{f"{k}_us": sum(c * x[k] for c, x in lines) / max(n, 1) / 1000 for k in names}}
 
 
 def build_floor_filter() -> Path:
@@ -314,7 +320,9 @@ def envoy_memory(e: Envoy) -> dict:
 
 
 def decision_curve(b: Bench) -> list[dict]:
-    """Native decision time (parse + route) against backends and prompt length, from bench/decision."""
+    """Decision time against pods and prompt length: natively (bench/decision: parse + route
+    medians, router-step means), then inside Envoy's VM (phase timing, `envoy_decision_curve`),
+    whose rows have the axis `envoy-pods` or `envoy-prompt`."""
     print("== decision time (native)", flush=True)
     # bench/decision: target/release/warmroute-decision-bench.
     decision_bin = cargo_build("-p", DECISION_PACKAGE)
@@ -323,5 +331,51 @@ def decision_curve(b: Bench) -> list[dict]:
     rows = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
     for r in rows:
         print(f"  {r['axis']:8s} backends {r['backends']:4d} prompt {r['prompt_tokens']:7d} tok "
-              f"({r['body_bytes'] / 1024:6.0f} KB): parse {r['parse_us']:7.1f} us  route {r['route_us']:7.1f} us")
+              f"({r['body_bytes'] / 1024:6.0f} KB): parse {r['parse_us']:7.1f} us  route {r['route_us']:7.1f} us  ("
+              + ", ".join(f"{k} {v:.1f}" for k, v in r["steps"].items()) + ")")
+    print("== decision time (inside Envoy, phase timing)", flush=True)
+    rdir = b.logdir / "decision"
+    rdir.mkdir()
+    envoy_rows = envoy_decision_curve(rdir, build_phases_filter(), tokens=ENVOY_TOKENS[:3] if b.quick else ENVOY_TOKENS,
+                                      requests=200 if b.quick else 300)
+    return rows + [{**r, "axis": f"envoy-{r['axis']}"} for r in envoy_rows]
+
+
+# The in-Envoy decision curve (#18): pods 3 -> 1024 at a 4k-token prompt, prompts 1k -> 512k
+# tokens at 16 pods.
+ENVOY_PODS = (3, 16, 64, 256, 1024)
+ENVOY_TOKENS = (1024, 16384, 131072, 524288)
+
+
+def envoy_decision_curve(logdir: Path, wasm: Path, pods=ENVOY_PODS, tokens=ENVOY_TOKENS, requests: int = 300) -> list[dict]:
+    """Phase and router-step means inside Envoy's VM (one worker) as the pods and the prompt grow.
+
+    Three instant backends are the pool's endpoints; the filter lists `pods` backends, the rest
+    at addresses nothing listens on and no cluster holds: a request routed there (or a scrape
+    of one) falls back to the pool's round robin and is answered anyway, so every pod looks
+    served and healthy, and the filter decides over the whole list. Prompts are uniform (no
+    shared prefix): every request is a placement, the path a new conversation takes."""
+    rows = []
+    with InstantBackend(3, logdir) as be:
+        points = [("pods", n, 4096) for n in pods] + [("prompt", 16, t) for t in tokens]
+        for axis, n, t in points:
+            sims = be.sims() + [Sim(f"pod-{i}", 20000 + i) for i in range(3, n)]
+            # Scrapes of 1024 pods every 0.5 s would load the machine; 5 s keeps them fresh.
+            cfg = {"strategy": "cache_aware", "debug_header": False,
+                   "metrics": {"period_ms": 5000, "stale_after_ms": 20000}}
+            e = Envoy(sims, concurrency=1, filter_overrides=cfg, wasm_file=wasm, endpoints=be.sims())
+            e.start(logdir)
+            # Fewer requests of the longest prompts: building and sending them dominates.
+            k = max(100, min(requests, requests * 16384 // t))
+            try:
+                rep_ = loadgen(uniform_args(t, k, 77), [f"http://127.0.0.1:{e.port}"], [],
+                               logdir / f"curve-{axis}-{n}-{t}.json", 300, ["--concurrency", "1"])
+            finally:
+                e.stop()
+            ph = phase_breakdown(logdir / f"envoy-{e.port}.log")
+            rows.append({"axis": axis, "backends": n, "prompt_tokens": t, "ok": rep_["ok"],
+                         "errors": rep_["errors"], **ph})
+            print(f"  in Envoy {axis:6s} pods {n:5d} prompt {t:7d} tok ({ph['requests']} requests): "
+                  + ", ".join(f"{k_} {ph[k_ + '_us']:.1f}" for k_ in PHASE_NAMES + STEP_NAMES if k_ + "_us" in ph)
+                  + " us", flush=True)
     return rows

@@ -208,7 +208,11 @@ mod tests {
         // Backends without an id weigh by their index: give two the same id instead.
         let ids = [5, 9, 5, 9];
         let order = rendezvous(3, &ids, 0..4);
-        let first = if mix(3 ^ 5) > mix(3 ^ 9) { [0, 2, 1, 3] } else { [1, 3, 0, 2] };
+        let first = if mix(3 ^ 5) > mix(3 ^ 9) {
+            [0, 2, 1, 3]
+        } else {
+            [1, 3, 0, 2]
+        };
         assert_eq!(order, first);
         assert_eq!(rendezvous_top(3, &ids, 0..4, 2), first[..2]);
     }

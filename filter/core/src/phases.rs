@@ -175,7 +175,10 @@ impl Split {
         #[cfg(feature = "phase-timing")]
         if let Some(last) = self.last {
             let now = _host.now_ns();
-            on::add(Phase::Header as usize + 1 + _step as usize, now.saturating_sub(last));
+            on::add(
+                Phase::Header as usize + 1 + _step as usize,
+                now.saturating_sub(last),
+            );
             self.last = Some(now);
         }
     }

@@ -65,7 +65,9 @@ use crate::codec::{self, put, Reader};
 use crate::health::{decode_health, encode_health, Health};
 use crate::host::{Host, HostError, Versioned};
 use crate::index_log::{Event, Kind, LogShape};
-use crate::inflight::{apply_sparse, decode_sparse, encode_sparse, sparse_len, Delta, InFlight, Sparse};
+use crate::inflight::{
+    apply_sparse, decode_sparse, encode_sparse, sparse_len, Delta, InFlight, Sparse,
+};
 use crate::membership::Slots;
 use crate::models::{decode_lora, encode_lora, Lora};
 
@@ -949,7 +951,9 @@ mod properties {
     const N: usize = 6;
 
     /// One VM's ledger write: (vm, ms since the last write, deltas on backends).
-    fn writes() -> impl Strategy<Value = Vec<(u64, u64, Vec<(i32, i32, i32)>)>> {
+    type Write = (u64, u64, Vec<(i32, i32, i32)>);
+
+    fn writes() -> impl Strategy<Value = Vec<Write>> {
         proptest::collection::vec(
             (
                 1..4u64,
