@@ -591,39 +591,30 @@ mod properties {
     use super::*;
     use proptest::prelude::*;
 
-    /// The lookup as first written: every live backend's length rewritten at each position.
+    /// The lookup spelled out one backend at a time: walk the sampled
+    /// positions while it holds them; where it stops, the deepest block it
+    /// holds since the previous sampled position ends its match.
     fn reference(ix: &Index, blocks: &[u64], now_ms: u64) -> Vec<u32> {
-        let mut out = vec![0; ix.lru.len()];
-        let Some(last) = blocks.len().checked_sub(1) else {
-            return out;
-        };
-        let mut alive: Vec<usize> = (0..ix.lru.len()).collect();
-        let mut prev = 0;
-        for (i, &h) in blocks.iter().enumerate() {
-            if alive.is_empty() {
-                break;
-            }
-            if !kept(i, last) {
-                continue;
-            }
-            alive.retain(|&b| {
-                if ix.fresh(h, b, now_ms) {
-                    return true;
+        let last = blocks.len().saturating_sub(1);
+        let sampled: Vec<usize> = (0..blocks.len()).filter(|&i| kept(i, last)).collect();
+        (0..ix.lru.len())
+            .map(|b| {
+                let holds = |j: usize| ix.fresh(blocks[j], b, now_ms);
+                let mut m = 0;
+                for (k, &i) in sampled.iter().enumerate() {
+                    if holds(i) {
+                        m = i + 1;
+                        continue;
+                    }
+                    let since = if k == 0 { 0 } else { sampled[k - 1] + 1 };
+                    if let Some(j) = (since..i).rev().find(|&j| holds(j)) {
+                        m = j + 1;
+                    }
+                    break;
                 }
-                if let Some(j) = (prev + 1..i)
-                    .rev()
-                    .find(|&j| ix.fresh(blocks[j], b, now_ms))
-                {
-                    out[b] = (j + 1) as u32;
-                }
-                false
-            });
-            for &b in &alive {
-                out[b] = (i + 1) as u32;
-            }
-            prev = i;
-        }
-        out
+                m as u32
+            })
+            .collect()
     }
 
     proptest! {
