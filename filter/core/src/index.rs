@@ -65,7 +65,10 @@
 //! Each entry takes 2.3 to 4.6 slots of 17 bytes: 18 MB for the default
 //! `max_blocks` filled with one-block entries, what churn grew it to anyway.
 //!
-//! Cost: lookup O(matched entries); record O(entries) amortised.
+//! Cost: lookup O(backends + matched entries): one probe per backend at the
+//! first block, then one per sampled position for each backend still
+//! matching (a system prompt every pod holds costs a probe per pod per
+//! sampled position of it); record O(entries) amortised.
 
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
