@@ -65,10 +65,20 @@
 //! Each entry takes 2.3 to 4.6 slots of 17 bytes: 18 MB for the default
 //! `max_blocks` filled with one-block entries, what churn grew it to anyway.
 //!
-//! Cost: lookup O(backends + matched entries): one probe per backend at the
-//! first block, then one per sampled position for each backend still
-//! matching (a system prompt every pod holds costs a probe per pod per
-//! sampled position of it); record O(entries) amortised.
+//! ## First blocks
+//! The index also counts, per chain's first block, the backends holding an
+//! entry for it (incremented when such an entry is created, decremented when
+//! any entry goes: the unsalted hash of an entry at a later position is no
+//! first block's, barring a 2^-64 collision). A prompt whose first block no
+//! backend holds, every new conversation, matches nowhere, and its lookup
+//! probes no backend instead of each one once. One map slot per distinct
+//! first block held, at most one per entry.
+//!
+//! Cost: lookup O(1) for a prompt no backend holds the first block of, else
+//! O(backends + matched entries): one probe per backend at the first block,
+//! then one per sampled position for each backend still matching (a system
+//! prompt every pod holds costs a probe per pod per sampled position of it);
+//! record O(entries) amortised.
 
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
@@ -110,9 +120,29 @@ fn span(i: usize) -> u32 {
     }
 }
 
+/// How many backends hold an entry for each chain's first block (see "First blocks").
+type Firsts = HashMap<u64, u32>;
+
+/// One backend fewer holds `block`, if it is a first block.
+fn unhold(firsts: &mut Firsts, block: u64) {
+    if let Entry::Occupied(mut e) = firsts.entry(block) {
+        if *e.get() <= 1 {
+            e.remove();
+        } else {
+            *e.get_mut() -= 1;
+        }
+    }
+}
+
 /// Pops `lru`'s oldest records while `pop` says so, removing the entries
-/// they are still current for.
-fn pop_oldest(map: &mut HashMap<u64, u64>, lru: &mut Lru, pop: impl Fn(&Lru, Rec) -> bool) {
+/// they are still current for (the backend's entries are salted with `salt`).
+fn pop_oldest(
+    map: &mut HashMap<u64, u64>,
+    firsts: &mut Firsts,
+    salt: u64,
+    lru: &mut Lru,
+    pop: impl Fn(&Lru, Rec) -> bool,
+) {
     while let Some(&r) = lru.queue.front() {
         if !pop(lru, r) {
             break;
@@ -123,6 +153,7 @@ fn pop_oldest(map: &mut HashMap<u64, u64>, lru: &mut Lru, pop: impl Fn(&Lru, Rec
             if *e.get() == r.time() {
                 e.remove();
                 lru.live = lru.live.saturating_sub(r.span());
+                unhold(firsts, r.key ^ salt);
             }
         }
     }
@@ -188,6 +219,8 @@ pub struct Index {
     map_capacity: usize,
     /// Per-backend salts: block hashes are uniform, so an xor keeps keys distinct.
     salts: Vec<u64>,
+    /// Backends holding each chain's first block: a prompt none holds skips the lookup.
+    firsts: Firsts,
     lru: Vec<Lru>,
     max_blocks: usize,
     ttl_ms: u64,
@@ -199,6 +232,7 @@ impl Index {
         let mut ix = Index {
             map: HashMap::new(),
             map_capacity: 0,
+            firsts: Firsts::new(),
             salts: (0..backends as u64)
                 .map(|b| crate::hash::mix(b ^ 0x1de5_a17e))
                 .collect(),
@@ -276,6 +310,10 @@ impl Index {
         let Some(last) = blocks.len().checked_sub(1) else {
             return;
         };
+        // No backend holds the first block: none matches (see "First blocks").
+        if blocks.first().is_none_or(|h| !self.firsts.contains_key(h)) {
+            return;
+        }
         // Chains are prefix-closed: only holders of position i can hold a later one.
         let mut alive: Vec<usize> = (0..self.lru.len()).collect();
         // The previous sampled position, and the blocks its holders hold.
@@ -336,6 +374,9 @@ impl Index {
                 Entry::Vacant(e) => {
                     e.insert(now_ms);
                     lru.live += span as usize;
+                    if i == 0 {
+                        *self.firsts.entry(h).or_insert(0) += 1;
+                    }
                 }
             }
             lru.queue.push_back(Rec::new(key, now_ms, span));
@@ -345,11 +386,11 @@ impl Index {
 
     /// Drops entries past their TTL or beyond capacity, oldest first.
     fn evict(&mut self, backend: usize, now_ms: u64) {
-        let Some(lru) = self.lru.get_mut(backend) else {
+        let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
         let ttl_ms = self.ttl_ms;
-        pop_oldest(&mut self.map, lru, |lru, r| {
+        pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |lru, r| {
             lru.live > lru.capacity || now_ms.saturating_sub(r.time()) > ttl_ms
         });
         if lru.queue.len() > 2 * lru.live + 1024 {
@@ -369,19 +410,21 @@ impl Index {
     /// report showed a block of that age gone, and a pod evicts least
     /// recently used first ([`crate::feedback`]).
     pub fn forget_used_before(&mut self, backend: usize, before_ms: u64) {
-        let Some(lru) = self.lru.get_mut(backend) else {
+        let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
         // The queue is in recording order, so its front holds the oldest uses.
-        pop_oldest(&mut self.map, lru, |_, r| r.time() <= before_ms);
+        pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |_, r| {
+            r.time() <= before_ms
+        });
     }
 
     /// Forgets everything `backend` held: its slot now stands for another pod.
     pub fn forget(&mut self, backend: usize) {
-        let Some(lru) = self.lru.get_mut(backend) else {
+        let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
-        pop_oldest(&mut self.map, lru, |_, _| true);
+        pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |_, _| true);
         lru.live = 0;
     }
 
@@ -578,6 +621,9 @@ mod tests {
             .iter()
             .all(|l| l.queue.len() <= 2 * l.live + 1024 + 3));
         assert!(ix.map.len() <= 2048);
+        // Every chain here starts with its own block: each first block counted is an entry.
+        assert!(ix.firsts.len() <= ix.map.len());
+        assert!(ix.firsts.values().all(|&c| c == 1));
     }
 
     #[test]
@@ -624,19 +670,31 @@ mod properties {
         #![proptest_config(crate::testing::proptest_config())]
 
         /// Prompts that share prefixes of a few chains, on a few backends, at
-        /// times that let entries expire and capacities that evict (holes).
+        /// times that let entries expire and capacities that evict (holes),
+        /// with a pod's reported eviction or its slot's new pod now and then;
+        /// the query may start with a first block nobody was sent (tag 3).
         #[test]
         fn match_lengths_agree_with_the_reference(
-            records in proptest::collection::vec((0..3u64, 1..200usize, 0..5usize, 0..4000u64), 0..40),
+            ops in proptest::collection::vec((0..3u64, 1..200usize, 0..5usize, 0..4000u64, 0..12u8), 0..40),
             capacity in 16..4096usize,
-            query in (0..3u64, 0..220usize, 0..6000u64),
+            query in (0..4u64, 0..220usize, 0..6000u64),
         ) {
             let chain = |tag: u64, n: usize| -> Vec<u64> { (0..n as u64).map(|i| crate::hash::mix(tag << 32 | i)).collect() };
             let mut ix = Index::new(5, capacity, 3000);
             let mut t = 0;
-            for (tag, len, b, dt) in records {
+            for (tag, len, b, dt, op) in ops {
                 t += dt;
-                ix.record(&chain(tag, len), b, t);
+                match op {
+                    10 => ix.forget_used_before(b, t.saturating_sub(dt)),
+                    11 => ix.forget(b),
+                    _ => ix.record(&chain(tag, len), b, t),
+                }
+            }
+            // The first-block counts are the backends holding an entry for it.
+            for tag in 0..4 {
+                let h = chain(tag, 1)[0];
+                let holders = (0..5).filter(|&b| ix.map.contains_key(&ix.key(h, b))).count() as u32;
+                prop_assert_eq!(ix.firsts.get(&h).copied().unwrap_or(0), holders);
             }
             let (tag, len, dt) = query;
             let now = t + dt;
