@@ -102,7 +102,7 @@
 //! order, a bucket sort of uniform weights ([`crate::hash::rendezvous`]); the
 //! fallbacks are a selection of the first few, not a second sort. Every
 //! healthy pod is weighed, matching or not: bounded load and placement need
-//! the whole set. About 9 µs at 256 pods, 24 µs at 1024 natively (`bench/decision`).
+//! the whole set. About 7 µs at 256 pods, 25 µs at 1024 natively (`bench/decision`).
 
 use crate::config::{PolicyConfig, Strategy};
 use crate::hash::{rendezvous, rendezvous_top};
