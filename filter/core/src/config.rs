@@ -331,13 +331,15 @@ impl Default for WireGate {
             max_wait_ms,
             max_queue,
         };
-        // The aliases are the Gateway API Inference Extension's criticality values.
+        // The aliases are the Gateway API Inference Extension's criticality values. A held
+        // request counts against Envoy's request_timeout (60 s in the shipped configs, armed
+        // until the request goes upstream): no default waits that long.
         WireGate {
             knee: WireKnee::default(),
             classes: vec![
                 class("interactive", "critical", 5_000, 256),
                 class("standard", "standard", 30_000, 256),
-                class("batch", "sheddable", 600_000, 512),
+                class("batch", "sheddable", 55_000, 512),
             ],
             default_class: "standard".into(),
             header: "x-warmroute-priority".into(),
