@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
-from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS
+from scenarios import EVICTION_GATEWAYS, SCALED_METRICS, TIME_SCALE, WORKLOADS
 
 
 def find(rows, workload, router, replicas=3, gateways=1, quick=False):
@@ -118,8 +118,8 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", r[1], ">= 0.95x", r[0] >= 0.95)
     for path, better in ((("hit_rate",), "higher"), (("ttft_ms", "mean"), "lower"), (("ttft_ms", "p95"), "lower")):
         def feedback_ratio(rs, path=path):
-            fb = find(rs, "evicting", "warmroute_cache_aware")
-            off = find(rs, "evicting", "warmroute_cache_aware_no_feedback")
+            fb = find(rs, "evicting", "warmroute_cache_aware", gateways=EVICTION_GATEWAYS)
+            off = find(rs, "evicting", "warmroute_cache_aware_no_feedback", gateways=EVICTION_GATEWAYS)
             a, b_ = (g(fb, *path), g(off, *path)) if fb and off else (None, None)
             if a is None or not b_:
                 return None

@@ -82,9 +82,9 @@ WORKLOADS: dict[str, dict] = {
     },
 }
 
-# The chat workload with a third of its KV per replica: every pod evicts all the time, so
-# the index often credits a pod with prefixes it lost. Run only through cache_aware with and
-# without the pods' cache reports (the `eviction` section), not through every router.
+# The chat workload with a third of its KV per replica: every pod evicts all the time, and
+# behind several gateways each index credits pods with prefixes they lost. Run only through
+# cache_aware with and without the pods' cache reports (the `eviction` section).
 WORKLOADS["evicting"] = {
     **WORKLOADS["chat"],
     "capacity": 20_000,
@@ -112,8 +112,12 @@ EXTRA_ROUTERS = {
     "warmroute_cache_aware_no_feedback": {"filter_overrides": {
         "strategy": "cache_aware", "metrics": SCALED_METRICS, "feedback": {"enabled": False}}},
 }
-# Paired rounds of the eviction section (cache_aware with and without feedback).
-EVICTION_ROUNDS = 3
+# Paired rounds of the eviction section (cache_aware with and without feedback), and its
+# gateways: with one, the index sees every prompt the pods hold and predicts 97% of the
+# tokens they report (one run), leaving feedback little to correct; three gateways in front
+# of the same pods evict each other's prefixes unseen, as replicas of a real gateway do.
+EVICTION_ROUNDS = 5
+EVICTION_GATEWAYS = 3
 
 
 # The pairs behind the targets nearest their limits, re-run by the `reruns` section.

@@ -7,7 +7,8 @@
 //!              vLLM, SGLang; as a share of the prompt, since the index counts
 //!              bytes and the pod tokens)
 //! evicted  ⇔ reported + 2 + predicted / 10 < predicted
-//! then      forget, on that pod, what it last used at or before t_last
+//! then      forget, on that pod, what it last used at or before t_last, oldest
+//!           first, at most 1/8 of its entries ([`crate::index::FORGET_SHARE`])
 //!           (t_last: when the deepest predicted block was last used, before this request)
 //! ```
 //! vLLM and SGLang evict least recently used blocks first: a pod that lost a
