@@ -84,7 +84,7 @@ def test_a_pod_killed_under_concurrent_load_fails_only_the_requests_in_flight_on
             e.wait_for(f"{WARM} requests, one served by the victim",
                        lambda: len(outcomes) >= WARM and any(o.replica == victim.name and o.ok for o in outcomes))
             before = e.stats()
-            failed = e.host_stats("pool-metrics").get(victim.port, {}).get("rq_error", 0)
+            scrape_failures = e.host_stats("pool-metrics").get(victim.port, {}).get("rq_error", 0)
             kill_sent = time.time()
             os.kill(victim.proc.pid, signal.SIGKILL)
             victim.proc.wait(5)
@@ -93,7 +93,7 @@ def test_a_pod_killed_under_concurrent_load_fails_only_the_requests_in_flight_on
             dead = time.time()
             if with_filter:
                 e.wait_for(f"{UNHEALTHY_AFTER} failed scrapes of the killed pod", lambda: e.host_stats(
-                    "pool-metrics").get(victim.port, {}).get("rq_error", 0) >= failed + UNHEALTHY_AFTER)
+                    "pool-metrics").get(victim.port, {}).get("rq_error", 0) >= scrape_failures + UNHEALTHY_AFTER)
                 e.wait_ticks(2)
             out = time.time()
             e.wait_for(f"{AFTER} requests started after the pod was out",

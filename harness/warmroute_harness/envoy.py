@@ -14,8 +14,8 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
