@@ -12,7 +12,9 @@ from favouring one side). The targets are medians over rounds of the per-round r
 
 from __future__ import annotations
 
+import threading
 import time
+from statistics import mean
 
 from measure import loadgen
 from scenarios import MIXED, MIXED_ROUNDS, SCALED_METRICS, TIME_SCALE, sim_args
@@ -36,6 +38,43 @@ def gate_stats(fleet: Fleet) -> dict[str, int]:
     return {k: v for k, v in sorted(out.items()) if v}
 
 
+class PodSampler:
+    """Samples each sim's running and waiting requests every `period` s while a run lasts:
+    the evidence that without the gate FIFO queues form in the sims and with it the pods run
+    full batches at their knee."""
+
+    def __init__(self, fleet: Fleet, period: float = 0.1):
+        self.fleet, self.period = fleet, period
+        self.samples: list[tuple[float, float]] = []  # (running, waiting) per pod per sample
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self) -> None:
+        while not self.stop.wait(self.period):
+            for s in self.fleet.sims:
+                try:
+                    m = s.metrics()
+                except OSError:
+                    continue
+                self.samples.append((m.get("vllm:num_requests_running", 0.0), m.get("vllm:num_requests_waiting", 0.0)))
+
+    def __enter__(self) -> "PodSampler":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+    def summary(self) -> dict:
+        """Mean running and waiting per pod over the samples taken while the pods were busy."""
+        busy = [s for s in self.samples if s[0] > 0]
+        if not busy:
+            return {}
+        return {"running_mean": round(mean(r for r, _ in busy), 2), "waiting_mean": round(mean(w for _, w in busy), 2),
+                "waiting_max": max(w for _, w in busy), "samples": len(busy)}
+
+
 def run_one(b, mode: str, rnd: int) -> dict:
     args = MIXED["quick" if b.quick else "args"]
     b.n += 1
@@ -44,18 +83,20 @@ def run_one(b, mode: str, rnd: int) -> dict:
     max_s = 90.0 if b.quick else 150.0
     t0 = time.time()
     with Fleet(3, sim_args(MIXED["capacity"]) + MIXED["sim"], logdir=rdir, filter_overrides=MODES[mode]) as f:
-        rep = loadgen(args, [f"http://127.0.0.1:{f.envoy.port}"], [f"http://{s.address}" for s in f.sims],
-                      rdir / "report.json", max_s, ["--records", str(rdir / "records.jsonl")])
+        with PodSampler(f) as pods:
+            rep = loadgen(args, [f"http://127.0.0.1:{f.envoy.port}"], [f"http://{s.address}" for s in f.sims],
+                          rdir / "report.json", max_s, ["--records", str(rdir / "records.jsonl")])
         gate = gate_stats(f)
     row = {"mode": mode, "round": rnd, "classes": rep.get("classes", {}), "gate": gate,
            "runtime_s": rep["runtime_s"], "requests": rep["requests"], "ok": rep["ok"], "shed": rep["shed"],
            "errors": rep["errors"], "aborted": rep["aborted"], "skipped": rep["skipped"],
-           "client_cpu_util": rep["client_cpu_util"], "share": rep["share"], "error_samples": rep["error_samples"]}
+           "client_cpu_util": rep["client_cpu_util"], "pods": pods.summary(), "share": rep["share"], "error_samples": rep["error_samples"]}
     c = row["classes"]
     i, bt = c.get("interactive", {}), c.get("batch", {})
     print(f"  mixed r{rnd} {mode:13s} interactive TTFT p50/p95 {(i.get('ttft_ms') or {}).get('p50', 0):6.0f}/"
           f"{(i.get('ttft_ms') or {}).get('p95', 0):6.0f} ms  shed {i.get('shed')} lost {i.get('lost')}  "
           f"batch {bt.get('output_tokens_per_s', 0):7.0f} tok/s lost {bt.get('lost')}  "
+          f"pods running/waiting {row['pods'].get('running_mean')}/{row['pods'].get('waiting_mean')}  "
           f"client cpu {row['client_cpu_util']:.2f}  ({time.time() - t0:.0f}s)", flush=True)
     return row
 

@@ -180,10 +180,12 @@ def mixed_markdown(mx: dict) -> list[str]:
          f"`warmroute-loadgen {' '.join(mx['args'])}`, 3 sims with `{' '.join(mx['sim'])}` and "
          f"`--kv-capacity-tokens {mx['capacity']}`, gate `{mx['gate']}`. {MIXED['why']} "
          "TTFT in wall ms at time scale 10; tok/s = the class's completed output tokens over the span it was "
-         "served in (first answered start to last answer's end).\n",
+         "served in (first answered start to last answer's end). Pod running / waiting: each sim's "
+         "`vllm:num_requests_{running,waiting}` sampled every 100 ms while it was busy.\n",
          "| round | mode | interactive TTFT p50 | p95 | p99 | interactive ok / shed / lost | batch tok/s | "
-         "batch ok / shed / lost | runtime s | gate held interactive / batch | client cpu |",
-         "|" + "---|" * 11]
+         "batch ok / shed / lost | runtime s | gate held interactive / batch | pod running / waiting (mean) "
+         "| client cpu |",
+         "|" + "---|" * 12]
     for r in mx["rows"]:
         i, b = r["classes"].get("interactive", {}), r["classes"].get("batch", {})
         gt = r.get("gate", {})
@@ -191,6 +193,7 @@ def mixed_markdown(mx: dict) -> list[str]:
                  f"{fmt(g(i, 'ttft_ms', 'p99'))} | {i.get('ok')} / {i.get('shed')} / {i.get('lost')} | "
                  f"{fmt(b.get('output_tokens_per_s'))} | {b.get('ok')} / {b.get('shed')} / {b.get('lost')} | "
                  f"{fmt(r['runtime_s'], 1)} | {gt.get('interactive.held', 0)} / {gt.get('batch.held', 0)} | "
+                 f"{fmt(g(r, 'pods', 'running_mean'), 1)} / {fmt(g(r, 'pods', 'waiting_mean'), 1)} | "
                  f"{fmt(r['client_cpu_util'], 2)} |")
     L.append("")
     return L
