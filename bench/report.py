@@ -178,7 +178,7 @@ def mixed_targets(mx: dict | None) -> list[dict]:
 def mixed_markdown(mx: dict) -> list[str]:
     L = ["## Mixed priority classes at overload (cache_aware without and with the gate)\n",
          f"`warmroute-loadgen {' '.join(mx['args'])}`, 3 sims with `{' '.join(mx['sim'])}` and "
-         f"`--kv-capacity-tokens {mx['capacity']}`, gate `{mx['gate']}`. {MIXED['why']} "
+         f"`--kv-capacity-tokens {mx['capacity']}`, gate `{mx['gate']}`. {MIXED['why'][:1].upper()}{MIXED['why'][1:]} "
          "TTFT in wall ms at time scale 10; tok/s = the class's completed output tokens over the span it was "
          "served in (first answered start to last answer's end). Pod running / waiting: each sim's "
          "`vllm:num_requests_{running,waiting}` sampled every 100 ms while it was busy.\n",
