@@ -266,9 +266,12 @@ pub struct MixedArgs {
     /// Batch prompt length (tokens).
     #[arg(long, default_value_t = 1024)]
     pub batch_prompt_tokens: usize,
-    /// Batch max_tokens.
+    /// Batch max_tokens (the median with --batch-output-sigma).
     #[arg(long, default_value_t = 128)]
     pub batch_output_tokens: u32,
+    /// Log-normal sigma of batch max_tokens (0: all the same).
+    #[arg(long, default_value_t = 0.0)]
+    pub batch_output_sigma: f64,
 }
 
 impl WorkloadCmd {
@@ -356,6 +359,7 @@ impl WorkloadCmd {
                     batch_jobs: a.batch_jobs,
                     batch_prompt_tokens: a.batch_prompt_tokens,
                     batch_output_tokens: a.batch_output_tokens,
+                    batch_output_sigma: a.batch_output_sigma,
                     seed: c.seed,
                 },
                 &ro,

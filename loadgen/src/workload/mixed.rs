@@ -6,7 +6,9 @@
 //!   sends `batch_jobs` jobs back to back (no think time): a prompt of
 //!   `batch_prompt_tokens` words unique to the job (it begins with the word
 //!   `batch{w}j{j}`, so jobs share no cached block) asking for
-//!   `batch_output_tokens`. More workers than the fleet has batch slots keep
+//!   `batch_output_tokens`, or, with `batch_output_sigma` > 0, a
+//!   log-normal(`batch_output_tokens`, `batch_output_sigma`) number of them,
+//!   clamped to `[1, 4 × batch_output_tokens]`. More workers than the fleet has batch slots keep
 //!   every pod full and a queue behind it, as an offline job runner does.
 //! - **Interactive**: `interactive` one-turn chats arrive as a Poisson process
 //!   of `rate` per second from `interactive_start_ms` on (after the batch
@@ -58,8 +60,10 @@ pub struct MixedOpts {
     pub batch_jobs: usize,
     /// Batch prompt length (tokens).
     pub batch_prompt_tokens: usize,
-    /// Batch `max_tokens`.
+    /// Batch `max_tokens` (the median when `batch_output_sigma` > 0).
     pub batch_output_tokens: u32,
+    /// Log-normal sigma of batch `max_tokens` (0: every job asks for the same).
+    pub batch_output_sigma: f64,
     /// Seed.
     pub seed: u64,
 }
@@ -77,6 +81,7 @@ impl Default for MixedOpts {
             batch_jobs: 4,
             batch_prompt_tokens: 1024,
             batch_output_tokens: 128,
+            batch_output_sigma: 0.0,
             seed: 42,
         }
     }
@@ -102,6 +107,9 @@ pub fn mixed(opts: &MixedOpts, render_opts: &RenderOpts) -> Result<Workload> {
     if !opts.interactive_start_ms.is_finite() || opts.interactive_start_ms < 0.0 {
         bail!("--interactive-start-ms must be >= 0");
     }
+    if !opts.batch_output_sigma.is_finite() || opts.batch_output_sigma < 0.0 {
+        bail!("--batch-output-sigma must be >= 0");
+    }
     let root = Rng::new(opts.seed);
     let mut sessions = Vec::with_capacity(opts.batch_workers + opts.interactive);
     let batch_max = opts.batch_output_tokens.max(1);
@@ -116,7 +124,15 @@ pub fn mixed(opts: &MixedOpts, render_opts: &RenderOpts) -> Result<Workload> {
                 opts.batch_prompt_tokens.saturating_sub(1),
             );
             let msg = [Message::text("user", prompt)];
-            requests.push(tagged(BATCH, &msg, batch_max, render_opts)?);
+            let max_tokens = if opts.batch_output_sigma > 0.0 {
+                let cap = f64::from(batch_max) * 4.0;
+                rng.lognormal(f64::from(batch_max), opts.batch_output_sigma)
+                    .round()
+                    .clamp(1.0, cap) as u32
+            } else {
+                batch_max
+            };
+            requests.push(tagged(BATCH, &msg, max_tokens, render_opts)?);
         }
         sessions.push(Session {
             id: format!("batch-{w}"),
@@ -233,8 +249,53 @@ mod tests {
                 interactive_start_ms: f64::NAN,
                 ..Default::default()
             },
+            MixedOpts {
+                batch_output_sigma: -1.0,
+                ..Default::default()
+            },
         ] {
             assert!(mixed(&o, &ro).is_err());
         }
+    }
+
+    #[test]
+    fn batch_output_lengths_spread_around_their_median_when_asked() {
+        let o = MixedOpts {
+            interactive: 0,
+            batch_workers: 20,
+            batch_jobs: 10,
+            batch_prompt_tokens: 4,
+            batch_output_tokens: 400,
+            batch_output_sigma: 0.5,
+            ..Default::default()
+        };
+        let w = mixed(&o, &RenderOpts::default()).unwrap();
+        let mut lens: Vec<u32> = w
+            .sessions
+            .iter()
+            .flat_map(|s| s.requests.iter().map(|r| r.max_tokens))
+            .collect();
+        assert!(lens.iter().all(|&l| (1..=1600).contains(&l)));
+        for r in w.sessions.iter().flat_map(|s| &s.requests) {
+            assert_eq!(body_json(r)["max_tokens"], r.max_tokens);
+        }
+        lens.sort_unstable();
+        let median = lens[lens.len() / 2];
+        assert!((300..=530).contains(&median), "{median}");
+        assert!(lens[0] < 250 && lens[lens.len() - 1] > 650, "{lens:?}");
+        // Sigma 0: every job asks for the same.
+        let fixed = mixed(
+            &MixedOpts {
+                batch_output_sigma: 0.0,
+                ..o
+            },
+            &RenderOpts::default(),
+        )
+        .unwrap();
+        assert!(fixed
+            .sessions
+            .iter()
+            .flat_map(|s| &s.requests)
+            .all(|r| r.max_tokens == 400));
     }
 }
