@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
-from scenarios import EVICTION_GATEWAYS, SCALED_METRICS, TIME_SCALE, WORKLOADS
+from scenarios import EVICTION_GATEWAYS, MIXED, SCALED_METRICS, TIME_SCALE, WORKLOADS
 
 
 def find(rows, workload, router, replicas=3, gateways=1, quick=False):
@@ -141,6 +141,79 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
     return out
 
 
+def mixed_ratios(mx: dict) -> list[dict]:
+    """Per paired round of the mixed section: interactive TTFT P95 and batch output tokens/s,
+    with the gate over without, and the requests lost (neither answered nor shed) in each run."""
+    out = []
+    for rnd in sorted({r["round"] for r in mx["rows"]}):
+        by = {r["mode"]: r for r in mx["rows"] if r["round"] == rnd}
+        w, wo = by.get("with_gate"), by.get("without_gate")
+        if not (w and wo):
+            continue
+        ttft = [g(r, "classes", "interactive", "ttft_ms", "p95") for r in (w, wo)]
+        tps = [g(r, "classes", "batch", "output_tokens_per_s") for r in (w, wo)]
+        lost = [sum(c.get("lost", 0) for c in r["classes"].values()) for r in (w, wo)]
+        out.append({"round": rnd, "ttft_p95": ttft, "batch_tps": tps, "lost": lost,
+                    "shed": [sum(c.get("shed", 0) for c in r["classes"].values()) for r in (w, wo)],
+                    "ttft_ratio": ttft[0] / ttft[1] if None not in ttft and ttft[1] else None,
+                    "tps_ratio": tps[0] / tps[1] if None not in tps and tps[1] else None})
+    return out
+
+
+def mixed_targets(mx: dict | None) -> list[dict]:
+    """The mixed row's three targets: medians over paired rounds; no loss in any run."""
+    rs = mixed_ratios(mx) if mx else []
+    if not rs:
+        return []
+    out = []
+
+    def med(key, limit, ok, unit_fmt):
+        vals = [r[key] for r in rs if r[key] is not None]
+        if not vals:
+            return
+        m = median(vals)
+        each = ", ".join(f"{v:.3f}" for v in vals)
+        detail = "; ".join(unit_fmt(r) for r in rs)
+        out.append({"target": f"mixed: {key_names[key]}", "limit": limit,
+                    "measured": f"{m:.3f}x median of {len(vals)} paired rounds ({each}); {detail}",
+                    "result": "PASS" if ok(m) else "FAIL"})
+
+    key_names = {"ttft_ratio": "interactive TTFT P95 with the gate <= 0.3x without",
+                 "tps_ratio": "batch completed output tokens/s with the gate >= 0.9x without"}
+    med("ttft_ratio", "<= 0.30x", lambda m: m <= 0.3, lambda r: f"{r['ttft_p95'][0]:.0f} vs {r['ttft_p95'][1]:.0f} ms")
+    med("tps_ratio", ">= 0.90x", lambda m: m >= 0.9, lambda r: f"{r['batch_tps'][0]:.0f} vs {r['batch_tps'][1]:.0f}")
+    lost_with = sum(r["lost"][0] for r in rs)
+    out.append({"target": "mixed: zero requests lost with the gate (each answered or shed with 429)",
+                "measured": f"{lost_with} lost over {len(rs)} runs with the gate (without: "
+                            f"{sum(r['lost'][1] for r in rs)}); shed {sum(r['shed'][0] for r in rs)}",
+                "limit": "0", "result": "PASS" if lost_with == 0 else "FAIL"})
+    return out
+
+
+def mixed_markdown(mx: dict) -> list[str]:
+    L = ["## Mixed priority classes at overload (cache_aware without and with the gate)\n",
+         f"`warmroute-loadgen {' '.join(mx['args'])}`, 3 sims with `{' '.join(mx['sim'])}` and "
+         f"`--kv-capacity-tokens {mx['capacity']}`, gate `{mx['gate']}`. {MIXED['why'][:1].upper()}{MIXED['why'][1:]} "
+         "TTFT in wall ms at time scale 10; tok/s = the class's completed output tokens over the span it was "
+         "served in (first answered start to last answer's end). Pod running / waiting: each sim's "
+         "`vllm:num_requests_{running,waiting}` sampled every 100 ms while it was busy.\n",
+         "| round | mode | interactive TTFT p50 | p95 | p99 | interactive ok / shed / lost | batch tok/s | "
+         "batch ok / shed / lost | runtime s | gate held interactive / batch | pod running / waiting (mean) "
+         "| client cpu |",
+         "|" + "---|" * 12]
+    for r in mx["rows"]:
+        i, b = r["classes"].get("interactive", {}), r["classes"].get("batch", {})
+        gt = r.get("gate", {})
+        L.append(f"| {r['round']} | {r['mode']} | {fmt(g(i, 'ttft_ms', 'p50'))} | {fmt(g(i, 'ttft_ms', 'p95'))} | "
+                 f"{fmt(g(i, 'ttft_ms', 'p99'))} | {i.get('ok')} / {i.get('shed')} / {i.get('lost')} | "
+                 f"{fmt(b.get('output_tokens_per_s'))} | {b.get('ok')} / {b.get('shed')} / {b.get('lost')} | "
+                 f"{fmt(r['runtime_s'], 1)} | {gt.get('interactive.held', 0)} / {gt.get('batch.held', 0)} | "
+                 f"{fmt(g(r, 'pods', 'running_mean'), 1)} / {fmt(g(r, 'pods', 'waiting_mean'), 1)} | "
+                 f"{fmt(r['client_cpu_util'], 2)} |")
+    L.append("")
+    return L
+
+
 def fmt(v, nd=0):
     if v is None:
         return "-"
@@ -238,6 +311,8 @@ def markdown(res: dict) -> str:
         fl = ov["client_floor_1KB"]
         L.append(f"\nClient floor (loadgen straight to the instant backend, 1 KB): p50 {fl['e2e_ms']['p50'] * 1000:.0f} us, "
                  f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
+    if res.get("mixed"):
+        L.extend(mixed_markdown(res["mixed"]))
     mem = res.get("memory")
     if mem:
         L.append(f"## Memory after {mem['prefixes']} distinct prefixes ({mem['ok']} ok, {mem['errors']} errors)\n")

@@ -7,8 +7,10 @@ every router + the single-replica reference), scale8 (8 replicas), gateways (3 E
 front of one fleet), reruns (the pairs behind the targets nearest their limits, twice more:
 those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
 backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision),
-eviction (cache_aware with and without the pods' cache reports on a fleet short of KV, 3 paired rounds).
-A full run takes about 22 minutes on 2 cores.
+eviction (cache_aware with and without the pods' cache reports on an evicting fleet behind 3
+gateways, 5 paired rounds), mixed (interactive chat + long batch jobs at overload, cache_aware
+without and with the priority gate, 3 paired rounds, bench/mixed.py). A full run takes about
+31 minutes on 2 cores.
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
@@ -30,9 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
-from report import markdown, plot, row_key, targets
+from report import markdown, mixed_targets, plot, row_key, targets
 from scenarios import WORKLOADS, lru_hit_rate
 from warmroute_harness import LOADGEN_BIN, SIM_BIN, WASM, envoy_binary
 
@@ -41,13 +44,14 @@ RESULTS = HERE / "results"
 NOTES = HERE / "notes.md"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "scale8", "gateways", "eviction", "reruns", "overhead",
-            "memory", "decision"]
+            "memory", "decision", "mixed"]
 
 
 def write_results(res: dict, out: Path, quick: bool) -> None:
     """Adds the targets and (for a full run) bench/notes.md to `res`, then writes latest.json
     and latest.md; the plot is the caller's, which may or may not tolerate its failure."""
-    res["targets"] = targets(res["quality"], res.get("overhead"), res.get("reruns"))
+    res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"))
+                      + mixed_targets(res.get("mixed")))
     res["notes"] = [NOTES.read_text()] if NOTES.exists() and not quick else []
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
@@ -106,6 +110,8 @@ def main() -> int:
                 mem = memory(b)
             elif s == "decision":
                 dc = decision_curve(b)
+            elif s == "mixed":
+                res["mixed"] = mixed(b)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "wall_s": time.time() - t0})
@@ -117,7 +123,7 @@ def main() -> int:
             res["quality"].sort(key=lambda r: (r["replicas"] == 8, r["gateways"] > 1, order.get(r["workload"], 9)))
             if not res["reruns"] and old.get("reruns"):
                 res["reruns"] = old["reruns"]
-            for k in ("overhead", "memory", "decision", "lru"):
+            for k in ("overhead", "memory", "decision", "lru", "mixed"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]
