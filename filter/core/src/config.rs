@@ -184,6 +184,7 @@ struct WireIndex {
     ttl_ms: u64,
     log_bytes: usize,
     bytes_per_token: f64,
+    learn_bytes_per_token: bool,
 }
 
 impl Default for WireIndex {
@@ -193,6 +194,7 @@ impl Default for WireIndex {
             ttl_ms: 600_000,
             log_bytes: 1 << 20,
             bytes_per_token: 4.0,
+            learn_bytes_per_token: true,
         }
     }
 }
@@ -519,6 +521,8 @@ pub struct IndexConfig {
     /// Prompt bytes per KV-cache token, to size the index from a backend's capacity in
     /// tokens (≈4 for English BPE tokenizers; the simulator's word tokens are ≈7).
     pub bytes_per_token: f64,
+    /// Start from `bytes_per_token` and follow the pods' usage reports ([`crate::feedback`]).
+    pub learn_bytes_per_token: bool,
 }
 
 /// Names of the scraped gauges; the first name present wins.
@@ -949,6 +953,7 @@ impl TryFrom<WireConfig> for Config {
                 0.5,
                 64.0,
             )?,
+            learn_bytes_per_token: w.index.learn_bytes_per_token,
         };
         let policy = PolicyConfig {
             eps: finite_in_range("balance.eps", w.balance.eps, 0.0, 100.0)?,

@@ -543,6 +543,7 @@ impl Worker {
         if self.router.pod_id(b) != p.pod {
             return;
         }
+        self.router.learn_ratio(p.of, reported.prompt_tokens);
         let evicted = self
             .router
             .reported(host, b, (p.blocks, p.of), reported, p.last_use_ms);
