@@ -9,7 +9,7 @@ Envoy round robin, three paired runs), scale8 (8 replicas), gateways (3 Envoys i
 front of one fleet), reruns (the pairs behind the targets nearest their limits, twice more:
 those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
 backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision).
-A full run takes about 22 minutes on 2 cores.
+A full run takes about 37 minutes on 2 cores (the independent section about 15).
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
