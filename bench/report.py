@@ -42,7 +42,8 @@ def g(r, *path):
     return v
 
 
-def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None = None) -> list[dict]:
+def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None = None,
+            ind: dict | None = None) -> list[dict]:
     out = []
 
     def check(name, measured, limit, ok):
@@ -131,6 +132,8 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             ok = r[0] >= 1.0 if better == "higher" else r[0] <= 1.0
             check(f"evicting fleet: cache_aware {name} with the pods' cache reports vs without",
                   r[1], ">= 1.00x" if better == "higher" else "<= 1.00x", ok)
+    for t in independent_targets(ind):
+        check(*t)
     if ov:
         for c in ov["compare"]:
             lim = 50 if c["size"] == "1KB" else 150
@@ -212,6 +215,50 @@ def mixed_markdown(mx: dict) -> list[str]:
                  f"{fmt(r['client_cpu_util'], 2)} |")
     L.append("")
     return L
+
+
+def independent_targets(ind: dict | None) -> list[tuple]:
+    """issue 17's targets on guidellm's two shapes: (name, measured, limit, ok), each ratio the
+    median over the paired runs (cache_aware / round robin within one run)."""
+    if not ind or not ind.get("runs"):
+        return []
+    out = []
+
+    def pair(run, shape):
+        rows = {r["router"]: r for r in run if r["workload"] == f"guidellm_{shape}"}
+        return rows.get("warmroute_cache_aware"), rows.get("envoy_round_robin")
+
+    def ratios(shape, path):
+        vals = []
+        for run in ind["runs"]:
+            ca, rr = pair(run, shape)
+            if ca and rr and g(rr, *path):
+                vals.append(g(ca, *path) / g(rr, *path))
+        return vals
+
+    def add(name, shape, path, limit, higher=False):
+        v = ratios(shape, path)
+        if v:
+            m = median(v)
+            each = ", ".join(f"{x:.3f}" for x in v)
+            out.append((name, f"median {m:.3f}x of {len(v)} paired run(s) ({each})",
+                        f">= {limit}x" if higher else f"<= {limit}x", m >= limit if higher else m <= limit))
+
+    add("guidellm hot prefix: TTFT mean <= round robin", "hot", ("ttft_ms", "mean"), 1.0)
+    add("guidellm hot prefix: TTFT P95 <= round robin", "hot", ("ttft_ms", "p95"), 1.0)
+    add("guidellm hot prefix: hit rate >= round robin", "hot", ("hit_rate",), 1.0, higher=True)
+    hot = [ca for ca in (pair(run, "hot")[0] for run in ind["runs"]) if ca]
+    if hot:
+        least = [min(c["per_pod_requests"]) * len(c["per_pod_requests"]) / max(sum(c["per_pod_requests"]), 1)
+                 for c in hot]
+        out.append(("guidellm hot prefix: every pod used (least-used pod's requests / an even share)",
+                    ", ".join(f"{x:.2f}" for x in least) + " per run", ">= 0.5 in every run",
+                    all(x >= 0.5 for x in least)))
+    add("guidellm 40 prefixes: hit rate >= 1.3x round robin (kept well above)", "prefixes40", ("hit_rate",), 1.3,
+        higher=True)
+    add("guidellm 40 prefixes: TTFT P95 <= round robin", "prefixes40", ("ttft_ms", "p95"), 1.0)
+    add("guidellm 40 prefixes: TTFT P99 <= round robin", "prefixes40", ("ttft_ms", "p99"), 1.0)
+    return out
 
 
 def fmt(v, nd=0):
@@ -313,6 +360,27 @@ def markdown(res: dict) -> str:
                  f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
     if res.get("mixed"):
         L.extend(mixed_markdown(res["mixed"]))
+    ind = res.get("independent")
+    if ind and ind.get("runs"):
+        L.append(f"## Independent client: {ind['client']}, concurrency {ind['concurrency']}\n")
+        L.append(f"3 replicas with {ind['kv_capacity_tokens']} KV tokens each at time scale {ind['time_scale']:g} "
+                 "(real-GPU-equivalent ms: guidellm's own per-request overhead would blur a faster sim). "
+                 "A word-level tokenizer built offline from guidellm's source text counts tokens as the sims do. "
+                 "TTFT from guidellm's report; hit rate and requests per pod from the replicas' counters "
+                 "(they include guidellm's warm-up calls).\n")
+        for name, why in ind["shapes"].items():
+            L.append(f"- **{name}**: {why}")
+        L.append("\n| run | shape | router | hit rate | requests per pod | TTFT mean | p50 | p95 | p99 | e2e mean | "
+                 "errors | decisions |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for i, run in enumerate(ind["runs"], 1):
+            for r in run:
+                L.append(f"| {i} | {r['workload'].removeprefix('guidellm_')} | {r['router']} | "
+                         f"{fmt(r['hit_rate'] and r['hit_rate'] * 100, 1)}% | {r['per_pod_requests']} | "
+                         f"{fmt(g(r, 'ttft_ms', 'mean'), 1)} | {fmt(g(r, 'ttft_ms', 'p50'), 1)} | "
+                         f"{fmt(g(r, 'ttft_ms', 'p95'), 1)} | {fmt(g(r, 'ttft_ms', 'p99'), 1)} | "
+                         f"{fmt(g(r, 'e2e_ms', 'mean'))} | {r['errors']} | "
+                         + ", ".join(f"{k}={v}" for k, v in (r.get('decisions') or {}).items()) + " |")
+        L.append("")
     mem = res.get("memory")
     if mem:
         L.append(f"## Memory after {mem['prefixes']} distinct prefixes ({mem['ok']} ok, {mem['errors']} errors)\n")

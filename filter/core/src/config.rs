@@ -147,6 +147,7 @@ struct WireCacheAware {
     tie_margin: f64,
     min_match_blocks: u32,
     prefill_slack_tokens: u32,
+    replicate_gap: f64,
 }
 
 impl Default for WireCacheAware {
@@ -155,6 +156,7 @@ impl Default for WireCacheAware {
             tie_margin: 0.05,
             min_match_blocks: 1,
             prefill_slack_tokens: 8192,
+            replicate_gap: 2.0,
         }
     }
 }
@@ -495,6 +497,8 @@ pub struct PolicyConfig {
     pub min_match_blocks: u32,
     /// Prefill queues differing by less than this many prompt blocks count as equal.
     pub prefill_slack_blocks: f64,
+    /// A hot prefix is copied to a pod this many requests less loaded than its warm pods.
+    pub replicate_gap: f64,
     /// A backend with this many waiting requests is saturated.
     pub max_waiting: f64,
     /// A backend with KV usage at or above this is saturated.
@@ -1004,6 +1008,12 @@ impl TryFrom<WireConfig> for Config {
             )? as f64
                 * index.bytes_per_token
                 / block_bytes as f64,
+            replicate_gap: finite_in_range(
+                "cache_aware.replicate_gap",
+                w.cache_aware.replicate_gap,
+                1.0,
+                1e9,
+            )?,
         };
         if w.feedback.request_usage && !w.feedback.enabled {
             return Err(bad("feedback.request_usage", "needs feedback.enabled"));
@@ -1231,6 +1241,10 @@ mod tests {
             (r#""block_bytes":4"#, "block_bytes"),
             (r#""balance":{"eps":-1}"#, "balance.eps"),
             (r#""balance":{"warm_min_cap":0}"#, "balance.warm_min_cap"),
+            (
+                r#""cache_aware":{"replicate_gap":0.5}"#,
+                "cache_aware.replicate_gap",
+            ),
             (
                 r#""cache_aware":{"prefill_slack_tokens":99999999}"#,
                 "cache_aware.prefill_slack_tokens",
