@@ -62,7 +62,11 @@ validate-deploy: setup ## Istio/Kubernetes manifests against published schemas, 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
 
-bench: build ## Routing quality and filter cost (minutes; not part of `make test`)
+$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
+	$(VENV)/bin/pip install -q -r bench/requirements.txt
+	touch $@
+
+bench: build $(VENV)/.bench-installed ## Routing quality and filter cost (minutes; not part of `make test`)
 	cd bench && ../$(PY) run.py
 
 soak: build ## 200k requests at saturation, a pod killed twice, a filter reload midway: no loss, flat memory (~1 min; not part of `make test`)

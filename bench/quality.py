@@ -12,21 +12,23 @@ import time
 from pathlib import Path
 
 from measure import loadgen, proc_cpu_s
-from scenarios import (EVICTION_ROUNDS, EXTRA_ROUTERS, QUICK_ROUTERS, RERUN_PAIRS, RERUNS, ROUTERS, TIME_SCALE,
+from scenarios import (EVICTION_GATEWAYS, EVICTION_ROUNDS, EXTRA_ROUTERS, QUICK_ROUTERS, RERUN_PAIRS, RERUNS, ROUTERS, TIME_SCALE,
                        WORKLOADS, sim_args)
 from warmroute_harness import Envoy, Fleet
 
 
-def decisions(envoys: list[Envoy]) -> dict[str, int]:
-    """warmroute's decision counters (`wasmcustom.warmroute.decision.*`) summed over gateways."""
+def counters(envoys: list[Envoy], prefixes: tuple[str, ...] = ("decision.", "feedback.")) -> dict[str, int]:
+    """warmroute's counters under `wasmcustom.warmroute.<prefix>` summed over gateways, named
+    without `wasmcustom.warmroute.` (decisions without `decision.` too: the report's keys)."""
     out: dict[str, int] = {}
     for i, e in enumerate(envoys):
         # The filter adds to its counters at each tick: wait for one, once for all gateways.
         for k, v in (e.stats() if i else e.settled_stats()).items():
-            if k.startswith("wasmcustom.warmroute.decision."):
+            name = k.removeprefix("wasmcustom.warmroute.")
+            if name != k and name.startswith(prefixes):
                 try:
-                    out[k.removeprefix("wasmcustom.warmroute.decision.")] = \
-                        out.get(k.removeprefix("wasmcustom.warmroute.decision."), 0) + int(v)
+                    key = name.removeprefix("decision.")
+                    out[key] = out.get(key, 0) + int(v)
                 except ValueError:
                     pass
     return {k: v for k, v in sorted(out.items()) if v}
@@ -78,7 +80,7 @@ class Bench:
                           [f"http://{s.address}" for s in f.sims], rdir / "report.json", max_s,
                           ["--records", str(rdir / "records.jsonl")])
             envoy_cpu = sum(proc_cpu_s(e.proc.pid) for e in f.envoys) - sum(cpu0)
-            dec = decisions(f.envoys) if kwargs.get("with_filter", True) else {}
+            dec = counters(f.envoys) if kwargs.get("with_filter", True) else {}
         row = row_from(rep, workload=workload, router=label or router, replicas=replicas, gateways=gateways,
                        kv_capacity_tokens=capacity, time_scale=scale, envoy_cpu_s=round(envoy_cpu, 2),
                        decisions=dec)
@@ -145,11 +147,11 @@ class Bench:
 
     def eviction(self, rounds: int = EVICTION_ROUNDS) -> None:
         """cache_aware with and without the pods' cache reports, on a fleet that evicts all
-        the time, in paired rounds: the first round's rows are the section's, the others
+        the time behind several gateways, in paired rounds: the first round's rows are the section's, the others
         join the re-runs, so each target is the median ratio over the rounds."""
         print(f"== eviction-heavy ({rounds} paired rounds)", flush=True)
         for i in range(rounds):
             while i and len(self.reruns) < i:
                 self.reruns.append([])
             for router in ("warmroute_cache_aware", "warmroute_cache_aware_no_feedback"):
-                self.quality("evicting", router, rerun=i)
+                self.quality("evicting", router, gateways=EVICTION_GATEWAYS, rerun=i)

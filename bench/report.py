@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
-from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS
+from scenarios import EVICTION_GATEWAYS, MIXED, SCALED_METRICS, TIME_SCALE, WORKLOADS
 
 
 def find(rows, workload, router, replicas=3, gateways=1, quick=False):
@@ -42,7 +42,8 @@ def g(r, *path):
     return v
 
 
-def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None = None) -> list[dict]:
+def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None = None,
+            ind: dict | None = None) -> list[dict]:
     out = []
 
     def check(name, measured, limit, ok):
@@ -118,8 +119,8 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             check(f"{workload}: 3 gateways hit rate >= 0.95x 1 gateway", r[1], ">= 0.95x", r[0] >= 0.95)
     for path, better in ((("hit_rate",), "higher"), (("ttft_ms", "mean"), "lower"), (("ttft_ms", "p95"), "lower")):
         def feedback_ratio(rs, path=path):
-            fb = find(rs, "evicting", "warmroute_cache_aware")
-            off = find(rs, "evicting", "warmroute_cache_aware_no_feedback")
+            fb = find(rs, "evicting", "warmroute_cache_aware", gateways=EVICTION_GATEWAYS)
+            off = find(rs, "evicting", "warmroute_cache_aware_no_feedback", gateways=EVICTION_GATEWAYS)
             a, b_ = (g(fb, *path), g(off, *path)) if fb and off else (None, None)
             if a is None or not b_:
                 return None
@@ -131,6 +132,8 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             ok = r[0] >= 1.0 if better == "higher" else r[0] <= 1.0
             check(f"evicting fleet: cache_aware {name} with the pods' cache reports vs without",
                   r[1], ">= 1.00x" if better == "higher" else "<= 1.00x", ok)
+    for t in independent_targets(ind):
+        check(*t)
     if ov:
         for c in ov["compare"]:
             lim = 50 if c["size"] == "1KB" else 150
@@ -138,6 +141,123 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
                   f"{c['added_p50_us']:.0f} us"
                   + f" (floor filter {c['floor_added_p50_us']:.0f} us)",
                   f"<= {lim} us", c["added_p50_us"] <= lim)
+    return out
+
+
+def mixed_ratios(mx: dict) -> list[dict]:
+    """Per paired round of the mixed section: interactive TTFT P95 and batch output tokens/s,
+    with the gate over without, and the requests lost (neither answered nor shed) in each run."""
+    out = []
+    for rnd in sorted({r["round"] for r in mx["rows"]}):
+        by = {r["mode"]: r for r in mx["rows"] if r["round"] == rnd}
+        w, wo = by.get("with_gate"), by.get("without_gate")
+        if not (w and wo):
+            continue
+        ttft = [g(r, "classes", "interactive", "ttft_ms", "p95") for r in (w, wo)]
+        tps = [g(r, "classes", "batch", "output_tokens_per_s") for r in (w, wo)]
+        lost = [sum(c.get("lost", 0) for c in r["classes"].values()) for r in (w, wo)]
+        out.append({"round": rnd, "ttft_p95": ttft, "batch_tps": tps, "lost": lost,
+                    "shed": [sum(c.get("shed", 0) for c in r["classes"].values()) for r in (w, wo)],
+                    "ttft_ratio": ttft[0] / ttft[1] if None not in ttft and ttft[1] else None,
+                    "tps_ratio": tps[0] / tps[1] if None not in tps and tps[1] else None})
+    return out
+
+
+def mixed_targets(mx: dict | None) -> list[dict]:
+    """The mixed row's three targets: medians over paired rounds; no loss in any run."""
+    rs = mixed_ratios(mx) if mx else []
+    if not rs:
+        return []
+    out = []
+
+    def med(key, limit, ok, unit_fmt):
+        vals = [r[key] for r in rs if r[key] is not None]
+        if not vals:
+            return
+        m = median(vals)
+        each = ", ".join(f"{v:.3f}" for v in vals)
+        detail = "; ".join(unit_fmt(r) for r in rs)
+        out.append({"target": f"mixed: {key_names[key]}", "limit": limit,
+                    "measured": f"{m:.3f}x median of {len(vals)} paired rounds ({each}); {detail}",
+                    "result": "PASS" if ok(m) else "FAIL"})
+
+    key_names = {"ttft_ratio": "interactive TTFT P95 with the gate <= 0.3x without",
+                 "tps_ratio": "batch completed output tokens/s with the gate >= 0.9x without"}
+    med("ttft_ratio", "<= 0.30x", lambda m: m <= 0.3, lambda r: f"{r['ttft_p95'][0]:.0f} vs {r['ttft_p95'][1]:.0f} ms")
+    med("tps_ratio", ">= 0.90x", lambda m: m >= 0.9, lambda r: f"{r['batch_tps'][0]:.0f} vs {r['batch_tps'][1]:.0f}")
+    lost_with = sum(r["lost"][0] for r in rs)
+    out.append({"target": "mixed: zero requests lost with the gate (each answered or shed with 429)",
+                "measured": f"{lost_with} lost over {len(rs)} runs with the gate (without: "
+                            f"{sum(r['lost'][1] for r in rs)}); shed {sum(r['shed'][0] for r in rs)}",
+                "limit": "0", "result": "PASS" if lost_with == 0 else "FAIL"})
+    return out
+
+
+def mixed_markdown(mx: dict) -> list[str]:
+    L = ["## Mixed priority classes at overload (cache_aware without and with the gate)\n",
+         f"`warmroute-loadgen {' '.join(mx['args'])}`, 3 sims with `{' '.join(mx['sim'])}` and "
+         f"`--kv-capacity-tokens {mx['capacity']}`, gate `{mx['gate']}`. {MIXED['why'][:1].upper()}{MIXED['why'][1:]} "
+         "TTFT in wall ms at time scale 10; tok/s = the class's completed output tokens over the span it was "
+         "served in (first answered start to last answer's end). Pod running / waiting: each sim's "
+         "`vllm:num_requests_{running,waiting}` sampled every 100 ms while it was busy.\n",
+         "| round | mode | interactive TTFT p50 | p95 | p99 | interactive ok / shed / lost | batch tok/s | "
+         "batch ok / shed / lost | runtime s | gate held interactive / batch | pod running / waiting (mean) "
+         "| client cpu |",
+         "|" + "---|" * 12]
+    for r in mx["rows"]:
+        i, b = r["classes"].get("interactive", {}), r["classes"].get("batch", {})
+        gt = r.get("gate", {})
+        L.append(f"| {r['round']} | {r['mode']} | {fmt(g(i, 'ttft_ms', 'p50'))} | {fmt(g(i, 'ttft_ms', 'p95'))} | "
+                 f"{fmt(g(i, 'ttft_ms', 'p99'))} | {i.get('ok')} / {i.get('shed')} / {i.get('lost')} | "
+                 f"{fmt(b.get('output_tokens_per_s'))} | {b.get('ok')} / {b.get('shed')} / {b.get('lost')} | "
+                 f"{fmt(r['runtime_s'], 1)} | {gt.get('interactive.held', 0)} / {gt.get('batch.held', 0)} | "
+                 f"{fmt(g(r, 'pods', 'running_mean'), 1)} / {fmt(g(r, 'pods', 'waiting_mean'), 1)} | "
+                 f"{fmt(r['client_cpu_util'], 2)} |")
+    L.append("")
+    return L
+
+
+def independent_targets(ind: dict | None) -> list[tuple]:
+    """issue 17's targets on guidellm's two shapes: (name, measured, limit, ok), each ratio the
+    median over the paired runs (cache_aware / round robin within one run)."""
+    if not ind or not ind.get("runs"):
+        return []
+    out = []
+
+    def pair(run, shape):
+        rows = {r["router"]: r for r in run if r["workload"] == f"guidellm_{shape}"}
+        return rows.get("warmroute_cache_aware"), rows.get("envoy_round_robin")
+
+    def ratios(shape, path):
+        vals = []
+        for run in ind["runs"]:
+            ca, rr = pair(run, shape)
+            if ca and rr and g(rr, *path):
+                vals.append(g(ca, *path) / g(rr, *path))
+        return vals
+
+    def add(name, shape, path, limit, higher=False):
+        v = ratios(shape, path)
+        if v:
+            m = median(v)
+            each = ", ".join(f"{x:.3f}" for x in v)
+            out.append((name, f"median {m:.3f}x of {len(v)} paired run(s) ({each})",
+                        f">= {limit}x" if higher else f"<= {limit}x", m >= limit if higher else m <= limit))
+
+    add("guidellm hot prefix: TTFT mean <= round robin", "hot", ("ttft_ms", "mean"), 1.0)
+    add("guidellm hot prefix: TTFT P95 <= round robin", "hot", ("ttft_ms", "p95"), 1.0)
+    add("guidellm hot prefix: hit rate >= round robin", "hot", ("hit_rate",), 1.0, higher=True)
+    hot = [ca for ca in (pair(run, "hot")[0] for run in ind["runs"]) if ca]
+    if hot:
+        least = [min(c["per_pod_requests"]) * len(c["per_pod_requests"]) / max(sum(c["per_pod_requests"]), 1)
+                 for c in hot]
+        out.append(("guidellm hot prefix: every pod used (least-used pod's requests / an even share)",
+                    ", ".join(f"{x:.2f}" for x in least) + " per run", ">= 0.5 in every run",
+                    all(x >= 0.5 for x in least)))
+    add("guidellm 40 prefixes: hit rate >= 1.3x round robin (kept well above)", "prefixes40", ("hit_rate",), 1.3,
+        higher=True)
+    add("guidellm 40 prefixes: TTFT P95 <= round robin", "prefixes40", ("ttft_ms", "p95"), 1.0)
+    add("guidellm 40 prefixes: TTFT P99 <= round robin", "prefixes40", ("ttft_ms", "p99"), 1.0)
     return out
 
 
@@ -238,6 +358,29 @@ def markdown(res: dict) -> str:
         fl = ov["client_floor_1KB"]
         L.append(f"\nClient floor (loadgen straight to the instant backend, 1 KB): p50 {fl['e2e_ms']['p50'] * 1000:.0f} us, "
                  f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
+    if res.get("mixed"):
+        L.extend(mixed_markdown(res["mixed"]))
+    ind = res.get("independent")
+    if ind and ind.get("runs"):
+        L.append(f"## Independent client: {ind['client']}, concurrency {ind['concurrency']}\n")
+        L.append(f"3 replicas with {ind['kv_capacity_tokens']} KV tokens each at time scale {ind['time_scale']:g} "
+                 "(real-GPU-equivalent ms: guidellm's own per-request overhead would blur a faster sim). "
+                 "A word-level tokenizer built offline from guidellm's source text counts tokens as the sims do. "
+                 "TTFT from guidellm's report; hit rate and requests per pod from the replicas' counters "
+                 "(they include guidellm's warm-up calls).\n")
+        for name, why in ind["shapes"].items():
+            L.append(f"- **{name}**: {why}")
+        L.append("\n| run | shape | router | hit rate | requests per pod | TTFT mean | p50 | p95 | p99 | e2e mean | "
+                 "errors | decisions |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for i, run in enumerate(ind["runs"], 1):
+            for r in run:
+                L.append(f"| {i} | {r['workload'].removeprefix('guidellm_')} | {r['router']} | "
+                         f"{fmt(r['hit_rate'] and r['hit_rate'] * 100, 1)}% | {r['per_pod_requests']} | "
+                         f"{fmt(g(r, 'ttft_ms', 'mean'), 1)} | {fmt(g(r, 'ttft_ms', 'p50'), 1)} | "
+                         f"{fmt(g(r, 'ttft_ms', 'p95'), 1)} | {fmt(g(r, 'ttft_ms', 'p99'), 1)} | "
+                         f"{fmt(g(r, 'e2e_ms', 'mean'))} | {r['errors']} | "
+                         + ", ".join(f"{k}={v}" for k, v in (r.get('decisions') or {}).items()) + " |")
+        L.append("")
     mem = res.get("memory")
     if mem:
         L.append(f"## Memory after {mem['prefixes']} distinct prefixes ({mem['ok']} ok, {mem['errors']} errors)\n")

@@ -3,12 +3,16 @@
     cd bench && ../.venv/bin/python run.py [--quick] [--only SECTION ...]
 
 Sections (all by default): agent conversation chat uniform (routing quality, 3 replicas,
-every router + the single-replica reference), scale8 (8 replicas), gateways (3 Envoys in
+every router + the single-replica reference), independent (guidellm, installed from
+bench/requirements.txt, on one hot shared prefix and on 40 prefixes, through warmroute and
+Envoy round robin, three paired runs), scale8 (8 replicas), gateways (3 Envoys in
 front of one fleet), reruns (the pairs behind the targets nearest their limits, twice more:
 those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
 backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision),
-eviction (cache_aware with and without the pods' cache reports on a fleet short of KV, 3 paired rounds).
-A full run takes about 22 minutes on 2 cores.
+eviction (cache_aware with and without the pods' cache reports on an evicting fleet behind 3
+gateways, 5 paired rounds), mixed (interactive chat + long batch jobs at overload, cache_aware
+without and with the priority gate, 3 paired rounds, bench/mixed.py). A full run takes about
+45 minutes on 2 cores (the independent section about 15).
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
@@ -30,9 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import independent
+from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
-from report import markdown, plot, row_key, targets
+from report import markdown, mixed_targets, plot, row_key, targets
 from scenarios import WORKLOADS, lru_hit_rate
 from warmroute_harness import LOADGEN_BIN, SIM_BIN, WASM, envoy_binary
 
@@ -40,14 +46,15 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 NOTES = HERE / "notes.md"
 
-SECTIONS = ["agent", "conversation", "chat", "uniform", "scale8", "gateways", "eviction", "reruns", "overhead",
-            "memory", "decision"]
+SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
+            "overhead", "memory", "decision", "mixed"]
 
 
 def write_results(res: dict, out: Path, quick: bool) -> None:
     """Adds the targets and (for a full run) bench/notes.md to `res`, then writes latest.json
     and latest.md; the plot is the caller's, which may or may not tolerate its failure."""
-    res["targets"] = targets(res["quality"], res.get("overhead"), res.get("reruns"))
+    res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
+                      + mixed_targets(res.get("mixed")))
     res["notes"] = [NOTES.read_text()] if NOTES.exists() and not quick else []
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
@@ -87,7 +94,7 @@ def main() -> int:
                  "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Linux {os.uname().release}",
                  "envoy_version": subprocess.run([envoy_binary(), "--version"], capture_output=True,
                                                  text=True).stdout.strip().split("version:")[-1].strip()[:60]}
-    ov = mem = dc = None
+    ov = mem = dc = ind = None
     try:
         for s in sections:
             if s in WORKLOADS:
@@ -106,9 +113,13 @@ def main() -> int:
                 mem = memory(b)
             elif s == "decision":
                 dc = decision_curve(b)
+            elif s == "mixed":
+                res["mixed"] = mixed(b)
+            elif s == "independent":
+                ind = independent.section(logdir, a.quick)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
-                    "wall_s": time.time() - t0})
+                    "independent": ind, "wall_s": time.time() - t0})
         if a.merge and (out / "latest.json").exists():
             old = json.loads((out / "latest.json").read_text())
             new_keys = {row_key(r) for r in b.rows}
@@ -117,7 +128,7 @@ def main() -> int:
             res["quality"].sort(key=lambda r: (r["replicas"] == 8, r["gateways"] > 1, order.get(r["workload"], 9)))
             if not res["reruns"] and old.get("reruns"):
                 res["reruns"] = old["reruns"]
-            for k in ("overhead", "memory", "decision", "lru"):
+            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]

@@ -82,9 +82,9 @@ WORKLOADS: dict[str, dict] = {
     },
 }
 
-# The chat workload with a third of its KV per replica: every pod evicts all the time, so
-# the index often credits a pod with prefixes it lost. Run only through cache_aware with and
-# without the pods' cache reports (the `eviction` section), not through every router.
+# The chat workload with a third of its KV per replica: every pod evicts all the time, and
+# behind several gateways each index credits pods with prefixes they lost. Run only through
+# cache_aware with and without the pods' cache reports (the `eviction` section).
 WORKLOADS["evicting"] = {
     **WORKLOADS["chat"],
     "capacity": 20_000,
@@ -112,8 +112,12 @@ EXTRA_ROUTERS = {
     "warmroute_cache_aware_no_feedback": {"filter_overrides": {
         "strategy": "cache_aware", "metrics": SCALED_METRICS, "feedback": {"enabled": False}}},
 }
-# Paired rounds of the eviction section (cache_aware with and without feedback).
-EVICTION_ROUNDS = 3
+# Paired rounds of the eviction section (cache_aware with and without feedback), and its
+# gateways: with one, the index sees every prompt the pods hold and predicts 97% of the
+# tokens they report (one run), leaving feedback little to correct; three gateways in front
+# of the same pods evict each other's prefixes unseen, as replicas of a real gateway do.
+EVICTION_ROUNDS = 5
+EVICTION_GATEWAYS = 3
 
 
 # The pairs behind the targets nearest their limits, re-run by the `reruns` section.
@@ -151,3 +155,35 @@ def lru_hit_rate(capacity_tokens: int, limit: int) -> float:
             while len(lru) > cap:
                 lru.popitem(last=False)
     return hits / max(total, 1)
+
+
+# ------------------------------------------------------------------ mixed priority classes at overload
+
+# Interactive chat and long batch jobs on a fleet past its capacity, through cache_aware without
+# and with the priority gate (bench/mixed.py). The sizes are the first guess; `why` explains them.
+MIXED_SEQS = 8
+MIXED = {
+    "args": ["mixed", "--interactive", "220", "--rate", str(1.5 * TIME_SCALE),
+             "--interactive-start-ms", str(10000 / TIME_SCALE), "--system-tokens", "1000", "--user-tokens", "100",
+             "--output-tokens", "150", "--batch-workers", str(6 * MIXED_SEQS), "--batch-jobs", "12",
+             "--batch-prompt-tokens", "3000", "--batch-output-tokens", "400"],
+    "quick": ["mixed", "--interactive", "100", "--rate", str(1.5 * TIME_SCALE),
+              "--interactive-start-ms", str(10000 / TIME_SCALE), "--system-tokens", "1000", "--user-tokens", "100",
+              "--output-tokens", "150", "--batch-workers", str(6 * MIXED_SEQS), "--batch-jobs", "6",
+              "--batch-prompt-tokens", "3000", "--batch-output-tokens", "400"],
+    "capacity": 200_000,
+    "sim": ["--max-num-seqs", str(MIXED_SEQS)],
+    "gate": {"knee": {"requests": MIXED_SEQS}},
+    "why": "interactive chat beside long batch jobs on a fleet past its capacity. Each replica runs at most "
+           f"{MIXED_SEQS} sequences (`--max-num-seqs {MIXED_SEQS}`: a large model's batch at 3-4k-token contexts), "
+           f"{3 * MIXED_SEQS} in the fleet. {6 * MIXED_SEQS} closed-loop batch workers (twice the fleet's slots) "
+           "send 12 jobs each back to back: unique 3000-token prompts, 400-token outputs (document summaries), "
+           "so without the gate cache_aware spreads them and about "
+           f"{MIXED_SEQS} batch jobs wait in each sim's FIFO queue, ahead of any chat that arrives. Interactive: "
+           "1.5 chats/s (Poisson, from 1 s on, after the batch has filled the fleet), a shared 1000-token system "
+           "prompt, ~100-token user messages, 150-token replies: about an eighth of the output tokens. With the "
+           f"gate, `knee.requests` = {MIXED_SEQS} = `--max-num-seqs`: a pod is sent what it runs and no more, so "
+           "the pods run full batches at their knee, and the excess waits in Envoy, where interactive leaves "
+           "first (one release in ten goes to batch while chats wait: `lower_share` 0.1, the default).",
+}
+MIXED_ROUNDS = 3

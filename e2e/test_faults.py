@@ -16,10 +16,14 @@ import pytest
 from warmroute_harness import MODEL, Fleet, words
 
 CLIENTS = 12
-WARM_S = 1.5
-# Longer than the filter needs to take a dead pod out of rotation (metrics.unhealthy_after = 2
-# failed scrapes, period 500 ms: 0.5-1.5 s), so requests it still sends there are part of the run.
-AFTER_S = 2.5
+# Counted in requests and scrapes, not seconds (this machine is shared): the run warms up until
+# WARM requests have ended, the victim's among them, and goes on after the kill until AFTER
+# requests have started once the filter took the dead pod out of rotation
+# (metrics.unhealthy_after = 2 failed scrapes of it, then 2 ticks for every VM to read it) or,
+# without the filter, once it died: requests still sent there are part of the run.
+WARM = 60
+AFTER = 100
+UNHEALTHY_AFTER = 2
 
 
 @dataclass
@@ -75,19 +79,30 @@ def test_a_pod_killed_under_concurrent_load_fails_only_the_requests_in_flight_on
         threads = [threading.Thread(target=client, args=(c,), daemon=True) for c in range(CLIENTS)]
         for t in threads:
             t.start()
-        time.sleep(WARM_S)
-        before = f.envoy.stats()
-        kill_sent = time.time()
-        os.kill(victim.proc.pid, signal.SIGKILL)
-        victim.proc.wait(5)
-        # Reaped: the pod's sockets are closed, so a request sent from here on can only meet a
-        # refused connection there.
-        dead = time.time()
-        time.sleep(AFTER_S)
-        stop.set()
-        for t in threads:
-            t.join(40)
-        after = f.envoy.stats()
+        e = f.envoy
+        try:
+            e.wait_for(f"{WARM} requests, one served by the victim",
+                       lambda: len(outcomes) >= WARM and any(o.replica == victim.name and o.ok for o in outcomes))
+            before = e.stats()
+            scrape_failures = e.host_stats("pool-metrics").get(victim.port, {}).get("rq_error", 0)
+            kill_sent = time.time()
+            os.kill(victim.proc.pid, signal.SIGKILL)
+            victim.proc.wait(5)
+            # Reaped: the pod's sockets are closed, so a request sent from here on can only meet
+            # a refused connection there.
+            dead = time.time()
+            if with_filter:
+                e.wait_for(f"{UNHEALTHY_AFTER} failed scrapes of the killed pod", lambda: e.host_stats(
+                    "pool-metrics").get(victim.port, {}).get("rq_error", 0) >= scrape_failures + UNHEALTHY_AFTER)
+                e.wait_ticks(2)
+            out = time.time()
+            e.wait_for(f"{AFTER} requests started after the pod was out",
+                       lambda: sum(1 for o in outcomes if o.start >= out) >= AFTER)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(40)
+        after = e.stats()
 
     after_kill = [o for o in outcomes if o.start >= dead]
     failed = [o for o in outcomes if not o.ok]

@@ -1,4 +1,9 @@
-"""The companion tick through the real Envoy: load-aware shares, dead backends, one scraper per Envoy."""
+"""The companion tick through the real Envoy: load-aware shares, dead backends, one scraper per Envoy.
+
+Time is counted in events, not seconds (this machine's ticks can be late): scrapes of a pod as
+Envoy's metrics cluster counts them per host when they end, and the lease holder's ticks (one
+scrape of every pod each); the filter's choice per request is its debug header. Waits have
+generous timeouts as hang guards only: a timeout fails naming the event that never came."""
 
 from __future__ import annotations
 
@@ -10,6 +15,21 @@ from concurrent.futures import ThreadPoolExecutor
 from warmroute_harness import MODEL, Fleet, post, words
 
 PERIOD_MS = 200
+UNHEALTHY_AFTER = HEALTHY_AFTER = 2  # the shipped metrics.unhealthy_after / healthy_after
+
+
+def chosen(reply) -> str | None:
+    """The pod the filter chose (its debug header), whatever Envoy's retries then served."""
+    fields = dict(kv.split("=", 1) for kv in reply.headers.get("x-warmroute", "").split(";") if "=" in kv)
+    return fields.get("backend")
+
+
+def failed_scrapes(f: Fleet, sim) -> int:
+    return f.envoy.host_stats("pool-metrics").get(sim.port, {}).get("rq_error", 0)
+
+
+def answered_scrapes(f: Fleet, sim) -> int:
+    return f.envoy.host_stats("pool-metrics").get(sim.port, {}).get("rq_success", 0)
 
 
 def metrics_overrides(**extra) -> dict:
@@ -36,10 +56,8 @@ def test_a_backend_with_a_long_queue_gets_a_smaller_share():
         floods = [threading.Thread(target=flood, daemon=True) for _ in range(8)]
         for t in floods:
             t.start()
-        deadline = time.time() + 10
-        while busy.metrics().get("vllm:num_requests_waiting", 0) < 5 and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(3 * PERIOD_MS / 1000)
+        f.envoy.wait_for("a queue of 5 on sim-0", lambda: busy.metrics().get("vllm:num_requests_waiting", 0) >= 5)
+        f.envoy.wait_scraped(busy)  # a scrape shows the queue to every VM
         counts = collections.Counter(
             post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"fg {i}", "max_tokens": 1}).replica
             for i in range(30))
@@ -50,30 +68,35 @@ def test_a_backend_with_a_long_queue_gets_a_smaller_share():
 
 
 def test_a_killed_backend_leaves_rotation_and_rejoins():
-    with Fleet(3, ["--time-scale", "20"], filter_overrides={"strategy": "round_robin", **metrics_overrides()}) as f:
+    with Fleet(3, ["--time-scale", "20"],
+               filter_overrides={"strategy": "round_robin", "debug_header": True, **metrics_overrides()}) as f:
         victim = f.sims[1]
+        e = f.envoy
+        failed = failed_scrapes(f, victim)
         victim.stop()
-        killed_at = time.time()
-        # Requests keep flowing while the tick notices; Envoy's retry to the next endpoint covers the gap.
-        results = []
-        while time.time() - killed_at < 2 * 2 * PERIOD_MS / 1000 + 0.3:
-            r = post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": "k", "max_tokens": 1})
-            results.append((time.time() - killed_at, r))
-        after = [post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"a{i}", "max_tokens": 1}) for i in range(30)]
+        # Requests keep flowing while the tick notices; Envoy's retry to the next endpoint covers
+        # the gap. Out of rotation within UNHEALTHY_AFTER failed scrapes of it, seen by every VM
+        # within 2 more ticks of the holder.
+        def noticed() -> bool:
+            post(e.port, "/v1/completions", {"model": MODEL, "prompt": "k", "max_tokens": 1})
+            return failed_scrapes(f, victim) >= failed + UNHEALTHY_AFTER
+        e.wait_for(f"{UNHEALTHY_AFTER} failed scrapes of the killed pod", noticed)
+        e.wait_ticks(2)
+        assert healthy_gauge(f, victim) == "0"
+        after = [post(e.port, "/v1/completions", {"model": MODEL, "prompt": f"a{i}", "max_tokens": 1}) for i in range(30)]
         assert all(r.status == 200 for r in after), [r.status for r in after]
         assert victim.name not in {r.replica for r in after}
-        # Within two tick periods after the failure threshold, the filter itself stops choosing it.
-        stats = f.envoy.stats()
-        assert stats.get(f"wasmcustom.warmroute.backend.{victim.name}.healthy") == "0"
-        chosen_before = f.envoy.counter(f"warmroute.backend.{victim.name}.chosen")
-        for i in range(9):
-            post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"b{i}", "max_tokens": 1})
-        assert f.envoy.counter(f"warmroute.backend.{victim.name}.chosen") == chosen_before
+        # The filter itself stops choosing it (not only Envoy's retry saving the request).
+        assert victim.name not in {chosen(r) for r in after}, [chosen(r) for r in after]
+        answered = answered_scrapes(f, victim)
         victim.start(f.logdir)
-        # Back after healthy_after (2) good scrapes, seen by every VM one tick later.
-        time.sleep(4 * PERIOD_MS / 1000)
+        # Back after healthy_after good scrapes (all of them after the restart), seen by every VM
+        # within 2 more ticks of the holder.
+        e.wait_for(f"{HEALTHY_AFTER} answered scrapes of the restarted pod",
+                   lambda: answered_scrapes(f, victim) >= answered + HEALTHY_AFTER)
+        e.wait_ticks(2)
         back = collections.Counter(
-            post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"c{i}", "max_tokens": 1}).replica
+            post(e.port, "/v1/completions", {"model": MODEL, "prompt": f"c{i}", "max_tokens": 1}).replica
             for i in range(9))
         assert back[victim.name] == 3, back
 
@@ -90,16 +113,21 @@ def test_a_backend_that_is_not_a_cluster_endpoint_is_marked_down():
     fleet.envoy.endpoints = fleet.sims[:2]
     with fleet as f:
         stray = f.sims[2]
-        deadline = time.time() + 10
-        while healthy_gauge(f, stray) != "0" and time.time() < deadline:
-            time.sleep(PERIOD_MS / 4000)
-        assert healthy_gauge(f, stray) == "0"
-        # Counted in scrapes, not seconds (this machine's ticks can be late): at most
-        # 3 periods' worth, and each scraped pod answered for itself only.
-        stats = f.envoy.settled_stats()
-        assert int(stats["wasmcustom.warmroute.scrape.failed"]) <= 3 + 2, stats["wasmcustom.warmroute.scrape.failed"]
+        e = f.envoy
+        # Scrapes of sim-2 fail in Envoy (no host to pick: `upstream_cx_none_healthy`), counted
+        # as they end. It is down within UNHEALTHY_AFTER of them, once every VM has read the
+        # verdict: the gauge is read in the same snapshot as the count, and the VMs' ticks that
+        # publish the verdict come with at most 2 more of the holder's scrapes of it.
+        def down() -> dict[str, str] | None:
+            st = e.stats()
+            fresh = all(st.get(f"wasmcustom.warmroute.backend.{s.name}.healthy") == "1" for s in f.sims[:2])
+            return st if fresh and st.get(f"wasmcustom.warmroute.backend.{stray.name}.healthy") == "0" else None
+        st = e.wait_for("sim-2 marked down (and the others up)", down)
+        failures = e.stat("cluster.pool-metrics.upstream_cx_none_healthy", st)
+        assert UNHEALTHY_AFTER <= failures <= UNHEALTHY_AFTER + 2, failures
+        # Each scraped pod answered for itself only: nothing reached sim-2.
         assert stray.metrics().get("vllm:request_success_total", 0) == 0
-        replies = [post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"s{i}", "max_tokens": 1})
+        replies = [post(e.port, "/v1/completions", {"model": MODEL, "prompt": f"s{i}", "max_tokens": 1})
                    for i in range(12)]
         assert all(r.status == 200 for r in replies)
         assert {r.replica for r in replies} == {"sim-0", "sim-1"}
@@ -111,30 +139,34 @@ def test_a_slow_metrics_endpoint_does_not_eject_a_pod_that_serves():
     # times out while it keeps answering requests.
     with Fleet(3, ["--time-scale", "20"], filter_overrides={"strategy": "round_robin"}) as f:
         slow = f.sims[1]
+        e = f.envoy
         stop = threading.Event()
         served = collections.Counter()
 
         def client(i):
             n = 0
             while not stop.is_set():
-                r = post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": f"t{i} {n}", "max_tokens": 1})
+                r = post(e.port, "/v1/completions", {"model": MODEL, "prompt": f"t{i} {n}", "max_tokens": 1})
                 served[(r.status, r.replica)] += 1
                 n += 1
 
         with ThreadPoolExecutor(4) as ex:
             for i in range(4):
                 ex.submit(client, i)
-            time.sleep(1.0)
+            e.wait_for("30 requests served", lambda: sum(served.values()) >= 30)
             slow.stop()
             slow.args += ["--metrics-delay-ms", "450"]
             slow.start(f.logdir)
-            time.sleep(1.0)
+            # Counted in the holder's ticks (scrapes of the fast pods), not seconds: 2 for the
+            # scrapes of the restarted pod to start timing out, then 8 whose gauge each VM
+            # writes at its tick from what the holder shared.
+            e.wait_ticks(2)
             gauges, before = [], served[(200, slow.name)]
-            for _ in range(16):  # 4 s: 8 scrape periods
-                time.sleep(0.25)
+            for _ in range(8):
+                e.wait_ticks(1)
                 gauges.append(healthy_gauge(f, slow))
             stop.set()
-        stats = f.envoy.settled_stats()
+        stats = e.settled_stats()
         assert int(stats["wasmcustom.warmroute.scrape.slow"]) >= 6, "the delay did not make scrapes time out"
         assert gauges.count("0") == 0, gauges
         assert served[(200, slow.name)] - before > 0, served
@@ -145,47 +177,79 @@ def test_a_slow_metrics_endpoint_does_not_eject_a_pod_that_serves():
 def test_a_down_verdict_expires_once_scraping_stops():
     # sim-1 is dead long enough to be marked down; the operator turns scraping off and the
     # pod comes back: no scrape will ever clear the verdict, which must expire on its own.
+    # When exactly (stale_after_ms after the last failed scrape, in host time) is unit-tested
+    # (health::a_down_verdict_nobody_renews_expires); here, through Envoy, that it expires at
+    # all, not before stale_after_ms, and with no scrape: there is no tick to count once
+    # scraping is off, so only the lower bound is in seconds (a late machine can only delay
+    # the return), and the upper one is a hang guard.
     stale_ms = 1500
     fleet = Fleet(3, ["--time-scale", "20"], dynamic_listener=True,
                   filter_overrides={"strategy": "round_robin", **metrics_overrides(stale_after_ms=stale_ms)})
     with fleet as f:
         victim = f.sims[1]
+        e = f.envoy
         victim.stop()
-        deadline = time.time() + 10
-        while healthy_gauge(f, victim) != "0" and time.time() < deadline:
-            time.sleep(PERIOD_MS / 4000)
-        assert healthy_gauge(f, victim) == "0"
-        # Scraping stops first: a scrape of the restarted pod would clear the verdict.
-        f.envoy.reconfigure({"metrics": {"enabled": False}})
-        changed = time.time()
+        e.wait_for("sim-1 marked down", lambda: healthy_gauge(f, victim) == "0")
+        # When each failed scrape of it ended, to within a poll: the verdict is renewed by each.
+        samples: list[tuple[float, int]] = []
+        sampling = threading.Event()
+
+        def sample():
+            while not sampling.is_set():
+                samples.append((time.time(), failed_scrapes(f, victim)))
+                time.sleep(0.01)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        # Scraping stops first: a scrape of the restarted pod would clear the verdict. The old
+        # listener's VMs (which scrape) are gone when this returns.
+        e.reconfigure({"metrics": {"enabled": False}})
+        sampling.set()
+        sampler.join(5)
+        last = failed_scrapes(f, victim)
+        # The last failed scrape ended after the last sample that had not counted it yet.
+        renewed = max((t for t, n in samples if n < last), default=None)
+        assert renewed is not None, "no scrape of sim-1 failed while the old listener drained"
+        scrapes = e.stat("cluster.pool-metrics.upstream_rq_completed")
         victim.start(f.logdir)
-        replicas = []
-        while time.time() - changed < 4 * stale_ms / 1000:
-            r = post(f.envoy.port, "/v1/completions", {"model": MODEL, "prompt": "e", "max_tokens": 1})
+        back: list[float] = []
+
+        def returned() -> bool:
+            start = time.time()
+            r = post(e.port, "/v1/completions", {"model": MODEL, "prompt": "e", "max_tokens": 1})
             assert r.status == 200
-            replicas.append((time.time() - changed, r.replica))
-            time.sleep(0.02)
-        first = min((t for t, name in replicas if name == victim.name), default=None)
-        assert first is not None, "the pod never got traffic back"
-        # The verdict is at most stale_after_ms old when scraping stops; the new VM's first
-        # tick (one period) re-reads it.
-        assert first <= (stale_ms + 2 * PERIOD_MS) / 1000 + 0.5, first
-        assert f.envoy.counter("warmroute.scrape.ok") > 0
+            if r.replica == victim.name:
+                back.append(start)
+            return bool(back)
+        e.wait_for("the pod's traffic back", returned, timeout=10 * stale_ms / 1000)
+        assert back[0] >= renewed + stale_ms / 1000, (back[0] - renewed, "back before the verdict expired")
+        assert e.stat("cluster.pool-metrics.upstream_rq_completed") == scrapes, "a scrape ran after scraping stopped"
 
 
 def test_one_scrape_per_backend_per_period_with_four_workers():
+    # Five VMs (main + 4 workers) scraping would scrape every pod ~5 times a period. Counted:
+    # a window of WINDOW scrapes of the most scraped pod, whose wall-clock length bounds the
+    # ticks in it from above (Envoy re-arms a VM's tick timer a period after it ran, so a
+    # late machine only makes the window longer, never holds more ticks).
+    window = 15
     with Fleet(3, ["--time-scale", "20"], concurrency=4, filter_overrides=metrics_overrides()) as f:
-        time.sleep(1.0)
-        start = f.envoy.counter("warmroute.scrape.ok")
-        window = 3.0
-        time.sleep(window)
-        scrapes = f.envoy.counter("warmroute.scrape.ok") - start
-        expected = window * 1000 / PERIOD_MS * len(f.sims)
-        # Five VMs (main + 4 workers) scraping would give ~5x.
-        assert 0.6 * expected <= scrapes <= 1.3 * expected, (scrapes, expected)
+        e = f.envoy
+        e.wait_ticks(2)
+        start = {s.name: e.scrapes(s) for s in f.sims}
+        t0 = time.time()
+        e.wait_ticks(window)
+        elapsed = time.time() - t0
+        scrapes = {s.name: e.scrapes(s) - start[s.name] for s in f.sims}
+        # One scrape per pod per tick of one VM, every pod each tick; a late lease renewal that
+        # hands the lease over may add one.
+        periods = elapsed * 1000 / PERIOD_MS
+        assert all(n <= periods + 2 for n in scrapes.values()), (scrapes, periods)
+        assert all(n >= window - 1 for n in scrapes.values()), scrapes
 
 
 def test_without_metrics_the_filter_still_routes_on_its_own_accounting():
+    # 24 distinct prompts from 4 clients, placed by rendezvous on their hash (~uniform): some
+    # pod gets none with probability at most 3 (2/3)^24 = 2e-4.
     with Fleet(3, ["--time-scale", "20"], filter_overrides={"metrics": {"enabled": False}}) as f:
         def one(i):
             return post(f.envoy.port, "/v1/chat/completions",
@@ -195,4 +259,6 @@ def test_without_metrics_the_filter_still_routes_on_its_own_accounting():
             replies = list(ex.map(one, range(24)))
         assert all(r.status == 200 for r in replies)
         assert len({r.replica for r in replies}) == 3
-        assert f.envoy.counter("warmroute.scrape.ok") == 0
+        # No scrape: Envoy's metrics cluster never got a request. With scraping off there is no
+        # tick to count, so this waits two periods (a late machine only makes it less sensitive).
+        assert f.envoy.stat("cluster.pool-metrics.upstream_rq_total", f.envoy.settled_stats()) == 0

@@ -115,7 +115,5 @@ def test_stalled_http2_uploads_leave_rss_bounded_and_envoy_serving():
         assert reset > 0, "the overload manager reset no stream"
         assert reset + stalled == n
         # Closing the connection ends every stream Envoy still held.
-        deadline = time.time() + 10
-        while time.time() < deadline and f.envoy.stats().get("http.ingress.downstream_rq_active") != "0":
-            time.sleep(0.1)
-        assert f.envoy.stats().get("http.ingress.downstream_rq_active") == "0"
+        f.envoy.wait_for("no stream left active after the close",
+                         lambda: f.envoy.stats().get("http.ingress.downstream_rq_active") == "0")

@@ -1,11 +1,14 @@
-"""Several models and a LoRA adapter behind one gateway: the request's model decides the pods."""
+"""Several models and a LoRA adapter behind one gateway: the request's model decides the pods.
+
+What the filter knows of a pod's adapters and queue comes from its scrapes: tests wait for a
+scrape of it that began after the state changed, and for every VM's tick after that, counted
+in scrapes (Envoy's per-host counts), not seconds."""
 
 from __future__ import annotations
 
 import collections
 import http.client
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from warmroute_harness import Fleet, post, words
@@ -54,6 +57,8 @@ def test_every_request_lands_on_a_pod_that_serves_its_model():
             assert r.status == 200, (model, r.status, r.body[:200])
             served[model][r.replica] += 1
         assert set(served[QWEN]) == {"sim-3"}, served
+        # 20 distinct llama prompts, placed by rendezvous on their hash (~uniform over 3 pods):
+        # all on one with probability 3 (1/3)^20 = 9e-10.
         assert set(served[LLAMA]) <= {"sim-0", "sim-1", "sim-2"} and len(served[LLAMA]) >= 2, served
         assert set(served[SQL]) <= {"sim-1", "sim-2"}, served
         # No pod serves it, and every pod says what it serves: OpenAI's 404, not a random pod.
@@ -76,10 +81,8 @@ def test_adapter_requests_concentrate_where_it_is_loaded():
         resp = c.getresponse()
         resp.read1(1)
         try:
-            deadline = time.time() + 10
-            while time.time() < deadline and f'running_lora_adapters="{SQL}"' not in holder.metrics_text():
-                time.sleep(0.05)
-            time.sleep(3 * PERIOD_MS / 1000)  # a scrape of it, seen by every VM
+            f.envoy.wait_for("the adapter running on sim-2", lambda: f'running_lora_adapters="{SQL}"' in holder.metrics_text())
+            f.envoy.wait_scraped(holder)  # a scrape of it, seen by every VM
             served = collections.Counter(ask(f.envoy.port, SQL, f"sql-{i}").replica for i in range(20))
         finally:
             c.close()
@@ -99,15 +102,13 @@ def test_adapter_requests_move_to_a_free_slot_once_the_loaded_pods_saturate():
         c.getresponse().read1(1)
         with ThreadPoolExecutor(8) as ex:
             try:
-                deadline = time.time() + 10
-                while time.time() < deadline and f'running_lora_adapters="{SQL}"' not in holder.metrics_text():
-                    time.sleep(0.05)
-                time.sleep(3 * PERIOD_MS / 1000)
+                f.envoy.wait_for("the adapter running on sim-2",
+                                 lambda: f'running_lora_adapters="{SQL}"' in holder.metrics_text())
+                f.envoy.wait_scraped(holder)
                 # Adapter requests go where it is loaded and queue there (one sequence, held)...
                 queued = [ex.submit(ask, f.envoy.port, SQL, f"queued-{i}") for i in range(8)]
-                while time.time() < deadline and holder.metrics().get("vllm:num_requests_waiting", 0) < 4:
-                    time.sleep(0.05)
-                time.sleep(3 * PERIOD_MS / 1000)  # a scrape shows the queue: saturated
+                f.envoy.wait_for("4 queued on sim-2", lambda: holder.metrics().get("vllm:num_requests_waiting", 0) >= 4)
+                f.envoy.wait_scraped(holder)  # a scrape shows the queue: saturated
                 # ... until it saturates: then to the pod with a free adapter slot.
                 after = collections.Counter(ask(f.envoy.port, SQL, f"after-{i}").replica for i in range(6))
             finally:

@@ -92,6 +92,9 @@ def test_same_prefix_lands_on_one_backend_and_different_prefixes_spread(strategy
             post(f.envoy.port, "/v1/chat/completions",
                  chat(MODEL, [system(f"tenant{i}_"), {"role": "user", "content": "q"}])).replica
             for i in range(24))
+        # 24 distinct system prompts, placed by rendezvous on their hash over addresses whose
+        # ports change per run (a fresh ~uniform draw): some pod gets none with probability at
+        # most 3 (2/3)^24 = 2e-4.
         assert len(spread) == 3, spread
 
 
@@ -182,10 +185,12 @@ def test_a_client_sent_routing_header_is_ignored():
                      {"x-gateway-destination-endpoint": target.address, "x-warmroute-backend": target.name})
             assert r.status == 200
             assert r.replica == debug(r)["backend"], "the filter's choice, not the client's, was served"
-        # Mixed: the filter's choices differ from the client's request at least once.
+        # Mixed: the filter's choices differ from the client's request at least once. Placement
+        # is a fresh draw per run (rendezvous over this run's ports): 8 prompts all on the named
+        # pod with probability (1/3)^8 = 2e-4.
         picks = {debug(post(f.envoy.port, "/v1/chat/completions",
                             chat(MODEL, [system(f"pin{i}_"), {"role": "user", "content": "q"}]),
-                            {"x-gateway-destination-endpoint": f.sims[0].address}))["backend"] for i in range(6)}
+                            {"x-gateway-destination-endpoint": f.sims[0].address}))["backend"] for i in range(8)}
         assert picks != {f.sims[0].name}
 
 
@@ -264,6 +269,7 @@ def test_every_route_mode_routes_end_to_end(variant, mode):
             assert r.status == 200
             assert r.replica == debug(r)["backend"], (mode, r.headers)
             served[r.replica] += 1
+        # 12 distinct prompts all on one pod of 3: probability 3 (1/3)^12 = 6e-6.
         assert len(served) >= 2, served
 
 
@@ -283,18 +289,21 @@ def test_inflight_is_released_on_every_outcome():
         with ThreadPoolExecutor(3) as ex:
             slow = [ex.submit(post, f.envoy.port, "/v1/completions",
                               {"model": MODEL, "prompt": f"dying {i}", "max_tokens": 400}, None, 30) for i in range(3)]
-            time.sleep(0.5)
-            f.sims[0].stop()
+            # All three running (400 decode steps: seconds at time scale 1); the pod that runs
+            # one dies under it.
+            def running() -> dict[str, float]:
+                n = {s.name: s.metrics().get("vllm:num_requests_running", 0) for s in f.sims}
+                return n if sum(n.values()) >= 3 else {}
+            running_on = f.envoy.wait_for("the three long requests running", running)
+            next(s for s in f.sims if running_on[s.name] > 0).stop()
             outcomes = [s.result().status for s in slow]
         assert outcomes, outcomes
-        deadline = time.time() + 5
-        while time.time() < deadline:
+
+        def released() -> dict[str, str]:
             stats = f.envoy.stats()
-            inflight = {s.name: stats.get(f"wasmcustom.warmroute.backend.{s.name}.inflight") for s in f.sims}
-            if all(v == "0" for v in inflight.values()):
-                break
-            time.sleep(0.1)
-        assert all(v == "0" for v in inflight.values()), inflight
+            return stats if all(stats.get(f"wasmcustom.warmroute.backend.{s.name}.inflight") == "0"
+                                for s in f.sims) else {}
+        stats = f.envoy.wait_for("every pod's in-flight gauge back at 0", released)
         prefill = {s.name: stats.get(f"wasmcustom.warmroute.backend.{s.name}.prefill_blocks") for s in f.sims}
         assert all(v == "0" for v in prefill.values()), prefill
         seen = {k.rsplit(".", 1)[1]: int(v) for k, v in f.envoy.settled_stats().items() if ".requests.cache_aware." in k}
@@ -315,11 +324,8 @@ def test_a_long_prefill_diverts_new_prompts_until_its_first_byte():
         with ThreadPoolExecutor(1) as ex:
             conn.request("POST", "/v1/chat/completions", json.dumps(long_body), {"content-type": "application/json"})
             reply = ex.submit(conn.getresponse)
-            busy, deadline = None, time.time() + 2
-            while busy is None and time.time() < deadline:
-                busy = next((s.name for s in f.sims if gauge(s.name, "prefill_blocks") > 1000), None)
-                time.sleep(0.05)
-            assert busy, "the long prompt's prefill is accounted"
+            busy = f.envoy.wait_for("the long prompt's prefill accounted",
+                                    lambda: next((s.name for s in f.sims if gauge(s.name, "prefill_blocks") > 1000), None))
             # Twelve new conversations while it prefills: rendezvous alone would put ~4 on it.
             chosen = []
             for i in range(12):
@@ -333,10 +339,10 @@ def test_a_long_prefill_diverts_new_prompts_until_its_first_byte():
             assert r.status == 200
             assert r.read1(64).startswith(b"data:")
             # First token out: its prefill no longer counts, the request still does until it ends
-            # (150 decode steps: seconds at this time scale).
-            deadline = time.time() + 2
-            while gauge(busy, "prefill_blocks") and time.time() < deadline:
-                time.sleep(0.05)
-            assert (gauge(busy, "prefill_blocks"), gauge(busy, "inflight")) == (0, 1)
+            # (150 decode steps: seconds at this time scale). Both gauges from one snapshot.
+            key = f"wasmcustom.warmroute.backend.{busy}."
+            stats = f.envoy.wait_for("the prefill released at the first byte",
+                                     lambda: (st := f.envoy.stats()).get(key + "prefill_blocks") == "0" and st)
+            assert stats.get(key + "inflight") == "1", stats.get(key + "inflight")
             r.read()
         conn.close()

@@ -12,14 +12,18 @@ import copy
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 
 from .client import free_port, get, wait_http
 from .repo import ROOT, WASM, envoy_binary
 from .sim import Sim
+
+T = TypeVar("T")
 
 
 def spawn_envoy(cfg: dict, name: str, logdir: Path, admin_port: int, concurrency: int,
@@ -103,6 +107,7 @@ class Envoy:
     proc: subprocess.Popen | None = None
     config: dict = field(default_factory=dict)
     tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
+    filter: dict = field(default_factory=dict)  # the filter's JSON as rendered (or reconfigured)
     # Serve the listener from a watched file (LDS) instead of static_resources, so that
     # reconfigure() can change the filter's JSON in the running Envoy (a VM reload).
     dynamic_listener: bool = False
@@ -127,6 +132,7 @@ class Envoy:
                 for i, s in enumerate(self.sims)
             ]
         _deep_update(fc, self.filter_overrides)
+        self.filter = fc
         self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
@@ -224,6 +230,7 @@ class Envoy:
         fc = filter_config(self.config)
         _deep_update(fc, filter_overrides)
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
+        self.filter = fc
         self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
         before = int(self.stats().get("listener_manager.lds.update_success", "0"))
         self._write_listeners()
@@ -258,15 +265,97 @@ class Envoy:
         doc = json.loads(get(self.admin_port, "/stats?format=json"))
         return {s["name"]: str(s["value"]) for s in doc["stats"] if "name" in s}
 
-    def settled_stats(self) -> dict[str, str]:
-        """Stats once every VM's tick has run: the filter adds request counts to Envoy's
-        counters at its tick, not per request."""
-        time.sleep(2 * self.tick_s + 0.1)
+    def settled_stats(self, ticks: int = 3, timeout: float = 30) -> dict[str, str]:
+        """Stats once the filter's VMs have flushed what they counted: the filter adds request
+        counts to Envoy's counters at its tick, not per request. Counted in ticks of the lease
+        holder (see `ticks`), not in seconds, so a late tick on a loaded machine only waits
+        longer; every VM ticks on the same period, so `ticks` of the holder's cover one of
+        each. Without a tick clock (metrics off, fixed list) it can only wait 2 periods."""
+        if self.has_tick_clock():
+            self.wait_ticks(ticks, timeout)
+        else:
+            time.sleep(2 * self.tick_s + 0.1)
         return self.stats()
 
-    def counter(self, name: str) -> int:
-        v = self.settled_stats().get(f"wasmcustom.{name}", "0")
+    def stat(self, name: str, stats: dict[str, str] | None = None) -> int:
+        """One counter or gauge as a number (0 when absent)."""
+        v = (self.stats() if stats is None else stats).get(name, "0")
         try:
             return int(v)
         except ValueError:
             return 0
+
+    def wait_for(self, what: str, ready: Callable[[], T], timeout: float = 30, poll: float = 0.02) -> T:
+        """Polls `ready` until it returns something truthy, and returns that. The timeout is a
+        hang guard, not the assertion: tests count events (scrapes, reads, requests), and a
+        timeout only says the event never came, failing with `what` in the message."""
+        deadline = time.time() + timeout
+        while True:
+            got = ready()
+            if got:
+                return got
+            if time.time() > deadline:
+                raise AssertionError(f"hang guard: {what} not seen within {timeout:.0f} s "
+                                     f"(see {self.port}'s Envoy log)")
+            time.sleep(poll)
+
+    def host_stats(self, cluster: str) -> dict[int, dict[str, int]]:
+        """Envoy's per-host counters of `cluster` (admin /clusters), by the host's port."""
+        doc = json.loads(get(self.admin_port, f"/clusters?format=json&filter=^{cluster}$"))
+        out: dict[int, dict[str, int]] = {}
+        for c in doc.get("cluster_statuses", []):
+            for h in c.get("host_statuses", []):
+                port = h["address"]["socket_address"]["port_value"]
+                out[port] = {s["name"]: int(s.get("value") or 0) for s in h.get("stats", []) if "name" in s}
+        return out
+
+    def scrapes(self, sim: Sim | None = None) -> int:
+        """Scrapes that have ended (answered or failed), counted by Envoy's metrics cluster
+        per host as they end, not at the filter's tick: of `sim`, or of the most scraped
+        pod (one per tick of the lease holder, while its previous scrape is not pending)."""
+        hosts = self.host_stats("pool-metrics")
+        ended = {port: h.get("rq_success", 0) + h.get("rq_error", 0) for port, h in hosts.items()}
+        if sim is not None:
+            return ended.get(sim.port, 0)
+        return max(ended.values(), default=0)
+
+    def wait_scraped(self, sim: Sim, ticks: int = 2, timeout: float = 30) -> None:
+        """Waits until a scrape of `sim` that began after the call has ended (two more have: the
+        first may have been under way) and every VM has had a tick to read what it published
+        (`ticks` more of the holder's, one period apart, as every VM's are)."""
+        start = self.scrapes(sim)
+        self.wait_for(f"2 scrapes of {sim.name} (at {start})", lambda: self.scrapes(sim) >= start + 2, timeout)
+        self.wait_ticks(ticks, timeout)
+
+    def membership_reads(self) -> int:
+        """Reads of a discovered pool's endpoints that have ended: the lease holder makes one per
+        tick, through the `envoy-admin` cluster."""
+        return self.stat("cluster.envoy-admin.upstream_rq_completed")
+
+    def has_tick_clock(self) -> bool:
+        """Whether `ticks` can count: the shipped filter runs and reads a discovered pool or
+        scrapes through the `pool-metrics` cluster (a floor filter, or none, has no tick)."""
+        if not self.with_filter or self.wasm_file != WASM:
+            return False
+        clusters = {c["name"] for c in self.config.get("static_resources", {}).get("clusters", [])}
+        if "pool" in self.filter:
+            return "envoy-admin" in clusters
+        return self.filter.get("metrics", {}).get("enabled", True) and "pool-metrics" in clusters
+
+    def ticks(self) -> int:
+        """A clock that counts the lease holder's ticks from Envoy's stats: a discovered pool's
+        membership reads, else the scrapes of the most scraped pod. Only the holder's ticks
+        are observable; the filter exports no per-VM tick count."""
+        if not self.has_tick_clock():
+            raise RuntimeError("no tick clock: no filter, or metrics off and the pool a fixed list")
+        return self.membership_reads() if "pool" in self.filter else self.scrapes()
+
+    def wait_ticks(self, n: int, timeout: float = 30) -> int:
+        """Waits until the lease holder has ticked `n` more times; returns the clock."""
+        start = self.ticks()
+        return self.wait_for(f"{n} ticks of the filter (clock at {start})",
+                             lambda: (t := self.ticks()) >= start + n and t, timeout)
+
+    def counter(self, name: str) -> int:
+        """The filter's counter `name` once settled (see `settled_stats`)."""
+        return self.stat(f"wasmcustom.{name}", self.settled_stats())

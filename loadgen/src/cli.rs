@@ -60,6 +60,14 @@ pub enum WorkloadCmd {
         #[command(flatten)]
         args: UniformArgs,
     },
+    /// Interactive chats (Poisson) alongside closed-loop long batch jobs, each tagged
+    /// `x-warmroute-priority`; the report breaks results down per class.
+    Mixed {
+        #[command(flatten)]
+        common: Common,
+        #[command(flatten)]
+        args: MixedArgs,
+    },
 }
 
 /// Flags shared by all workloads.
@@ -228,6 +236,44 @@ pub struct UniformArgs {
     pub api: Api,
 }
 
+/// `mixed` flags.
+#[derive(Debug, Args)]
+pub struct MixedArgs {
+    /// Interactive requests.
+    #[arg(long, default_value_t = 100)]
+    pub interactive: usize,
+    /// Interactive arrival rate (requests/s, Poisson).
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// When the first interactive request arrives (ms after the start; batch starts at 0).
+    #[arg(long, default_value_t = 500.0)]
+    pub interactive_start_ms: f64,
+    /// Interactive shared system prompt (tokens).
+    #[arg(long, default_value_t = 256)]
+    pub system_tokens: usize,
+    /// Median interactive user message (tokens, log-normal).
+    #[arg(long, default_value_t = 60.0)]
+    pub user_tokens: f64,
+    /// Interactive max_tokens.
+    #[arg(long, default_value_t = 48)]
+    pub output_tokens: u32,
+    /// Closed-loop batch workers.
+    #[arg(long, default_value_t = 8)]
+    pub batch_workers: usize,
+    /// Jobs per batch worker, sent back to back.
+    #[arg(long, default_value_t = 4)]
+    pub batch_jobs: usize,
+    /// Batch prompt length (tokens).
+    #[arg(long, default_value_t = 1024)]
+    pub batch_prompt_tokens: usize,
+    /// Batch max_tokens (the median with --batch-output-sigma).
+    #[arg(long, default_value_t = 128)]
+    pub batch_output_tokens: u32,
+    /// Log-normal sigma of batch max_tokens (0: all the same).
+    #[arg(long, default_value_t = 0.0)]
+    pub batch_output_sigma: f64,
+}
+
 impl WorkloadCmd {
     /// Common flags.
     pub fn common(&self) -> &Common {
@@ -235,7 +281,8 @@ impl WorkloadCmd {
             WorkloadCmd::Conversation { common, .. }
             | WorkloadCmd::Agent { common, .. }
             | WorkloadCmd::Chat { common, .. }
-            | WorkloadCmd::Uniform { common, .. } => common,
+            | WorkloadCmd::Uniform { common, .. }
+            | WorkloadCmd::Mixed { common, .. } => common,
         }
     }
 
@@ -296,6 +343,23 @@ impl WorkloadCmd {
                     prompt_tokens: a.prompt_tokens,
                     output_tokens: a.output_tokens,
                     api: a.api,
+                    seed: c.seed,
+                },
+                &ro,
+            ),
+            WorkloadCmd::Mixed { args: a, .. } => workload::mixed(
+                &workload::MixedOpts {
+                    interactive: a.interactive,
+                    rate: a.rate,
+                    interactive_start_ms: a.interactive_start_ms,
+                    system_tokens: a.system_tokens,
+                    user_median: a.user_tokens,
+                    output_tokens: a.output_tokens,
+                    batch_workers: a.batch_workers,
+                    batch_jobs: a.batch_jobs,
+                    batch_prompt_tokens: a.batch_prompt_tokens,
+                    batch_output_tokens: a.batch_output_tokens,
+                    batch_output_sigma: a.batch_output_sigma,
                     seed: c.seed,
                 },
                 &ro,

@@ -1,7 +1,8 @@
 //! warmroute-loadgen: deterministic workloads and a cheap, measuring load client
 //! for warmroute demos, end-to-end tests and benchmarks.
 //!
-//! - [`workload`]: session/request generators (trace replay, agents, chat, uniform).
+//! - [`workload`]: session/request generators (trace replay, agents, chat, uniform,
+//!   mixed priority classes).
 //! - [`runner`]: drives sessions over a keep-alive HTTP/1.1 pool (TCP_NODELAY),
 //!   records TTFT (first SSE `data:` chunk), e2e, served-by replica and usage.
 //! - [`prom`]: backends' prefix-cache counters (via `warmroute_core::prometheus`)

@@ -8,6 +8,16 @@
 //!
 //! Latency statistics cover successful requests only; errors and deadline
 //! aborts are counted separately so a failing run cannot look fast.
+//! A 429 (shed by the gateway) is counted apart from errors: it is an answer,
+//! not a loss.
+//!
+//! **Per class** (requests carrying a priority class, e.g. the `mixed`
+//! workload): sent, answered, shed, failed, aborted and never-sent counts,
+//! `lost = failed + aborted + never sent`, TTFT and e2e of the answered, and
+//! `output_tokens_per_s = Σ usage.completion_tokens of the answered /
+//! (last answer's end − first answered request's start)`: the class's
+//! completed-token rate over the span it was served in.
+//!
 //! `client_cpu_s` is user+system CPU time of this process during the run
 //! (`getrusage(RUSAGE_SELF)`), to show the client core was not the bottleneck.
 
@@ -17,7 +27,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::prom::{fleet_hit_rate, BackendDelta};
-use crate::runner::{Outcome, RunResult};
+use crate::runner::{Outcome, RequestRecord, RunResult};
 
 /// Summary statistics of a sample (ms).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -93,6 +103,8 @@ pub struct Report {
     pub ok: usize,
     /// Failed requests.
     pub errors: usize,
+    /// Requests refused with a 429 (shed by the gateway).
+    pub shed: usize,
     /// Requests cut by `--max-seconds`.
     pub aborted: usize,
     /// Requests never sent (deadline / `--max-requests`).
@@ -131,6 +143,75 @@ pub struct Report {
     pub client_cpu_util: f64,
     /// Up to 5 distinct error messages with counts.
     pub error_samples: BTreeMap<String, usize>,
+    /// Results per priority class (empty when no request has one).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub classes: BTreeMap<String, ClassReport>,
+}
+
+/// The results of one priority class.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ClassReport {
+    /// Requests sent.
+    pub requests: usize,
+    /// Answered (2xx, complete stream).
+    pub ok: usize,
+    /// Refused with a 429.
+    pub shed: usize,
+    /// Failed (transport error, other non-2xx, timeout, truncated stream).
+    pub errors: usize,
+    /// Cut by `--max-seconds`.
+    pub aborted: usize,
+    /// Never sent (deadline / `--max-requests`).
+    pub skipped: usize,
+    /// `errors + aborted + skipped`: neither answered nor shed.
+    pub lost: usize,
+    /// Time to first token of the answered (ms).
+    pub ttft_ms: Option<Stats>,
+    /// End-to-end latency of the answered (ms).
+    pub e2e_ms: Option<Stats>,
+    /// Σ `usage.completion_tokens` of the answered.
+    pub output_tokens: u64,
+    /// From the first answered request's start to the last one's end (s).
+    pub span_s: f64,
+    /// `output_tokens / span_s` (0 when nothing was answered).
+    pub output_tokens_per_s: f64,
+}
+
+impl ClassReport {
+    /// The class's figures from its records and its never-sent count.
+    pub fn of(recs: &[&RequestRecord], skipped: usize) -> ClassReport {
+        let count = |o: Outcome| recs.iter().filter(|r| r.outcome == o).count();
+        let ok: Vec<_> = recs.iter().filter(|r| r.outcome == Outcome::Ok).collect();
+        let (errors, aborted) = (count(Outcome::Error), count(Outcome::Aborted));
+        let output_tokens = ok.iter().filter_map(|r| r.completion_tokens).sum();
+        let first = ok.iter().map(|r| r.start_ms).min_by(f64::total_cmp);
+        let last = ok
+            .iter()
+            .map(|r| r.start_ms + r.e2e_ms)
+            .max_by(f64::total_cmp);
+        let span_s = match (first, last) {
+            (Some(a), Some(b)) => ((b - a) / 1000.0).max(0.0),
+            _ => 0.0,
+        };
+        ClassReport {
+            requests: recs.len(),
+            ok: ok.len(),
+            shed: count(Outcome::Shed),
+            errors,
+            aborted,
+            skipped,
+            lost: errors + aborted + skipped,
+            ttft_ms: Stats::of(ok.iter().filter_map(|r| r.ttft_ms)),
+            e2e_ms: Stats::of(ok.iter().map(|r| r.e2e_ms)),
+            output_tokens,
+            span_s,
+            output_tokens_per_s: if span_s > 0.0 {
+                output_tokens as f64 / span_s
+            } else {
+                0.0
+            },
+        }
+    }
 }
 
 impl Report {
@@ -146,6 +227,22 @@ impl Report {
         let recs = &run.records;
         let ok: Vec<_> = recs.iter().filter(|r| r.outcome == Outcome::Ok).collect();
         let errors = recs.iter().filter(|r| r.outcome == Outcome::Error).count();
+        let shed = recs.iter().filter(|r| r.outcome == Outcome::Shed).count();
+        let mut names: Vec<&String> = recs.iter().filter_map(|r| r.class.as_ref()).collect();
+        names.extend(run.skipped_by_class.keys());
+        names.sort();
+        names.dedup();
+        let classes = names
+            .into_iter()
+            .map(|c| {
+                let of: Vec<_> = recs
+                    .iter()
+                    .filter(|r| r.class.as_ref() == Some(c))
+                    .collect();
+                let skipped = run.skipped_by_class.get(c).copied().unwrap_or(0);
+                (c.clone(), ClassReport::of(&of, skipped))
+            })
+            .collect();
         let aborted = recs
             .iter()
             .filter(|r| r.outcome == Outcome::Aborted)
@@ -189,6 +286,7 @@ impl Report {
             requests: recs.len(),
             ok: ok.len(),
             errors,
+            shed,
             aborted,
             skipped: run.skipped,
             runtime_s,
@@ -217,6 +315,7 @@ impl Report {
                 0.0
             },
             error_samples,
+            classes,
         }
     }
 
@@ -231,9 +330,19 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "  requests {}  ok {}  errors {}  aborted {}  skipped {}  runtime {:.2}s  ({:.1} req/s)",
-            self.requests, self.ok, self.errors, self.aborted, self.skipped, self.runtime_s, self.throughput_rps
+            "  requests {}  ok {}  errors {}  shed {}  aborted {}  skipped {}  runtime {:.2}s  ({:.1} req/s)",
+            self.requests, self.ok, self.errors, self.shed, self.aborted, self.skipped, self.runtime_s, self.throughput_rps
         );
+        for (name, c) in &self.classes {
+            let ttft = c.ttft_ms.map_or("n/a".to_string(), |t| {
+                format!("p50 {:.1} p95 {:.1} p99 {:.1}", t.p50, t.p95, t.p99)
+            });
+            let _ = writeln!(
+                s,
+                "  class {name:<12} sent {} ok {} shed {} failed {} aborted {} unsent {} (lost {})  TTFT ms {ttft}  {:.0} output tok/s over {:.1}s",
+                c.requests, c.ok, c.shed, c.errors, c.aborted, c.skipped, c.lost, c.output_tokens_per_s, c.span_s
+            );
+        }
         let _ = writeln!(
             s,
             "  fleet prefix-cache hit rate {} (metrics)   {} (usage: {} of {} prompt tokens cached)",
@@ -319,6 +428,7 @@ mod tests {
         RequestRecord {
             session: "s".into(),
             step: 0,
+            class: None,
             start_ms: 0.0,
             gateway: 0,
             outcome,
@@ -346,6 +456,7 @@ mod tests {
                 rec(Outcome::Aborted, None, 1.0),
             ],
             skipped: 2,
+            skipped_by_class: BTreeMap::new(),
             runtime: Duration::from_secs(2),
             started_unix_ms: 1.0e12,
         };
@@ -378,5 +489,59 @@ mod tests {
         assert_eq!(j["started_unix_ms"], 1.0e12);
         assert!(r.human().contains("served by"));
         assert!(process_cpu_seconds() > 0.0);
+        assert!(j.get("classes").is_none(), "no class, no breakdown");
+    }
+
+    #[test]
+    fn classes_count_sheds_apart_from_losses_and_rate_their_tokens() {
+        let tagged = |class: &str, outcome, start_ms, e2e_ms, tokens| RequestRecord {
+            class: Some(class.to_string()),
+            start_ms,
+            completion_tokens: Some(tokens),
+            status: Some(if outcome == Outcome::Shed { 429 } else { 200 }),
+            ..rec(outcome, Some("a"), e2e_ms)
+        };
+        let run = RunResult {
+            records: vec![
+                tagged("batch", Outcome::Ok, 0.0, 1000.0, 300),
+                tagged("batch", Outcome::Ok, 500.0, 1500.0, 300),
+                tagged("batch", Outcome::Aborted, 2000.0, 10.0, 0),
+                tagged("interactive", Outcome::Ok, 100.0, 40.0, 7),
+                tagged("interactive", Outcome::Shed, 200.0, 5.0, 0),
+                tagged("interactive", Outcome::Error, 300.0, 5.0, 0),
+                rec(Outcome::Ok, Some("a"), 10.0),
+            ],
+            skipped: 3,
+            skipped_by_class: BTreeMap::from([("batch".to_string(), 2), ("x".to_string(), 1)]),
+            runtime: Duration::from_secs(3),
+            started_unix_ms: 0.0,
+        };
+        let r = Report::build("mixed", "http://t", false, &run, vec![], 0.1);
+        assert_eq!((r.ok, r.errors, r.shed, r.aborted), (4, 1, 1, 1));
+        let b = &r.classes["batch"];
+        assert_eq!(
+            (b.requests, b.ok, b.shed, b.errors, b.aborted, b.skipped, b.lost),
+            (3, 2, 0, 0, 1, 2, 3)
+        );
+        // 600 tokens from the first start (0 ms) to the last end (2000 ms).
+        assert_eq!(
+            (b.output_tokens, b.span_s, b.output_tokens_per_s),
+            (600, 2.0, 300.0)
+        );
+        let i = &r.classes["interactive"];
+        assert_eq!(
+            (i.requests, i.ok, i.shed, i.errors, i.lost),
+            (3, 1, 1, 1, 1)
+        );
+        assert_eq!(i.ttft_ms.unwrap().n, 1);
+        assert_eq!(i.ttft_ms.unwrap().p95, 20.0);
+        // A class never sent at all still shows, as lost.
+        assert_eq!((r.classes["x"].requests, r.classes["x"].lost), (0, 1));
+        assert_eq!(r.classes["x"].output_tokens_per_s, 0.0);
+        assert_eq!(r.classes.len(), 3);
+        let j = serde_json::to_value(&r).unwrap();
+        assert_eq!(j["classes"]["batch"]["lost"], 3);
+        assert_eq!(j["shed"], 1);
+        assert!(r.human().contains("class interactive"));
     }
 }

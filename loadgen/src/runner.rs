@@ -25,11 +25,18 @@
 //!   requests still in flight at it are cut and recorded as `aborted` (not as
 //!   errors: the server did nothing wrong, the run just ended).
 //! - `timeout` bounds each request; exceeding it is an error.
+//! - A `429 Too Many Requests` is recorded as `shed`, not as an error: the
+//!   gateway refused the request at once (warmroute's priority gate sheds a
+//!   held request whose deadline passed), which a client retries later; it is
+//!   not a lost request. Any other non-2xx is an error.
+//! - A request's class is the value of its [`PRIORITY_HEADER`], if it has one;
+//!   requests never sent are counted per class too.
 //!
 //! A failed step does not end its session: the next step's body is already
 //! rendered and a real agent would retry; only the run deadline ends sessions.
 //! Server output is foreign input: nothing here unwraps it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -46,7 +53,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::workload::{Api, Request, Session, Workload};
+use crate::workload::{Api, Request, Session, Workload, PRIORITY_HEADER};
 
 /// Response header naming the replica that served a request.
 pub const REPLICA_HEADER: &str = "x-sim-replica";
@@ -104,8 +111,10 @@ impl Default for RunConfig {
 pub enum Outcome {
     /// 2xx and a complete stream.
     Ok,
-    /// Transport error, non-2xx, timeout or truncated stream.
+    /// Transport error, non-2xx other than 429, timeout or truncated stream.
     Error,
+    /// 429: refused by the gateway (shed), to be retried later.
+    Shed,
     /// Cut by the run deadline.
     Aborted,
 }
@@ -117,6 +126,9 @@ pub struct RequestRecord {
     pub session: String,
     /// Index within the session (agent step number).
     pub step: usize,
+    /// Priority class (the request's `x-warmroute-priority`), if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
     /// Send time, ms since run start.
     pub start_ms: f64,
     /// Index of the target (gateway) the request was sent to.
@@ -152,6 +164,8 @@ pub struct RunResult {
     pub records: Vec<RequestRecord>,
     /// Requests never sent (deadline or request budget).
     pub skipped: usize,
+    /// Of those, how many per class (requests with a class only).
+    pub skipped_by_class: BTreeMap<String, usize>,
     /// Wall time from start to the last request's end.
     pub runtime: Duration,
     /// Unix time of the start, ms: places `start_ms` against events outside the client.
@@ -310,14 +324,19 @@ pub async fn run_with_client(
         .collect();
     let mut records = Vec::new();
     let mut skipped = 0;
+    let mut skipped_by_class = BTreeMap::new();
     for h in handles {
-        let (mut r, s) = h.await.context("session task failed")?;
+        let (mut r, unsent) = h.await.context("session task failed")?;
         records.append(&mut r);
-        skipped += s;
+        skipped += unsent.len();
+        for class in unsent.into_iter().flatten() {
+            *skipped_by_class.entry(class).or_default() += 1;
+        }
     }
     Ok(RunResult {
         records,
         skipped,
+        skipped_by_class,
         runtime: start.elapsed(),
         started_unix_ms,
     })
@@ -328,24 +347,35 @@ fn take_budget(b: &AtomicUsize) -> bool {
         .is_ok()
 }
 
-async fn run_session(sh: Arc<Shared>, session: Session) -> (Vec<RequestRecord>, usize) {
+/// The class of a request: its [`PRIORITY_HEADER`] value.
+fn class_of(req: &Request) -> Option<String> {
+    req.headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(PRIORITY_HEADER))
+        .map(|(_, v)| v.clone())
+}
+
+/// A session's records, and the class of each request it never sent.
+type SessionResult = (Vec<RequestRecord>, Vec<Option<String>>);
+
+async fn run_session(sh: Arc<Shared>, session: Session) -> SessionResult {
     let mut records = Vec::with_capacity(session.requests.len());
-    let total = session.requests.len();
+    let unsent = |from: usize| session.requests[from..].iter().map(class_of).collect();
     let begin = sh.start + session.start;
     if begin >= sh.deadline {
-        return (records, total);
+        return (records, unsent(0));
     }
     tokio::time::sleep_until(begin).await;
     for (i, req) in session.requests.iter().enumerate() {
         let at = Instant::now() + req.think;
         if at >= sh.deadline || !take_budget(&sh.budget) {
-            return (records, total - i);
+            return (records, unsent(i));
         }
         tokio::time::sleep_until(at).await;
         let _permit = match &sh.permits {
             Some(sem) => tokio::select! {
-                p = sem.acquire() => match p { Ok(p) => Some(p), Err(_) => return (records, total - i) },
-                _ = tokio::time::sleep_until(sh.deadline) => return (records, total - i),
+                p = sem.acquire() => match p { Ok(p) => Some(p), Err(_) => return (records, unsent(i)) },
+                _ = tokio::time::sleep_until(sh.deadline) => return (records, unsent(i)),
             },
             None => None,
         };
@@ -353,10 +383,10 @@ async fn run_session(sh: Arc<Shared>, session: Session) -> (Vec<RequestRecord>, 
         let aborted = rec.outcome == Outcome::Aborted;
         records.push(rec);
         if aborted {
-            return (records, total - i - 1);
+            return (records, unsent(i + 1));
         }
     }
-    (records, 0)
+    (records, Vec::new())
 }
 
 fn ms_since(t: Instant) -> f64 {
@@ -373,6 +403,7 @@ async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> Request
     let mut rec = RequestRecord {
         session: session.to_string(),
         step,
+        class: class_of(req),
         start_ms: ms_since(sh.start),
         gateway,
         outcome: Outcome::Error,
@@ -405,6 +436,10 @@ async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> Request
     rec.completion_tokens = sse.completion_tokens;
     match res {
         Ok(Ok(())) => rec.outcome = Outcome::Ok,
+        Ok(Err(e)) if rec.status == Some(429) => {
+            rec.outcome = Outcome::Shed;
+            rec.error = Some(e);
+        }
         Ok(Err(e)) => rec.error = Some(e),
         Err(_) if limit == sh.deadline && t0 + sh.timeout > sh.deadline => {
             rec.outcome = Outcome::Aborted;

@@ -54,6 +54,19 @@ async fn handle(
         *r.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
         return Ok(r);
     }
+    // `/shed`: a gateway refusing batch work with a 429, as warmroute's gate does.
+    if req.uri().path().starts_with("/shed")
+        && req
+            .headers()
+            .get("x-warmroute-priority")
+            .is_some_and(|v| v == "batch")
+    {
+        let mut r = Response::new(Either::Left(Full::new(Bytes::from_static(
+            b"{\"error\":{\"code\":\"deadline_exceeded\"}}",
+        ))));
+        *r.status_mut() = hyper::StatusCode::TOO_MANY_REQUESTS;
+        return Ok(r);
+    }
     if req.headers().contains_key("x-session-id") {
         st.session_headers.fetch_add(1, Ordering::SeqCst);
     }
@@ -358,4 +371,78 @@ fn main_writes_json_report_with_expected_fields() {
         5
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn mixed_reports_each_class_and_counts_a_429_as_shed_not_lost() {
+    let (addr, st) = start_server().await;
+    let cli = Cli::try_parse_from([
+        "warmroute-loadgen",
+        "mixed",
+        "--target",
+        &format!("http://{addr}/shed"),
+        "--interactive",
+        "6",
+        "--rate",
+        "200",
+        "--interactive-start-ms",
+        "10",
+        "--batch-workers",
+        "2",
+        "--batch-jobs",
+        "3",
+        "--batch-prompt-tokens",
+        "50",
+        "--system-tokens",
+        "16",
+        "--quiet",
+    ])
+    .unwrap();
+    let wl = cli.workload.generate().unwrap();
+    let report = execute(&cli.workload, wl).await.unwrap();
+    assert_eq!(
+        (report.requests, report.ok, report.shed, report.errors),
+        (12, 6, 6, 0)
+    );
+    let batch = &report.classes["batch"];
+    assert_eq!(
+        (batch.requests, batch.shed, batch.ok, batch.lost),
+        (6, 6, 0, 0)
+    );
+    assert_eq!(batch.output_tokens_per_s, 0.0);
+    let chat = &report.classes["interactive"];
+    assert_eq!((chat.requests, chat.ok, chat.shed, chat.lost), (6, 6, 0, 0));
+    // The server streams 2 tokens per answer, the first after CHUNK_DELAY.
+    assert_eq!(chat.output_tokens, 12);
+    assert!(chat.output_tokens_per_s > 0.0);
+    assert!(chat.ttft_ms.unwrap().p95 >= CHUNK_DELAY.as_millis() as f64 * 0.9);
+    // Only the interactive requests reached the streaming handler.
+    assert_eq!(st.requests.load(Ordering::SeqCst), 6);
+
+    // Cut by the run's end: aborted and never-sent batch jobs are losses.
+    let cli = Cli::try_parse_from([
+        "warmroute-loadgen",
+        "mixed",
+        "--target",
+        &format!("http://{addr}/slow"),
+        "--interactive",
+        "1",
+        "--interactive-start-ms",
+        "5000",
+        "--batch-workers",
+        "2",
+        "--batch-jobs",
+        "3",
+        "--batch-prompt-tokens",
+        "20",
+        "--max-seconds",
+        "0.5",
+        "--quiet",
+    ])
+    .unwrap();
+    let wl = cli.workload.generate().unwrap();
+    let report = execute(&cli.workload, wl).await.unwrap();
+    let batch = &report.classes["batch"];
+    assert_eq!((batch.aborted, batch.skipped, batch.lost), (2, 4, 6));
+    assert_eq!(report.classes["interactive"].lost, 1);
 }

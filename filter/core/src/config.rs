@@ -147,6 +147,7 @@ struct WireCacheAware {
     tie_margin: f64,
     min_match_blocks: u32,
     prefill_slack_tokens: u32,
+    replicate_gap: f64,
 }
 
 impl Default for WireCacheAware {
@@ -155,6 +156,7 @@ impl Default for WireCacheAware {
             tie_margin: 0.05,
             min_match_blocks: 1,
             prefill_slack_tokens: 8192,
+            replicate_gap: 2.0,
         }
     }
 }
@@ -184,6 +186,7 @@ struct WireIndex {
     ttl_ms: u64,
     log_bytes: usize,
     bytes_per_token: f64,
+    learn_bytes_per_token: bool,
 }
 
 impl Default for WireIndex {
@@ -193,6 +196,7 @@ impl Default for WireIndex {
             ttl_ms: 600_000,
             log_bytes: 1 << 20,
             bytes_per_token: 4.0,
+            learn_bytes_per_token: true,
         }
     }
 }
@@ -331,13 +335,15 @@ impl Default for WireGate {
             max_wait_ms,
             max_queue,
         };
-        // The aliases are the Gateway API Inference Extension's criticality values.
+        // The aliases are the Gateway API Inference Extension's criticality values. A held
+        // request counts against Envoy's request_timeout (60 s in the shipped configs, armed
+        // until the request goes upstream): no default waits that long.
         WireGate {
             knee: WireKnee::default(),
             classes: vec![
                 class("interactive", "critical", 5_000, 256),
                 class("standard", "standard", 30_000, 256),
-                class("batch", "sheddable", 600_000, 512),
+                class("batch", "sheddable", 55_000, 512),
             ],
             default_class: "standard".into(),
             header: "x-warmroute-priority".into(),
@@ -491,6 +497,8 @@ pub struct PolicyConfig {
     pub min_match_blocks: u32,
     /// Prefill queues differing by less than this many prompt blocks count as equal.
     pub prefill_slack_blocks: f64,
+    /// A hot prefix is copied to a pod this many requests less loaded than its warm pods.
+    pub replicate_gap: f64,
     /// A backend with this many waiting requests is saturated.
     pub max_waiting: f64,
     /// A backend with KV usage at or above this is saturated.
@@ -517,6 +525,8 @@ pub struct IndexConfig {
     /// Prompt bytes per KV-cache token, to size the index from a backend's capacity in
     /// tokens (≈4 for English BPE tokenizers; the simulator's word tokens are ≈7).
     pub bytes_per_token: f64,
+    /// Start from `bytes_per_token` and follow the pods' usage reports ([`crate::feedback`]).
+    pub learn_bytes_per_token: bool,
 }
 
 /// Names of the scraped gauges; the first name present wins.
@@ -947,6 +957,7 @@ impl TryFrom<WireConfig> for Config {
                 0.5,
                 64.0,
             )?,
+            learn_bytes_per_token: w.index.learn_bytes_per_token,
         };
         let policy = PolicyConfig {
             eps: finite_in_range("balance.eps", w.balance.eps, 0.0, 100.0)?,
@@ -997,6 +1008,12 @@ impl TryFrom<WireConfig> for Config {
             )? as f64
                 * index.bytes_per_token
                 / block_bytes as f64,
+            replicate_gap: finite_in_range(
+                "cache_aware.replicate_gap",
+                w.cache_aware.replicate_gap,
+                1.0,
+                1e9,
+            )?,
         };
         if w.feedback.request_usage && !w.feedback.enabled {
             return Err(bad("feedback.request_usage", "needs feedback.enabled"));
@@ -1224,6 +1241,10 @@ mod tests {
             (r#""block_bytes":4"#, "block_bytes"),
             (r#""balance":{"eps":-1}"#, "balance.eps"),
             (r#""balance":{"warm_min_cap":0}"#, "balance.warm_min_cap"),
+            (
+                r#""cache_aware":{"replicate_gap":0.5}"#,
+                "cache_aware.replicate_gap",
+            ),
             (
                 r#""cache_aware":{"prefill_slack_tokens":99999999}"#,
                 "cache_aware.prefill_slack_tokens",

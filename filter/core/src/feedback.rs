@@ -7,7 +7,8 @@
 //!              vLLM, SGLang; as a share of the prompt, since the index counts
 //!              bytes and the pod tokens)
 //! evicted  ⇔ reported + 2 + predicted / 10 < predicted
-//! then      forget, on that pod, what it last used at or before t_last
+//! then      forget, on that pod, what it last used at or before t_last, oldest
+//!           first, at most 1/8 of its entries ([`crate::index::FORGET_SHARE`])
 //!           (t_last: when the deepest predicted block was last used, before this request)
 //! ```
 //! vLLM and SGLang evict least recently used blocks first: a pod that lost a
@@ -21,10 +22,64 @@
 //! the pod's are tokens; it does not see other gateways' traffic), hence the
 //! slack: only a clear shortfall counts.
 //!
+//! ## Bytes per token, learned
+//! ```text
+//! on each report of a prompt of ≥ 8 full blocks:
+//!   B ← 0.98·B + blocks · block_bytes      T ← 0.98·T + prompt_tokens
+//! bytes_per_token = B / T    (starting from index.bytes_per_token, worth 4096 tokens)
+//! ```
+//! The index sizes each pod's share from its capacity in tokens
+//! (`vllm:cache_config_info`), in prompt bytes: a wrong ratio makes the index
+//! believe a pod holds less (or more) than it does. The configured 4 bytes per
+//! token fits English BPE; code, other languages and the simulator's word
+//! tokens (≈7) differ by up to 2x. Each report carries both sides of the ratio
+//! (the prompt's canonical bytes, the pod's token count), so the index follows
+//! the tokenizer the pods really run, over the last ~50 reports. Short prompts
+//! are left out: their partial last block and chat template weigh too much.
+//!
 //! The report is read from the response without delaying a byte: only for a
 //! request the index predicted a hit for, whose answer will carry usage (not
 //! streamed, or a stream with `stream_options.include_usage`), and only the
 //! tail of each body chunk, until it is found. The response is never changed.
+
+/// Full prompt blocks a report's prompt needs to count towards [`TokenRatio`].
+pub const RATIO_MIN_BLOCKS: u32 = 8;
+
+/// Prompt bytes per pod token, learned from the pods' reports (formula above).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenRatio {
+    bytes: f64,
+    tokens: f64,
+}
+
+impl TokenRatio {
+    /// Weight of each earlier report against a new one.
+    const DECAY: f64 = 0.98;
+    /// Tokens the configured ratio is worth before the first report.
+    const PRIOR_TOKENS: f64 = 4096.0;
+
+    /// Starting from the configured ratio.
+    pub fn new(bytes_per_token: f64) -> TokenRatio {
+        TokenRatio {
+            bytes: bytes_per_token * Self::PRIOR_TOKENS,
+            tokens: Self::PRIOR_TOKENS,
+        }
+    }
+
+    /// One report: a prompt of `blocks` full blocks of `block_bytes` was `tokens` pod tokens.
+    pub fn observe(&mut self, blocks: u32, block_bytes: usize, tokens: u64) {
+        if blocks < RATIO_MIN_BLOCKS || tokens == 0 {
+            return;
+        }
+        self.bytes = self.bytes * Self::DECAY + f64::from(blocks) * block_bytes as f64;
+        self.tokens = self.tokens * Self::DECAY + tokens as f64;
+    }
+
+    /// Prompt bytes per token, within the range `index.bytes_per_token` accepts.
+    pub fn bytes_per_token(&self) -> f64 {
+        (self.bytes / self.tokens.max(f64::MIN_POSITIVE)).clamp(0.5, 64.0)
+    }
+}
 
 /// Bytes at the end of each response chunk searched for the report (a usage
 /// object, the last thing in an answer or in its usage chunk, is ~200 bytes).
@@ -118,5 +173,22 @@ mod tests {
             cached_tokens: 0
         }
         .shows_eviction(0, 0));
+    }
+
+    #[test]
+    fn the_ratio_follows_the_pods_tokenizer_and_ignores_short_prompts() {
+        let mut r = TokenRatio::new(4.0);
+        assert_eq!(r.bytes_per_token(), 4.0);
+        r.observe(2, 256, 10);
+        assert_eq!(r.bytes_per_token(), 4.0, "a short prompt says little");
+        // Prompts of 40 blocks of 256 bytes that the pods count as 1400 tokens: 7.3 bytes each.
+        for _ in 0..200 {
+            r.observe(40, 256, 1400);
+        }
+        assert!(
+            (r.bytes_per_token() - 7.31).abs() < 0.05,
+            "{}",
+            r.bytes_per_token()
+        );
     }
 }

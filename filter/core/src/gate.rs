@@ -35,7 +35,7 @@
 //! | parameter | default | why |
 //! |---|---|---|
 //! | `gate.knee.*` | none (one is required) | the operator knows the replica's knee: vLLM's `max_num_seqs`, or where TTFT starts to climb in a load test |
-//! | classes | `interactive` (5 s, 256) > `standard` (30 s, 256) > `batch` (600 s, 512) | max wait and queue per class; a chat user gives up in seconds, a batch job waits minutes |
+//! | classes | `interactive` (5 s, 256) > `standard` (30 s, 256) > `batch` (55 s, 512) | max wait and queue per class: a chat user gives up in seconds; a batch job would wait minutes, but Envoy's `request_timeout` (60 s in the shipped configs) runs until the request goes upstream, so a longer wait needs a longer one |
 //! | `gate.lower_share` | 0.1 | one release in ten goes to a lower class while a higher one waits: batch progresses under sustained interactive load |
 //! | `gate.check_ms` | 50 | expiry and missed wake-ups within a twentieth of a second |
 //! | `gate.retry_after_s` | 1 | `Retry-After` of a shed request |

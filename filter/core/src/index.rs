@@ -87,6 +87,14 @@ use std::collections::VecDeque;
 /// Refreshing an entry more often than this buys nothing and grows the LRU queue.
 const REFRESH_MS: u64 = 1000;
 
+/// A pod's eviction report forgets at most 1/this of what the index holds for it. The
+/// index orders a pod's entries by this gateway's uses only: behind several gateways,
+/// a prefix this one last sent long ago may have been kept warm by the others, and
+/// forgetting everything older than the lost block dropped such prefixes (the eviction
+/// bench behind 3 gateways, bench/notes.md). Reports keep coming while the pod still
+/// evicts, so a larger gap is closed over a few of them.
+pub const FORGET_SHARE: usize = 8;
+
 /// Leading blocks that each get an entry (8 KB of prompt: system prompts, short chats).
 pub const DENSE: usize = 32;
 
@@ -406,16 +414,18 @@ impl Index {
         self.map.get(&self.key(h, backend)).copied()
     }
 
-    /// Forgets what `backend` last used at or before `before_ms`: its own
-    /// report showed a block of that age gone, and a pod evicts least
-    /// recently used first ([`crate::feedback`]).
+    /// Forgets what `backend` last used at or before `before_ms`, at most a
+    /// [`FORGET_SHARE`] of what it holds: its own report showed a block of
+    /// that age gone, and a pod evicts least recently used first
+    /// ([`crate::feedback`]).
     pub fn forget_used_before(&mut self, backend: usize, before_ms: u64) {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
+        let keep = lru.live - lru.live / FORGET_SHARE;
         // The queue is in recording order, so its front holds the oldest uses.
-        pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |_, r| {
-            r.time() <= before_ms
+        pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |lru, r| {
+            r.time() <= before_ms && lru.live > keep
         });
     }
 

@@ -69,6 +69,49 @@
 //!   *spilled over*; the caller records the prefix on the new backend too, so a
 //!   hot prefix ends up replicated on more than one pod.
 //!
+//! ### A hot prefix spreads before it hurts
+//! The warm floor keeps a pod that holds part of the prompt eligible up to
+//! `warm_min_cap` requests. Right for a conversation, whose context only its
+//! pod holds; wrong for a prefix that every request shares (guidellm's
+//! synthetic `prefix_tokens`, a long shared document): the two pods that first
+//! held it kept 4 requests each at concurrency 8 while the third idled, and
+//! requests that ended together came back together, prefilled in one step
+//! (TTFT 1.7x round robin's). Two rules, for requests that are not
+//! continuations and whose chosen pod `w` holds a match past the head:
+//! ```text
+//! copies    = healthy pods whose ratio is within tie_margin of ratio_w
+//! c         = the least-loaded eligible pod below that (first in rendezvous order)
+//! cost      = (matched_w − matched_c) · block_tokens / unit   (the copy's prefill, in
+//!             typical requests; unit = block_tokens + decode_cost · default_output_tokens)
+//! replicate = copies ≥ 2
+//!           ∧ matched_w − matched_c ≤ slack                   (one prefill step at most)
+//!           ∧ load_c + 1 ≤ mean load of the eligible pods      (c has room to spare)
+//!           ∧ min load of the copies ≥ load_c + replicate_gap + cost
+//! ```
+//! - **replicate**: the request goes to `c` (`replicated`), which prefills the
+//!   prefix once; every later request can then use three copies instead of two.
+//!   `copies ≥ 2` is the evidence that many requests share the prefix: it
+//!   already outgrew one pod (a spillover). A prefix on one pod is one
+//!   conversation or a prefix used a few times, whose copy would cost its
+//!   prefill and cache room for little: with 40 distinct 3000-word prefixes
+//!   (each used ~6 times), copying them on load alone (without `copies`)
+//!   cost 5-11 points of hit rate and raised the TTFT tail (one guidellm run
+//!   each, see `bench/notes.md`). `cost` makes a longer prefix need a
+//!   larger imbalance, `slack` caps it: an agent's 50k-token context is never
+//!   copied this way (nor is a continuation at all).
+//! - **spread over the copies**: among eligible pods whose ratio is within
+//!   `tie_margin` of `w`'s, the one with the shortest prefill queue wins
+//!   (then the best score). Equally warm copies differ only in what each must
+//!   prefill before this prompt, and the score's queue term ignores queues
+//!   within the slack; without this, requests that ended together (same
+//!   output length) were re-sent to the pod that had just emptied, least
+//!   loaded, and shared one prefill step there.
+//!
+//! Placement (no eligible pod matches) also avoids a queue as deep as the
+//! prompt itself, even within the slack: waiting behind it would at least
+//! double this prompt's time to first token (40 prefixes: new 3500-token
+//! prompts queued two or three deep on one pod, the TTFT tail).
+//!
 //! | parameter      | default | why |
 //! |----------------|---------|-----|
 //! | `eps`          | 0.5     | Envoy's bounded-load default (hash_balance_factor 150): tighter bounds spill conversations at loads a vLLM pod does not feel |
@@ -76,6 +119,7 @@
 //! | `prefill_weight` | 0.5   | a leaving request's prefill delays others too (see above) |
 //! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
 //! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
+//! | `replicate_gap` | 2    | requests a hot prefix's least-loaded copy must carry beyond the spare pod's (plus the copy's cost): guidellm's hot shape at concurrency 8 holds its two copies at 4 and 3 requests against the idle pod's 0; one request of difference is load noise. The only value tried |
 //! | `prefill_slack_tokens` | 8192 | a common vLLM per-step token budget (`max_num_batched_tokens`): a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
 //!
 //! ## The others
@@ -123,6 +167,8 @@ pub enum Reason {
     Placed,
     /// The cache owner was saturated or over its load bound.
     Spillover,
+    /// A hot prefix copied to a less-loaded pod before its warm pods queue.
+    Replicated,
     /// Least loaded.
     LeastLoaded,
     /// Round robin rotation.
@@ -142,6 +188,7 @@ impl Reason {
             Reason::CacheHit => "cache_hit",
             Reason::Placed => "placed",
             Reason::Spillover => "spillover",
+            Reason::Replicated => "replicated",
             Reason::LeastLoaded => "least_loaded",
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
@@ -396,11 +443,17 @@ impl Chooser<'_> {
             } else {
                 Reason::Placed
             };
-            // In rendezvous order, so gateway replicas agree unless a queue is deep.
+            // In rendezvous order, so gateway replicas agree unless a queue is deep:
+            // deeper than the slack, or as deep as this prompt's own prefill (waiting
+            // behind it would at least double this prompt's time to first token).
+            let shallow = |b: usize| {
+                let ahead = self.loads[b].prefill - min_prefill;
+                ahead <= self.cfg.prefill_slack_blocks && ahead < blocks
+            };
             let b = eligible
                 .iter()
                 .copied()
-                .find(|&b| queued(b) == 0.0)
+                .find(|&b| shallow(b))
                 .unwrap_or(first);
             return self.finish(b, req.anchor, matched(b), reason);
         }
@@ -435,11 +488,81 @@ impl Chooser<'_> {
             .copied()
             .find(|&b| score(b) >= best - self.cfg.tie_margin)
             .unwrap_or(first);
+        if let Some(c) = self.replica_for(req, healthy, &eligible, b, &ratio) {
+            return self.finish(c, req.anchor, matched(c), Reason::Replicated);
+        }
+        // Among equally warm copies of a shared prefix, the shortest prefill queue
+        // (then the best score): requests arriving together spread over the copies
+        // instead of sharing one pod's prefill step.
+        let b = if req.continuation || ratio(b) == 0.0 {
+            b
+        } else {
+            eligible
+                .iter()
+                .copied()
+                .filter(|&c| ratio(c) >= ratio(b) - self.cfg.tie_margin)
+                .fold(b, |a, c| {
+                    let (pa, pc) = (self.loads[a].prefill, self.loads[c].prefill);
+                    if pc < pa || (pc == pa && score(c) > score(a) + self.cfg.tie_margin) {
+                        c
+                    } else {
+                        a
+                    }
+                })
+        };
         let reason = match owner {
             Some(o) if o != b && ratio(o) > ratio(b) => Reason::Spillover,
             _ => Reason::CacheHit,
         };
         self.finish(b, req.anchor, matched(b), reason)
+    }
+
+    /// Hot-prefix replication (see the module doc): the less-loaded colder pod
+    /// that should take a copy of the prefix `chosen` holds, if any.
+    fn replica_for(
+        &self,
+        req: &RequestKey<'_>,
+        healthy: &[usize],
+        eligible: &[usize],
+        chosen: usize,
+        ratio: &impl Fn(usize) -> f64,
+    ) -> Option<usize> {
+        if req.continuation || ratio(chosen) == 0.0 {
+            return None;
+        }
+        let warm_floor = ratio(chosen) - self.cfg.tie_margin;
+        // Evidence that many requests share it: the prefix outgrew one pod already.
+        let copies = healthy.iter().filter(|&&b| ratio(b) >= warm_floor).count();
+        if copies < 2 {
+            return None;
+        }
+        let (warm, colder): (Vec<usize>, Vec<usize>) =
+            eligible.iter().partition(|&&b| ratio(b) >= warm_floor);
+        let least_warm = warm
+            .iter()
+            .map(|&b| self.loads[b].load)
+            .fold(f64::INFINITY, f64::min);
+        let matched = |b: usize| f64::from(req.matched.get(b).copied().unwrap_or(0));
+        // `colder` is in rendezvous order: the first of the least loaded, so
+        // gateway replicas that see the same loads pick the same pod.
+        let c = colder
+            .iter()
+            .copied()
+            .fold(None, |best: Option<usize>, b| match best {
+                Some(a) if self.loads[a].load <= self.loads[b].load => Some(a),
+                _ => Some(b),
+            })?;
+        let extra = matched(chosen) - matched(c);
+        let p = self.cfg;
+        let unit = p.block_tokens + p.decode_cost * f64::from(p.default_output_tokens);
+        let cost = extra * p.block_tokens / unit.max(f64::MIN_POSITIVE);
+        let mean = eligible.iter().map(|&b| self.loads[b].load).sum::<f64>()
+            / eligible.len().max(1) as f64;
+        let spare = self.loads[c].load;
+        (extra <= p.prefill_slack_blocks
+            && spare + 1.0 <= mean
+            && least_warm >= spare + p.replicate_gap + cost)
+            .then_some(c)
     }
 }
 
@@ -609,7 +732,7 @@ mod tests {
                 l,
                 RequestKey {
                     matched: &[0, 0, 0],
-                    blocks: 40,
+                    blocks: 400,
                     anchor: 5,
                     ..Default::default()
                 },
@@ -630,6 +753,177 @@ mod tests {
             d.order[0], order[2],
             "queues deeper than the slack: elsewhere"
         );
+    }
+
+    #[test]
+    fn placement_avoids_a_queue_as_deep_as_the_prompt_itself_within_the_slack() {
+        // 40 blocks, well within the 128-block slack: waiting behind 40 more would double
+        // this prompt's time to first token.
+        let order = rendezvous(5, &IDS[..3], 0..3);
+        let place = |ahead: f64| {
+            let mut queues = [0.0; 3];
+            queues[order[0]] = ahead;
+            pick(
+                Strategy::CacheAware,
+                &with_prefill(loads(&[1.0, 1.0, 1.0]), &queues),
+                RequestKey {
+                    matched: &[0, 0, 0],
+                    blocks: 40,
+                    anchor: 5,
+                    ..Default::default()
+                },
+            )
+        };
+        assert_eq!(place(39.0).order[0], order[0], "shallower: rendezvous");
+        let d = place(40.0);
+        assert_eq!((d.order[0], d.reason), (order[1], Reason::Placed));
+    }
+
+    /// A prefix of 16 blocks held by the pods in `warm`, in a 24-block prompt.
+    fn shared(warm: &[usize]) -> [u32; 3] {
+        let mut m = [0; 3];
+        for &b in warm {
+            m[b] = 16;
+        }
+        m
+    }
+
+    fn shared_prompt(matched: &[u32]) -> RequestKey<'_> {
+        RequestKey {
+            matched,
+            blocks: 24,
+            anchor: 5,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_hot_prefix_is_copied_to_the_idle_pod_before_its_copies_queue() {
+        // Two copies carry 4 and 3 requests within the warm floor; pod 2 idles. The
+        // copy costs 16 blocks (1024 tokens, 0.48 typical requests) of prefill, once.
+        let m = shared(&[0, 1]);
+        let d = pick(
+            Strategy::CacheAware,
+            &loads(&[4.0, 3.0, 0.0]),
+            shared_prompt(&m),
+        );
+        assert_eq!((d.order[0], d.reason), (2, Reason::Replicated));
+        assert_eq!(d.matched, 0, "the copy is prefilled in full");
+        // Not while the copies are within replicate_gap + cost of the idle pod.
+        let d = pick(
+            Strategy::CacheAware,
+            &loads(&[3.0, 2.0, 0.0]),
+            shared_prompt(&m),
+        );
+        assert_eq!((d.order[0], d.reason), (1, Reason::CacheHit));
+        // Nor when the colder pod is not below the fleet's mean: nothing idles.
+        let d = pick(
+            Strategy::CacheAware,
+            &loads(&[5.0, 5.0, 4.0]),
+            shared_prompt(&m),
+        );
+        assert_ne!(d.reason, Reason::Replicated);
+    }
+
+    #[test]
+    fn one_pods_prefix_a_conversation_or_a_costly_copy_is_not_replicated() {
+        let l = loads(&[4.0, 3.0, 0.0]);
+        // One copy: nothing says many requests share it (one conversation, or a prefix
+        // used a few times): it stays within the warm floor, as before.
+        let one = shared(&[1]);
+        let d = pick(Strategy::CacheAware, &l, shared_prompt(&one));
+        assert_eq!((d.order[0], d.reason), (1, Reason::CacheHit));
+        // A continuation keeps its pod.
+        let two = shared(&[0, 1]);
+        let cont = RequestKey {
+            continuation: true,
+            history_blocks: 16,
+            ..shared_prompt(&two)
+        };
+        assert_ne!(
+            pick(Strategy::CacheAware, &l, cont).reason,
+            Reason::Replicated
+        );
+        // A copy longer than the prefill slack (128 blocks) is not cheap.
+        let long = [200, 200, 0];
+        let key = RequestKey {
+            matched: &long,
+            blocks: 300,
+            anchor: 5,
+            ..Default::default()
+        };
+        assert_ne!(
+            pick(Strategy::CacheAware, &l, key).reason,
+            Reason::Replicated
+        );
+        // Replication off (a gap no load difference reaches).
+        let cfg = PolicyConfig {
+            replicate_gap: 1e9,
+            ..policy()
+        };
+        let c = Chooser {
+            cfg: &cfg,
+            loads: &l,
+            ids: &IDS[..3],
+            fallbacks: 2,
+        };
+        let d = c.choose(Strategy::CacheAware, &shared_prompt(&two));
+        assert_ne!(d.map(|d| d.reason), Some(Reason::Replicated));
+    }
+
+    #[test]
+    fn equally_warm_copies_take_the_shortest_prefill_queue() {
+        // Requests arriving together spread over the copies instead of sharing a step.
+        let order = rendezvous(5, &IDS[..3], 0..3);
+        let m = shared(&[0, 1, 2]);
+        let mut queues = [0.0; 3];
+        queues[order[0]] = 8.0;
+        queues[order[2]] = 8.0;
+        let d = pick(
+            Strategy::CacheAware,
+            &with_prefill(loads(&[1.0, 1.0, 1.0]), &queues),
+            shared_prompt(&m),
+        );
+        assert_eq!((d.order[0], d.reason), (order[1], Reason::CacheHit));
+    }
+
+    #[test]
+    fn a_hot_prefix_at_concurrency_8_reaches_every_pod() {
+        // A closed loop of 8 clients sharing one prefix: each step the oldest request
+        // ends and its client sends the next one; the index learns the prefix on the
+        // pod each request goes to, and a request's prefill is queued until the next
+        // step. Before replication, the two pods that first held the prefix kept it
+        // at 4 requests each and the third got none.
+        let mut held = [0u32; 3];
+        let mut l = loads(&[0.0, 0.0, 0.0]);
+        let mut open: Vec<usize> = Vec::new();
+        let mut served = [0usize; 3];
+        for step in 0..200u64 {
+            if open.len() == 8 {
+                let b = open.remove(0);
+                l[b].load -= 1.0;
+            }
+            for x in l.iter_mut() {
+                x.prefill = 0.0;
+            }
+            let d = pick(
+                Strategy::CacheAware,
+                &l,
+                RequestKey {
+                    anchor: 5,
+                    random: step,
+                    ..shared_prompt(&held)
+                },
+            );
+            let b = d.order[0];
+            l[b].load += 1.0;
+            l[b].prefill += f64::from(24 - d.matched);
+            held[b] = 16;
+            open.push(b);
+            served[b] += 1;
+        }
+        assert!(held.iter().all(|&h| h == 16), "{held:?}");
+        assert!(served.iter().all(|&n| n >= 40), "{served:?}");
     }
 
     #[test]

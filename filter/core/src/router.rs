@@ -26,7 +26,7 @@
 //! endpoint health, [`crate::membership`]) and neither view keeps it out.
 
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
-use crate::feedback::Report;
+use crate::feedback::{Report, TokenRatio};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
@@ -117,6 +117,10 @@ pub struct Router {
     last_now: u64,
     /// Times the steps of a routed request (only with `phase-timing`).
     split: Split,
+    /// Prompt bytes per pod token, as the pods' reports show it.
+    ratio: TokenRatio,
+    /// The ratio the index's capacities were last sized with.
+    sized_ratio: f64,
 }
 
 /// The fleet as the gate sees it, per slot.
@@ -242,6 +246,8 @@ impl Router {
             open_requests: 0,
             last_now: host.now_ms(),
             split: Split::default(),
+            ratio: TokenRatio::new(cfg.index.bytes_per_token),
+            sized_ratio: cfg.index.bytes_per_token,
             cfg,
         };
         router.set_all_health(health);
@@ -868,6 +874,24 @@ impl Router {
         true
     }
 
+    /// A pod's report counted `tokens` for a prompt of `blocks` full blocks:
+    /// learns the ratio, and resizes the index once it moved by a tenth.
+    pub fn learn_ratio(&mut self, blocks: u32, tokens: u64) {
+        if !self.cfg.index.learn_bytes_per_token {
+            return;
+        }
+        self.ratio.observe(blocks, self.cfg.block_bytes, tokens);
+        let moved = self.ratio.bytes_per_token() / self.sized_ratio.max(f64::MIN_POSITIVE);
+        if !(0.9..=1.1).contains(&moved) {
+            self.resize_index();
+        }
+    }
+
+    /// Prompt bytes per pod token the index's capacities are sized with.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.sized_ratio
+    }
+
     /// Records the LoRA state a scrape of `backend` reported, in shared data
     /// when it changed (from the scraping VM).
     pub fn record_lora<H: Host>(
@@ -1036,7 +1060,8 @@ impl Router {
 
     /// Sizes the index to each backend's real KV capacity, when known.
     fn resize_index(&mut self) {
-        let blocks_per_token = self.cfg.index.bytes_per_token / self.cfg.block_bytes.max(1) as f64;
+        self.sized_ratio = self.ratio.bytes_per_token();
+        let blocks_per_token = self.sized_ratio / self.cfg.block_bytes.max(1) as f64;
         let known: Vec<Option<usize>> = self
             .health
             .iter()
@@ -1339,5 +1364,37 @@ mod tests {
         a.refresh_health(&host).unwrap();
         assert_eq!(a.index.capacity(1), 200);
         assert_eq!(a.health()[0].scrape.capacity_tokens, Some(6400));
+    }
+
+    #[test]
+    fn the_index_follows_the_ratio_the_pods_report() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let scrape = Scrape {
+            capacity_tokens: Some(6400),
+            ..Scrape::default()
+        };
+        a.record_scrape(&host, 0, Outcome::Answered(scrape), 1)
+            .unwrap();
+        assert_eq!(a.index.capacity(0), 100);
+        // The pods count 32 tokens per 256-byte block: 8 bytes per token, twice the default.
+        for _ in 0..300 {
+            a.learn_ratio(40, 40 * 32);
+        }
+        assert!(
+            (a.bytes_per_token() - 8.0).abs() < 0.5,
+            "{}",
+            a.bytes_per_token()
+        );
+        assert!(
+            (190..=200).contains(&a.index.capacity(0)),
+            "{}",
+            a.index.capacity(0)
+        );
+        let mut pinned = cfg("cache_aware");
+        pinned.index.learn_bytes_per_token = false;
+        let mut p = Router::new(pinned, &host);
+        p.learn_ratio(40, 40 * 32);
+        assert_eq!(p.bytes_per_token(), 4.0);
     }
 }

@@ -51,10 +51,11 @@ impl Fallback {
     }
 }
 
-const REASONS: [Reason; 8] = [
+const REASONS: [Reason; 9] = [
     Reason::CacheHit,
     Reason::Placed,
     Reason::Spillover,
+    Reason::Replicated,
     Reason::LeastLoaded,
     Reason::RoundRobin,
     Reason::Random,

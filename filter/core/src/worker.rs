@@ -241,10 +241,9 @@ impl Worker {
             None
         };
         match fallback {
-            Some(f) => {
-                self.route(host, ex, None, Some(f), Laps::start(host));
-                Step::Continue
-            }
+            // A request without a body may wait at the gate (Pause); one whose body is
+            // still to come and will not be read goes at once (see `route`).
+            Some(f) => self.route(host, ex, None, Some(f), Laps::start(host)),
             None => {
                 // Hold the route until the body is read (needs allow_on_headers_stop_iteration).
                 ex.awaiting_body = true;
@@ -319,7 +318,10 @@ impl Worker {
                 k.reports_usage = self.ask_usage(host, b);
             }
         }
-        if ex.endpoint.is_some() && self.holding.is_some() {
+        // Only a request Envoy holds whole may wait: one whose body is still streaming
+        // in (too large to read, compressed) would have it all buffered while held.
+        let whole = body.is_some() || why == Some(Fallback::NoBody);
+        if whole && ex.endpoint.is_some() && self.holding.is_some() {
             match self.admit(host, ex, key.as_ref()) {
                 Admission::Go => {}
                 Admission::Hold => return self.park(ex, key, why),
@@ -541,6 +543,7 @@ impl Worker {
         if self.router.pod_id(b) != p.pod {
             return;
         }
+        self.router.learn_ratio(p.of, reported.prompt_tokens);
         let evicted = self
             .router
             .reported(host, b, (p.blocks, p.of), reported, p.last_use_ms);

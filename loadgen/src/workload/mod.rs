@@ -26,6 +26,7 @@
 //! | `agent` | `agent.rs` | 1 per agent, K steps | agent `i` at `i * stagger` | system prompt + own growing history |
 //! | `chat` | `chat.rs` | 1 per user, T turns | Poisson(`rate`) session starts, exp. think time | system prompt + own history |
 //! | `uniform` | `uniform.rs` | 1 per request | Poisson(`rate`) | none |
+//! | `mixed` | `mixed.rs` | 1 per batch worker, J jobs; 1 per chat | workers at 0, closed loop; chats Poisson(`rate`) | chats: system prompt; jobs: none |
 //!
 //! Bodies and synthetic text are made in `render.rs`. Input files are user
 //! data: parse errors are reported with the line number, never unwrapped.
@@ -38,12 +39,14 @@ use serde::{Deserialize, Serialize};
 
 mod agent;
 mod chat;
+mod mixed;
 mod render;
 mod trace;
 mod uniform;
 
 pub use agent::{agent, agent_conversations, AgentOpts};
 pub use chat::{chat, ChatOpts};
+pub use mixed::{mixed, MixedOpts, BATCH, INTERACTIVE, PRIORITY_HEADER};
 pub use render::{render_chat, render_completion, RenderOpts};
 pub use trace::{
     conversation, conversation_from_trace, parse_trace, synth_prompt, ConversationOpts, TraceLine,
@@ -250,5 +253,10 @@ mod tests {
             ..UniformOpts::default()
         };
         assert_seeded(&UniformOpts::default(), &u, |o| uniform(o, &ro).unwrap());
+        let m = MixedOpts {
+            seed: 1,
+            ..MixedOpts::default()
+        };
+        assert_seeded(&MixedOpts::default(), &m, |o| mixed(o, &ro).unwrap());
     }
 }

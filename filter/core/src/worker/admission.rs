@@ -655,6 +655,32 @@ mod tests {
     }
 
     #[test]
+    fn only_a_request_envoy_holds_whole_waits() {
+        let host = MemoryHost::default();
+        let mut w = gated(&host);
+        let (_a, _) = send(&mut w, &host, 1, &[]);
+        let (_b, _) = send(&mut w, &host, 2, &[]);
+        let mut at_headers = |context: u32, extra: &[(&str, &str)], end_of_stream: bool| {
+            let mut headers = vec![(":method", "POST"), (":path", "/v1/chat/completions")];
+            headers.extend_from_slice(extra);
+            *host.exchange.borrow_mut() = TestExchange::request(&headers, b"");
+            let mut ex = Exchange::new(context);
+            w.on_request_headers(&host, &mut ex, end_of_stream)
+        };
+        // No body: it waits at its headers.
+        assert_eq!(at_headers(3, &[], true), Step::Pause);
+        // A body still to come that will not be read: routed at once, not buffered while held.
+        assert_eq!(
+            at_headers(4, &[("content-encoding", "gzip")], false),
+            Step::Continue
+        );
+        assert_eq!(
+            at_headers(5, &[("content-length", "99999999")], false),
+            Step::Continue
+        );
+    }
+
+    #[test]
     fn a_lost_wake_up_is_made_up_by_the_check() {
         let host = MemoryHost::default();
         let mut a = gated(&host);
