@@ -744,7 +744,7 @@ fn header_name(field: &str, h: String) -> Result<String, ConfigError> {
     }
 }
 
-fn gate_config(g: WireGate) -> Result<GateConfig, ConfigError> {
+fn gate_config(g: WireGate, scraping: bool) -> Result<GateConfig, ConfigError> {
     let limit = |field: &str, v: Option<f64>, hi: f64| {
         v.map(|v| finite_in_range(&format!("gate.knee.{field}"), v, f64::MIN_POSITIVE, hi))
             .transpose()
@@ -759,6 +759,12 @@ fn gate_config(g: WireGate) -> Result<GateConfig, ConfigError> {
         return Err(bad(
             "gate.knee",
             "must set at least one of requests, work, waiting, kv_usage",
+        ));
+    }
+    if !scraping && knee.requests.is_none() && knee.work.is_none() {
+        return Err(bad(
+            "gate.knee",
+            "waiting and kv_usage come from scrapes: with metrics.enabled false, set requests or work",
         ));
     }
     if g.classes.is_empty() || g.classes.len() > MAX_CLASSES {
@@ -810,7 +816,8 @@ fn gate_config(g: WireGate) -> Result<GateConfig, ConfigError> {
             OBJECTIVE_HEADER.to_string(),
         ],
         deadline_header: header_name("gate.deadline_header", g.deadline_header)?,
-        lower_share: finite_in_range("gate.lower_share", g.lower_share, 0.0, 1.0)?,
+        // Past 1/2 every release would go to a lower class: priority upside down.
+        lower_share: finite_in_range("gate.lower_share", g.lower_share, 0.0, 0.5)?,
         check_ms: in_range("gate.check_ms", g.check_ms, 5, 10_000)?,
         retry_after_s: in_range("gate.retry_after_s", g.retry_after_s, 1, 3600)?,
     })
@@ -1060,6 +1067,10 @@ impl TryFrom<WireConfig> for Config {
                 kv_usage: metric_names("metrics.names.kv_usage", m.names.kv_usage)?,
             },
         };
+        let gate = w
+            .gate
+            .map(|g| gate_config(g, metrics.enabled))
+            .transpose()?;
         Ok(Config {
             backends,
             pool,
@@ -1073,7 +1084,7 @@ impl TryFrom<WireConfig> for Config {
             metrics,
             debug_header: w.debug_header,
             debug_match_counts: w.debug_match_counts,
-            gate: w.gate.map(gate_config).transpose()?,
+            gate,
             feedback: FeedbackConfig {
                 enabled: w.feedback.enabled,
                 request_usage: w.feedback.request_usage,
@@ -1329,12 +1340,14 @@ mod tests {
             (r#"{"knee":{"requests":4},"check_ms":1}"#, "gate.check_ms"),
             (r#"{"knee":{"requests":4},"header":"a b"}"#, "gate.header"),
             (
-                r#"{"knee":{"requests":4},"lower_share":2}"#,
+                r#"{"knee":{"requests":4},"lower_share":0.7}"#,
                 "gate.lower_share",
             ),
         ] {
             assert_eq!(err(&format!("{base}{gate}}}")).field, named, "{gate}");
         }
+        let unscraped = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"metrics":{"enabled":false},"gate":{"knee":{"waiting":1}}}"#;
+        assert_eq!(err(unscraped).field, "gate.knee");
     }
 
     #[test]

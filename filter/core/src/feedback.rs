@@ -24,7 +24,7 @@
 //!
 //! ## Bytes per token, learned
 //! ```text
-//! on each report of a prompt of ≥ 8 full blocks:
+//! on each report of a prompt of ≥ 32 full blocks (8 KB at the default block size):
 //!   B ← 0.98·B + blocks · block_bytes      T ← 0.98·T + prompt_tokens
 //! bytes_per_token = B / T    (starting from index.bytes_per_token, worth 4096 tokens)
 //! ```
@@ -35,7 +35,8 @@
 //! tokens (≈7) differ by up to 2x. Each report carries both sides of the ratio
 //! (the prompt's canonical bytes, the pod's token count), so the index follows
 //! the tokenizer the pods really run, over the last ~50 reports. Short prompts
-//! are left out: their partial last block and chat template weigh too much.
+//! are left out: their partial last block (the bytes past the last full block
+//! are not counted: under 1/32 here) and chat template weigh too much.
 //!
 //! The report is read from the response without delaying a byte: only for a
 //! request the index predicted a hit for, whose answer will carry usage (not
@@ -43,7 +44,7 @@
 //! tail of each body chunk, until it is found. The response is never changed.
 
 /// Full prompt blocks a report's prompt needs to count towards [`TokenRatio`].
-pub const RATIO_MIN_BLOCKS: u32 = 8;
+pub const RATIO_MIN_BLOCKS: u32 = 32;
 
 /// Prompt bytes per pod token, learned from the pods' reports (formula above).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -179,7 +180,7 @@ mod tests {
     fn the_ratio_follows_the_pods_tokenizer_and_ignores_short_prompts() {
         let mut r = TokenRatio::new(4.0);
         assert_eq!(r.bytes_per_token(), 4.0);
-        r.observe(2, 256, 10);
+        r.observe(8, 256, 300);
         assert_eq!(r.bytes_per_token(), 4.0, "a short prompt says little");
         // Prompts of 40 blocks of 256 bytes that the pods count as 1400 tokens: 7.3 bytes each.
         for _ in 0..200 {

@@ -10,7 +10,8 @@
 //! slots_b    = ceil(headroom_b)  (∞ → 1 per release round)  − grants not yet routed to b
 //! admit      ⇔ no request is held  ∧  some eligible pod has headroom_b > 0
 //! release order: (class rank, deadline, arrival); every k-th release, k = round(1 / lower_share),
-//!                goes to the best held request of a class below the best one's (no starvation)
+//!                goes to the best held request of a class below the best one's, those classes
+//!                taking turns (no class starves)
 //! deadline   = arrival + min(deadline header, class.max_wait_ms)
 //! shed (429, Retry-After) ⇔ deadline passed ∨ the class already holds max_queue requests
 //! ```
@@ -42,8 +43,9 @@
 //! | [`GRANT_TTL_MS`] | 2000 | a grant whose VM never routed it (the VM died) stops reserving its pod |
 //!
 //! Cost: nothing while the gate is not configured. With it, below the knee a
-//! routed request reads the small queue record once (empty) and a request
-//! ending reads it once more; a held request costs a CAS on it to enter and
+//! routed request reads the ledger once more (the fleet's headroom, one pass
+//! over the pods) and the small queue record once (empty), and a request
+//! ending reads the record once more; a held request costs a CAS on it to enter and
 //! one to leave. The record holds at most Σ `max_queue` tickets (~40 bytes
 //! each, plus the eligibility mask of a gateway with several models).
 
@@ -349,11 +351,26 @@ impl Queue {
             let lower_turn = lower_every > 0 && self.releases % lower_every == lower_every - 1;
             let top = self.tickets[best].class;
             let pick = if lower_turn {
-                waiting
+                // Lower turns go round the classes below the top that have a request
+                // that can go, so the lowest is not starved by the one in between.
+                let mut lower: Vec<u8> = waiting
                     .iter()
-                    .copied()
-                    .find(|&i| self.tickets[i].class > top && pod_for(&self.tickets[i]).is_some())
-                    .unwrap_or(best)
+                    .map(|&i| &self.tickets[i])
+                    .filter(|t| t.class > top && pod_for(t).is_some())
+                    .map(|t| t.class)
+                    .collect();
+                lower.dedup();
+                let turn = self.releases / lower_every;
+                match lower.get((turn % lower.len().max(1) as u64) as usize) {
+                    Some(&class) => waiting
+                        .iter()
+                        .copied()
+                        .find(|&i| {
+                            self.tickets[i].class == class && pod_for(&self.tickets[i]).is_some()
+                        })
+                        .unwrap_or(best),
+                    None => best,
+                }
             } else {
                 best
             };
@@ -486,6 +503,24 @@ mod tests {
             assert_eq!(g[0].class, 0);
             q.remove(g[0].vm, g[0].context);
         }
+    }
+
+    #[test]
+    fn lower_turns_go_round_the_lower_classes() {
+        let mut q = Queue::default();
+        for c in 0..20 {
+            q.push(ticket(1, 100 + c, 1, 1000)); // standard
+            q.push(ticket(1, 200 + c, 2, 1000)); // batch
+        }
+        let mut got = [0; 3];
+        for c in 0..100 {
+            q.push(ticket(1, c, 0, 1000));
+            for t in q.grant(&mut [1], 10, 10) {
+                got[usize::from(t.class)] += 1;
+                q.remove(t.vm, t.context);
+            }
+        }
+        assert_eq!(got, [90, 5, 5], "batch gets its turns beside standard");
     }
 
     #[test]

@@ -422,7 +422,7 @@ impl Index {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
-        let keep = lru.live - lru.live / FORGET_SHARE;
+        let keep = lru.live.saturating_sub((lru.live / FORGET_SHARE).max(1));
         // The queue is in recording order, so its front holds the oldest uses.
         pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |lru, r| {
             r.time() <= before_ms && lru.live > keep

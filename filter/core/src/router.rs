@@ -128,7 +128,8 @@ pub struct Router {
 pub struct Capacity {
     /// Typical requests it takes before its knee, if it is a member in rotation.
     pub headroom: Vec<Option<f64>>,
-    /// Whether it may serve the request (in rotation and serving its model).
+    /// Whether it may serve the request's model (an empty slot may: a pod
+    /// that joins it might); health is `headroom`'s business.
     pub eligible: Vec<bool>,
 }
 
@@ -144,6 +145,14 @@ impl Capacity {
                 _ => 0,
             })
             .collect()
+    }
+
+    /// Whether a pod in rotation may serve the request at all.
+    pub fn servable(&self) -> bool {
+        self.headroom
+            .iter()
+            .zip(&self.eligible)
+            .any(|(h, &e)| e && h.is_some())
     }
 
     /// Whether a pod that may serve the request is below its knee.
@@ -490,7 +499,7 @@ impl Router {
 
     /// What the gate needs to know of the fleet ([`crate::gate`]): each
     /// slot's headroom before its knee if it is a member in rotation, and
-    /// whether it may serve `model`.
+    /// whether its pod may serve `model`.
     pub fn capacity<H: Host>(&mut self, host: &H, model: Option<&str>) -> Capacity {
         let mut seen = self.observe(host, false);
         let headroom: Vec<Option<f64>> = seen
@@ -498,14 +507,17 @@ impl Router {
             .iter()
             .map(|l| (l.member && l.healthy).then_some(l.headroom))
             .collect();
+        let members: Vec<bool> = seen.loads.iter().map(|l| l.member).collect();
         if let Some(m) = model {
             self.narrow_to_model(m, &mut seen.loads);
         }
+        // By model alone: health changes while a request waits, and a slot
+        // without a pod now may hold one that serves it by then.
         let eligible = seen
             .loads
             .iter()
-            .zip(&headroom)
-            .map(|(l, h)| l.member && h.is_some())
+            .zip(&members)
+            .map(|(l, &was)| !was || l.member)
             .collect();
         Capacity { headroom, eligible }
     }

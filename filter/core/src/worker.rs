@@ -284,13 +284,13 @@ impl Worker {
         }
         ex.awaiting_body = false;
         if ex.buffered == 0 {
-            self.route(host, ex, None, Some(Fallback::NoBody), Laps::start(host));
+            // Held at the gate (Pause) or shed (Replied) like any request without a body.
+            self.route(host, ex, None, Some(Fallback::NoBody), Laps::start(host))
         } else {
             // Whatever Envoy holds, up to one byte past the limit: `route` judges the size.
             let most = self.router.config().max_body_bytes.saturating_add(1);
-            return self.route_body(host, ex, most);
+            self.route_body(host, ex, most)
         }
-        Step::Continue
     }
 
     /// Reads up to `size` bytes of the buffered body and routes on them.
@@ -324,7 +324,12 @@ impl Worker {
         if whole && ex.endpoint.is_some() && self.holding.is_some() {
             match self.admit(host, ex, key.as_ref()) {
                 Admission::Go => {}
-                Admission::Hold => return self.park(ex, key, why),
+                Admission::Hold(ticket) => {
+                    let step = self.park(ex, key, why, ticket);
+                    // Grants this admission made to this VM's older held requests.
+                    self.release_granted(host, ex.context);
+                    return step;
+                }
                 Admission::Shed(s) => return self.shed_now(host, ex, s),
             }
         }
@@ -341,24 +346,31 @@ impl Worker {
         let Some(end) = body.iter().rposition(|b| !b.is_ascii_whitespace()) else {
             return false;
         };
-        if body[end] != b'}' {
+        // `"stream_options": null` parses as absent: a second key would be a duplicate.
+        const OPTIONS: &[u8] = b"\"stream_options\"";
+        if body[end] != b'}' || body.windows(OPTIONS.len()).any(|w| w == OPTIONS) {
             return false;
         }
         let mut asked = Vec::with_capacity(body.len() + ASK.len());
         asked.extend_from_slice(&body[..end]);
         asked.extend_from_slice(ASK);
         asked.extend_from_slice(&body[end..]);
+        // The length first: a body longer than its content-length would be cut upstream.
         let length = asked.len().to_string();
-        let done = host.replace_request_body(body.len(), &asked).is_ok()
-            && host
-                .set_request_header("content-length", Some(&length))
-                .is_ok();
-        if done {
-            self.stats.asked_usage();
-        } else {
+        if host
+            .set_request_header("content-length", Some(&length))
+            .is_err()
+        {
             log::warn!("warmroute: could not ask a pod for usage; the request goes as sent");
+            return false;
         }
-        done
+        if host.replace_request_body(body.len(), &asked).is_err() {
+            let _ = host.set_request_header("content-length", Some(&body.len().to_string()));
+            log::warn!("warmroute: could not ask a pod for usage; the request goes as sent");
+            return false;
+        }
+        self.stats.asked_usage();
+        true
     }
 
     /// Parses the body into the prompt's key, or says why it could not.
@@ -871,6 +883,7 @@ impl Worker {
 
     /// The VM is going away (reconfiguration, drain): what waits for the tick goes now.
     pub fn on_done<H: Host>(&mut self, host: &H) {
+        self.release_all(host);
         self.stats.flush(host);
         if let Err(e) = self.router.flush_releases(host) {
             log::warn!("warmroute: in-flight releases lost at shutdown: {e:?}");

@@ -21,12 +21,12 @@ use crate::store::update_after;
 use std::collections::HashMap;
 
 /// What the gate does with a new request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Admission {
     /// Route it now.
     Go,
-    /// Hold it.
-    Hold,
+    /// Hold it, under this ticket.
+    Hold(Ticket),
     /// Answer 429.
     Shed(Shed),
 }
@@ -39,6 +39,8 @@ struct Parked {
     why: Option<Fallback>,
     since_ms: u64,
     deadline_ms: u64,
+    /// Its place in the gate's record, to put back if the record lost it.
+    ticket: Ticket,
 }
 
 /// This VM's held requests.
@@ -120,7 +122,7 @@ impl Worker {
             .router
             .capacity(host, key.and_then(|k| k.model.as_deref()));
         // No pod in rotation serves it: the router's fallback decides, not the gate.
-        if !cap.eligible.iter().any(|&e| e) {
+        if !cap.servable() {
             return Admission::Go;
         }
         let gate_key = self.router.gate_key().to_string();
@@ -149,11 +151,13 @@ impl Worker {
         let outcome = update_after(host, &gate_key, Some(read), |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
             q.sweep(now);
-            if q.held(ex.class) >= max_queue {
-                return (None, None);
-            }
+            let full = q.held(ex.class) >= max_queue;
             q.push(ticket.clone());
             let grants = q.grant(&mut slots.clone(), now, every);
+            // A full class still lets through a request that can go at once.
+            if full && !grants.iter().any(|g| g.vm == vm && g.context == ex.context) {
+                return (None, None);
+            }
             for g in grants.iter().filter(|g| g.vm == vm) {
                 q.remove(g.vm, g.context);
             }
@@ -174,7 +178,7 @@ impl Worker {
             Admission::Go
         } else {
             self.stats.gate(ex.class, GateEvent::Held);
-            Admission::Hold
+            Admission::Hold(ticket)
         }
     }
 
@@ -207,6 +211,7 @@ impl Worker {
         ex: &mut Exchange,
         key: Option<PromptKey>,
         why: Option<Fallback>,
+        ticket: Ticket,
     ) -> Step {
         let Some(holding) = self.holding.as_mut() else {
             return Step::Continue;
@@ -219,6 +224,7 @@ impl Worker {
             ex: std::mem::replace(ex, Exchange::new(context)),
             key,
             why,
+            ticket,
         };
         holding.held.insert(context, parked);
         ex.parked = true;
@@ -400,9 +406,60 @@ impl Worker {
         self.release_granted(host, 0);
     }
 
+    /// The VM is going away (a reconfiguration, a drain): its held requests
+    /// are routed now rather than left to Envoy's timeouts.
+    pub(super) fn release_all<H: Host>(&mut self, host: &H) {
+        let held: Vec<u32> = match self.holding.as_ref() {
+            Some(h) if !h.held.is_empty() => h.held.keys().copied().collect(),
+            _ => return,
+        };
+        self.remove_tickets(host, &held);
+        if let Some(h) = self.holding.as_mut() {
+            h.granted.extend(held);
+        }
+        self.release_granted(host, 0);
+    }
+
+    /// Puts back the tickets of this VM's held requests that the record lost
+    /// (a race on its first write, a damaged record, a grant swept from a
+    /// stalled worker): they keep their class and deadline, not their place.
+    fn requeue_lost<H: Host>(&self, host: &H, q: &Queue) {
+        let vm = self.router.vm_id();
+        let Some(h) = self.holding.as_ref() else {
+            return;
+        };
+        let present = |c: u32| q.tickets.iter().any(|t| t.vm == vm && t.context == c);
+        let lost: Vec<Ticket> = h
+            .held
+            .iter()
+            .filter(|(&c, _)| !present(c))
+            .map(|(_, p)| p.ticket.clone())
+            .collect();
+        if lost.is_empty() {
+            return;
+        }
+        let r = update_after(host, self.router.gate_key(), None, |v| {
+            let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            for t in &lost {
+                if !q
+                    .tickets
+                    .iter()
+                    .any(|o| o.vm == vm && o.context == t.context)
+                {
+                    q.push(t.clone());
+                }
+            }
+            (Some(q.encode()), ())
+        });
+        if let Err(e) = r {
+            log::debug!("warmroute: held requests not put back in the gate: {e:?}");
+        }
+    }
+
     /// The gate's check, every `gate.check_ms`, last in the tick: sheds this
-    /// VM's held requests whose deadline passed, routes grants a lost wake-up
-    /// left behind, pumps, and refreshes the queue gauges.
+    /// VM's held requests whose deadline passed, puts back tickets the record
+    /// lost, routes grants a lost wake-up left behind, pumps, and refreshes
+    /// the queue gauges.
     pub(super) fn check_gate<H: Host>(&mut self, host: &H, now: u64) {
         let Some(holding) = self.holding.as_mut() else {
             return;
@@ -440,6 +497,7 @@ impl Worker {
         };
         let q = Queue::decode(value.as_deref().unwrap_or_default());
         let vm = self.router.vm_id();
+        self.requeue_lost(host, &q);
         if let Some(h) = self.holding.as_mut() {
             let lost: Vec<u32> = q
                 .tickets
@@ -678,6 +736,69 @@ mod tests {
             at_headers(5, &[("content-length", "99999999")], false),
             Step::Continue
         );
+    }
+
+    #[test]
+    fn a_request_that_ends_with_trailers_waits_too() {
+        let host = MemoryHost::default();
+        let mut w = gated(&host);
+        let (_a, _) = send(&mut w, &host, 1, &[]);
+        let (_b, _) = send(&mut w, &host, 2, &[]);
+        *host.exchange.borrow_mut() = TestExchange::request(
+            &[(":method", "POST"), (":path", "/v1/chat/completions")],
+            b"",
+        );
+        host.context.set(3);
+        let mut ex = Exchange::new(3);
+        assert_eq!(w.on_request_headers(&host, &mut ex, false), Step::Pause);
+        assert_eq!(w.on_request_trailers(&host, &mut ex), Step::Pause);
+    }
+
+    #[test]
+    fn a_full_class_still_lets_through_a_request_that_can_go() {
+        // Pod a serves x, pod b serves y; each is at its knee with one request.
+        let cfg = GATED
+            .replace(
+                r#""address":"127.0.0.1:1"}"#,
+                r#""address":"127.0.0.1:1","models":["x"]}"#,
+            )
+            .replace(
+                r#""address":"127.0.0.1:2"}"#,
+                r#""address":"127.0.0.1:2","models":["y"]}"#,
+            );
+        let host = MemoryHost::default();
+        let mut w = Worker::configure(&host, cfg.as_bytes()).unwrap();
+        let mut ask = |context: u32, model: &str| {
+            let body = format!(
+                r#"{{"model":"{model}","messages":[{{"role":"user","content":"q{context}"}}]}}"#
+            );
+            let headers = [(":method", "POST"), (":path", "/v1/chat/completions")];
+            *host.exchange.borrow_mut() = TestExchange::request(&headers, body.as_bytes());
+            host.context.set(context);
+            let mut ex = Exchange::new(context);
+            w.on_request_headers(&host, &mut ex, false);
+            w.on_request_body(&host, &mut ex, body.len(), true)
+        };
+        assert_eq!(ask(1, "x"), Step::Continue);
+        // Two x requests wait: the batch queue (2) is full.
+        assert_eq!((ask(2, "x"), ask(3, "x")), (Step::Pause, Step::Pause));
+        // A y request finds pod b free: it goes, though its class's queue is full.
+        assert_eq!(ask(4, "y"), Step::Continue);
+        // Another x request is shed: nothing can take it and its queue is full.
+        assert_eq!(ask(5, "x"), Step::Replied);
+        assert_eq!(host.replies.borrow().len(), 1);
+    }
+
+    #[test]
+    fn a_stopping_vm_routes_what_it_held() {
+        let host = MemoryHost::default();
+        let mut w = gated(&host);
+        let (_a, _) = send(&mut w, &host, 1, &[]);
+        let (_b, _) = send(&mut w, &host, 2, &[]);
+        let (_held, s) = send(&mut w, &host, 3, &[]);
+        assert_eq!(s, Step::Pause);
+        w.on_done(&host);
+        assert_eq!(resumed(&host), vec![3]);
     }
 
     #[test]
