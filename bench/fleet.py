@@ -274,3 +274,78 @@ def workers_section(logdir: Path, quick: bool) -> dict:
 
 def section(logdir: Path, quick: bool) -> dict:
     return {"fleet": fleet_section(logdir, quick), "workers": workers_section(logdir, quick)}
+
+
+def targets(fl: dict | None) -> list[dict]:
+    """Issue #18's scale target: the gateway with warmroute under one core at 100 pods, 100 req/s."""
+    f = (fl or {}).get("fleet")
+    if not f:
+        return []
+    w = f["median"]["warmroute"]
+    rate = f"{w['rps']:.0f} req/s" + ("" if f["achieved_rps"] >= 0.95 * f["rate"] else
+                                      f" (the client reached no more: {f['achieved_rps']:.0f} at worst)")
+    return [{"target": f"fleet: gateway cores with warmroute, {f['pods']} pods, {f['rate']:.0f} req/s of 4k/100k-token "
+                       "prompts < 1 core",
+             "measured": f"{w['cores']:.3f} cores at {rate}, median of {f['rounds']} rounds (no filter "
+                         f"{f['median']['nofilter']['cores']:.3f}; the filter's share {f['filter_cores']:.3f})",
+             "limit": "< 1 core", "result": "PASS" if w["cores"] < 1.0 else "FAIL"}]
+
+
+def markdown(fl: dict) -> list[str]:
+    """The fleet and workers tables of latest.md, beside the published figures."""
+    L: list[str] = []
+    f = fl.get("fleet")
+    if f:
+        shapes = "; ".join(f"{s['share'] * 100:.0f}% {s['tokens'] // 1000}k tokens sharing one of {s['prefixes']} "
+                           f"prefixes of {s['shared_tokens'] // 1000}k" for s in f["shapes"])
+        L.append(f"## Fleet scale: {f['pods']} pods, {f['rate']:.0f} req/s\n")
+        L.append(f"One gateway ({f['workers']} workers) in front of {f['pods']} instant pods (one Envoy, one listener "
+                 f"each, vLLM-shaped /metrics scraped every 500 ms), open-loop Poisson traffic: {shapes}. "
+                 f"{f['rounds']} alternating rounds of {f['seconds']:.0f} s through warmroute (cache_aware, endpoint "
+                 "mode) and a no-filter round-robin Envoy; medians over rounds, added latency the median of the "
+                 "per-round differences. Cores = gateway Envoy CPU seconds (/proc) over the client's sending time.\n")
+        L.append("| figure | warmroute (this bench) | no-filter Envoy (same rounds) | llm-d EPP (published) |"
+                 "\n|---|---|---|---|")
+        w, n, x = f["median"]["warmroute"], f["median"]["nofilter"], f["external"]
+        L.append(f"| pods / rate | {f['pods']} / {w['rps']:.0f} req/s | {f['pods']} / {n['rps']:.0f} req/s | "
+                 f"{x['pods']} / ~{x['rps']} req/s |")
+        L.append(f"| prompts | 4k and 100k tokens, shared prefixes | same | {x['prompt_tokens']} |")
+        L.append(f"| cores at that rate | {w['cores']:.3f} (the filter's share {f['filter_cores']:.3f}) | "
+                 f"{n['cores']:.3f} | {x['cores']} |")
+        L.append(f"| cores idle | {f['idle_cores']['warmroute']:.3f} | {f['idle_cores']['nofilter']:.3f} | "
+                 f"{x['idle_cores']} |")
+        L.append(f"| latency | added p50 {f['added_p50_ms'] * 1000:.0f} us, p99 {f['added_p99_ms'] * 1000:.0f} us | "
+                 f"p50 {n['p50_ms'] * 1000:.0f} us, p99 {n['p99_ms'] * 1000:.0f} us | scheduler P50 "
+                 f"{x['scheduler_p50_ms']} ms (the picker alone, not the gateway's hop) |")
+        rss = f["rss_kb"]
+        L.append(f"| memory | Envoy RSS {rss['warmroute'][0] / 1024:.0f} MB after warm-up, +"
+                 f"{f['memory']['rss_growth_kb']['warmroute'] / 1024:.1f} MB over the rounds (index full: see the "
+                 f"workers table) | {rss['nofilter'][0] / 1024:.0f} MB, +{f['memory']['rss_growth_kb']['nofilter'] / 1024:.1f}"
+                 " MB | |")
+        L.append(f"\nSource of the published figures: {x['source']}. Client: up to "
+                 f"{max(r['client_cpu_util'] for rs in f['runs'].values() for r in rs):.2f} of a core; slowest "
+                 f"round {f['achieved_rps']:.1f} req/s. Filter: "
+                 + ", ".join(f"{k.removeprefix('warmroute.')}={v}" for k, v in f.get("routed", {}).items()) + ".\n")
+        L.append("| round | gateway | req/s | cores | CPU us/req | p50 us | p99 us | client CPU | errors |"
+                 "\n|---|---|---|---|---|---|---|---|---|")
+        for g, rs in f["runs"].items():
+            for i, r in enumerate(rs):
+                L.append(f"| {i} | {g} | {r['rps']:.1f} | {r['cores']:.3f} | {r['cpu_us_per_req']:.0f} | "
+                         f"{r['p50_ms'] * 1000:.0f} | {r['p99_ms'] * 1000:.0f} | {r['client_cpu_util']:.2f} | "
+                         f"{r['errors']} |")
+        L.append("")
+    wk = fl.get("workers")
+    if wk:
+        L.append(f"## Worker scaling: the same traffic at --concurrency {', '.join(map(str, CONCURRENCIES))}\n")
+        L.append(f"{wk['requests']} requests ({wk['seconds']:.0f} s of the fleet traffic) through each gateway at each "
+                 f"concurrency, one run each; then {wk['fill_requests']} distinct {wk['fill_words']}-word prompts "
+                 f"(about twice the default index.max_blocks) fill warmroute's index. RSS per worker = Envoy's RSS "
+                 f"growth from before the traffic / workers (each worker's VM holds an index replica).\n")
+        L.append("| workers | gateway | CPU us/req | ratio to 1 worker | RSS growth per worker, traffic (kB) | "
+                 "after the fill (kB) | log_gaps | errors |\n|---|---|---|---|---|---|---|---|")
+        for r in wk["rows"]:
+            filled = f"{r['filled_kb_per_worker']:.0f}" if r["gateway"] != "nofilter" else ""
+            L.append(f"| {r['concurrency']} | {r['gateway']} | {r['cpu_us_per_req']:.0f} | {r['cpu_ratio_vs_1']:.2f} | "
+                     f"{r['rss_growth_kb_per_worker']:.0f} | {filled} | {r['log_gaps']} | {r['errors']} |")
+        L.append("")
+    return L

@@ -57,7 +57,7 @@ def write_results(res: dict, out: Path, quick: bool) -> None:
     """Adds the targets and (for a full run) bench/notes.md to `res`, then writes latest.json
     and latest.md; the plot is the caller's, which may or may not tolerate its failure."""
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
-                      + mixed_targets(res.get("mixed")))
+                      + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet")))
     res["notes"] = [NOTES.read_text()] if NOTES.exists() and not quick else []
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
