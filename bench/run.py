@@ -14,7 +14,7 @@ gateways, 5 paired rounds), mixed (interactive chat + long batch jobs at overloa
 without and with the priority gate, 3 paired rounds, bench/mixed.py), fleet (100 instant pods at
 100 requests/s of 4k- and 100k-token prompts, warmroute against a no-filter Envoy in paired
 rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py). A full run takes about
-45 minutes on 2 cores (the independent section about 15).
+51 minutes on 2 cores (the independent section about 15, fleet about 6).
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
