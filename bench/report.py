@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from statistics import median
 
+import fleet
 from scenarios import EVICTION_GATEWAYS, MIXED, SCALED_METRICS, TIME_SCALE, WORKLOADS
 
 
@@ -360,6 +361,8 @@ def markdown(res: dict) -> str:
                  f"p99 {fl['e2e_ms']['p99'] * 1000:.0f} us.\n")
     if res.get("mixed"):
         L.extend(mixed_markdown(res["mixed"]))
+    if res.get("fleet"):
+        L.extend(fleet.markdown(res["fleet"]))
     ind = res.get("independent")
     if ind and ind.get("runs"):
         L.append(f"## Independent client: {ind['client']}, concurrency {ind['concurrency']}\n")

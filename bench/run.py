@@ -11,8 +11,10 @@ those targets are medians of three paired runs), overhead (filter cost vs no fil
 backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision),
 eviction (cache_aware with and without the pods' cache reports on an evicting fleet behind 3
 gateways, 5 paired rounds), mixed (interactive chat + long batch jobs at overload, cache_aware
-without and with the priority gate, 3 paired rounds, bench/mixed.py). A full run takes about
-45 minutes on 2 cores (the independent section about 15).
+without and with the priority gate, 3 paired rounds, bench/mixed.py), fleet (100 instant pods at
+100 requests/s of 4k- and 100k-token prompts, warmroute against a no-filter Envoy in paired
+rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py). A full run takes about
+51 minutes on 2 cores (the independent section about 15, fleet about 6).
 
 Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
@@ -34,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import fleet
 import independent
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
@@ -47,14 +50,14 @@ RESULTS = HERE / "results"
 NOTES = HERE / "notes.md"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
-            "overhead", "memory", "decision", "mixed"]
+            "overhead", "memory", "decision", "mixed", "fleet"]
 
 
 def write_results(res: dict, out: Path, quick: bool) -> None:
     """Adds the targets and (for a full run) bench/notes.md to `res`, then writes latest.json
     and latest.md; the plot is the caller's, which may or may not tolerate its failure."""
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
-                      + mixed_targets(res.get("mixed")))
+                      + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet")))
     res["notes"] = [NOTES.read_text()] if NOTES.exists() and not quick else []
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
@@ -117,6 +120,8 @@ def main() -> int:
                 res["mixed"] = mixed(b)
             elif s == "independent":
                 ind = independent.section(logdir, a.quick)
+            elif s == "fleet":
+                res["fleet"] = fleet.section(logdir, a.quick)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "independent": ind, "wall_s": time.time() - t0})
@@ -128,7 +133,7 @@ def main() -> int:
             res["quality"].sort(key=lambda r: (r["replicas"] == 8, r["gateways"] > 1, order.get(r["workload"], 9)))
             if not res["reruns"] and old.get("reruns"):
                 res["reruns"] = old["reruns"]
-            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent"):
+            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]
