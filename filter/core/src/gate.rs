@@ -43,10 +43,10 @@
 //! | [`GRANT_TTL_MS`] | 2000 | a grant whose VM never routed it (the VM died) stops reserving its pod |
 //!
 //! Cost: nothing while the gate is not configured. With it, below the knee a
-//! routed request reads the ledger once more (the fleet's headroom, one pass
-//! over the pods) and the small queue record once (empty), and a request
-//! ending reads the record once more; a held request costs a CAS on it to enter and
-//! one to leave. The record holds at most Σ `max_queue` tickets (~40 bytes
+//! routed request reads the small queue record once (empty) and takes one
+//! more pass over the pods (their headroom; the ledger read it comes from is
+//! the one its route uses), and a request ending reads the record once more;
+//! a held request costs a CAS on it to enter and one to leave. The record holds at most Σ `max_queue` tickets (~40 bytes
 //! each, plus the eligibility mask of a gateway with several models).
 
 use crate::codec::{put, Reader};

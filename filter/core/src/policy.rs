@@ -554,8 +554,7 @@ impl Chooser<'_> {
             })?;
         let extra = matched(chosen) - matched(c);
         let p = self.cfg;
-        let unit = p.block_tokens + p.decode_cost * f64::from(p.default_output_tokens);
-        let cost = extra * p.block_tokens / unit.max(f64::MIN_POSITIVE);
+        let cost = extra * p.block_tokens / crate::work::unit(p);
         let mean = eligible.iter().map(|&b| self.loads[b].load).sum::<f64>()
             / eligible.len().max(1) as f64;
         let spare = self.loads[c].load;

@@ -121,6 +121,9 @@ pub struct Router {
     ratio: TokenRatio,
     /// The ratio the index's capacities were last sized with.
     sized_ratio: f64,
+    /// The gate's look at the fleet for a request, which its route (in the
+    /// same callback) reuses instead of reading the ledger again.
+    admitted: Option<Observed>,
 }
 
 /// The fleet as the gate sees it, per slot.
@@ -257,6 +260,7 @@ impl Router {
             split: Split::default(),
             ratio: TokenRatio::new(cfg.index.bytes_per_token),
             sized_ratio: cfg.index.bytes_per_token,
+            admitted: None,
             cfg,
         };
         router.set_all_health(health);
@@ -461,7 +465,10 @@ impl Router {
     }
 
     fn route_timed<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
-        let mut seen = self.observe(host, req.key.is_some());
+        let mut seen = match self.admitted.take() {
+            Some(seen) => seen,
+            None => self.observe(host, req.key.is_some()),
+        };
         let model = req.key.and_then(|k| k.model.as_deref());
         if model.is_some_and(|m| self.narrow_to_model(m, &mut seen.loads) == Fit::Unknown) {
             let decision = Decision {
@@ -498,26 +505,44 @@ impl Router {
     }
 
     /// What the gate needs to know of the fleet ([`crate::gate`]): each
-    /// slot's headroom before its knee if it is a member in rotation, and
-    /// whether its pod may serve `model`.
-    pub fn capacity<H: Host>(&mut self, host: &H, model: Option<&str>) -> Capacity {
-        let mut seen = self.observe(host, false);
-        let headroom: Vec<Option<f64>> = seen
+    /// slot's headroom before its knee if it is a member in rotation.
+    pub fn capacity<H: Host>(&mut self, host: &H) -> Capacity {
+        let seen = self.observe(host, false);
+        self.capacity_in(&seen, None)
+    }
+
+    /// [`Router::capacity`] for the request `req` about to be routed, with
+    /// whether each slot's pod may serve its model. The look at the fleet is
+    /// kept for its [`Router::route`] (dropped by [`Router::forget_admission`]
+    /// when the request is held or shed instead).
+    pub fn admit<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Capacity {
+        let seen = self.observe(host, req.key.is_some());
+        let cap = self.capacity_in(&seen, req.key.and_then(|k| k.model.as_deref()));
+        self.admitted = Some(seen);
+        cap
+    }
+
+    /// The request admitted last is not routed now: its look at the fleet goes.
+    pub fn forget_admission(&mut self) {
+        self.admitted = None;
+    }
+
+    fn capacity_in(&self, seen: &Observed, model: Option<&str>) -> Capacity {
+        let headroom = seen
             .loads
             .iter()
             .map(|l| (l.member && l.healthy).then_some(l.headroom))
             .collect();
-        let members: Vec<bool> = seen.loads.iter().map(|l| l.member).collect();
+        let mut loads = seen.loads.clone();
         if let Some(m) = model {
-            self.narrow_to_model(m, &mut seen.loads);
+            self.narrow_to_model(m, &mut loads);
         }
         // By model alone: health changes while a request waits, and a slot
         // without a pod now may hold one that serves it by then.
-        let eligible = seen
-            .loads
+        let eligible = loads
             .iter()
-            .zip(&members)
-            .map(|(l, &was)| !was || l.member)
+            .zip(&seen.loads)
+            .map(|(l, was)| !was.member || l.member)
             .collect();
         Capacity { headroom, eligible }
     }

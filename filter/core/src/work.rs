@@ -38,8 +38,13 @@ pub const MAX_OUTPUT_TOKENS: u32 = 131_072;
 pub fn work(inflight: &InFlight, others: f64, policy: &PolicyConfig) -> f64 {
     let tokens = f64::from(inflight.prefill_blocks) * policy.block_tokens
         + policy.decode_cost * f64::from(inflight.decode_tokens);
-    let unit = policy.block_tokens + policy.decode_cost * f64::from(policy.default_output_tokens);
-    tokens / unit.max(f64::MIN_POSITIVE) + others.max(0.0)
+    tokens / unit(policy) + others.max(0.0)
+}
+
+/// A typical request's GPU time in prefilled-token equivalents (`unit` above, never 0).
+pub fn unit(policy: &PolicyConfig) -> f64 {
+    (policy.block_tokens + policy.decode_cost * f64::from(policy.default_output_tokens))
+        .max(f64::MIN_POSITIVE)
 }
 
 #[cfg(test)]

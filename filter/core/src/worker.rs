@@ -83,8 +83,6 @@ pub struct Exchange {
     /// Held at the gate or released from it: the worker keeps the state
     /// meanwhile, and the next callback takes it back ([`Worker::reclaim`]).
     parked: bool,
-    /// Routed after being held: never held again.
-    released: bool,
     /// The request said its body's length (not chunked, no trailers).
     sized: bool,
     endpoint: Option<Endpoint>,
@@ -325,12 +323,16 @@ impl Worker {
             match self.admit(host, ex, key.as_ref()) {
                 Admission::Go => {}
                 Admission::Hold(ticket) => {
+                    self.router.forget_admission();
                     let step = self.park(ex, key, why, ticket);
                     // Grants this admission made to this VM's older held requests.
                     self.release_granted(host, ex.context);
                     return step;
                 }
-                Admission::Shed(s) => return self.shed_now(host, ex, s),
+                Admission::Shed(s) => {
+                    self.router.forget_admission();
+                    return self.shed_now(host, ex, s);
+                }
             }
         }
         let step = self.dispatch(host, ex, key.as_ref(), why, laps);
@@ -356,21 +358,26 @@ impl Worker {
         asked.extend_from_slice(ASK);
         asked.extend_from_slice(&body[end..]);
         // The length first: a body longer than its content-length would be cut upstream.
-        let length = asked.len().to_string();
-        if host
-            .set_request_header("content-length", Some(&length))
-            .is_err()
-        {
+        let asked_length = asked.len().to_string();
+        let done = host
+            .set_request_header("content-length", Some(&asked_length))
+            .is_ok()
+            && self.replace_body_or_restore(host, body, &asked);
+        if done {
+            self.stats.asked_usage();
+        } else {
             log::warn!("warmroute: could not ask a pod for usage; the request goes as sent");
-            return false;
         }
-        if host.replace_request_body(body.len(), &asked).is_err() {
+        done
+    }
+
+    /// Replaces the body with `asked`; on failure puts its length back.
+    fn replace_body_or_restore<H: Host>(&self, host: &H, body: &[u8], asked: &[u8]) -> bool {
+        let replaced = host.replace_request_body(body.len(), asked).is_ok();
+        if !replaced {
             let _ = host.set_request_header("content-length", Some(&body.len().to_string()));
-            log::warn!("warmroute: could not ask a pod for usage; the request goes as sent");
-            return false;
         }
-        self.stats.asked_usage();
-        true
+        replaced
     }
 
     /// Parses the body into the prompt's key, or says why it could not.

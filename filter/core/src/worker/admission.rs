@@ -16,6 +16,7 @@ use crate::gate::{mask, shed_body, Queue, Shed, Ticket};
 use crate::host::Host;
 use crate::phases::Laps;
 use crate::prefix::PromptKey;
+use crate::router::Request;
 use crate::stats::{Fallback, GateEvent};
 use crate::store::update_after;
 use std::collections::HashMap;
@@ -86,14 +87,13 @@ fn wake_message(vm: u64, context: u32) -> Vec<u8> {
 }
 
 impl Worker {
-    fn gate_now<H: Host>(&self, host: &H) -> (u64, u64) {
-        let every = self
-            .router
+    /// Releases between two that go to a lower class ([`crate::gate::GateConfig::lower_every`]).
+    fn lower_every(&self) -> u64 {
+        self.router
             .config()
             .gate
             .as_ref()
-            .map_or(0, |g| g.lower_every());
-        (host.now_ms(), every)
+            .map_or(0, |g| g.lower_every())
     }
 
     /// Whether `ex` goes now, waits, or is shed ([`crate::gate`]'s formulas).
@@ -104,9 +104,6 @@ impl Worker {
         ex: &Exchange,
         key: Option<&PromptKey>,
     ) -> Admission {
-        if ex.released {
-            return Admission::Go;
-        }
         let Some(max_queue) = self
             .router
             .config()
@@ -117,10 +114,15 @@ impl Worker {
         else {
             return Admission::Go;
         };
-        let (now, every) = self.gate_now(host);
-        let cap = self
-            .router
-            .capacity(host, key.and_then(|k| k.model.as_deref()));
+        let cap = self.router.admit(
+            host,
+            &Request {
+                key,
+                session: ex.session.as_deref(),
+            },
+        );
+        // The clock as the look at the fleet read it.
+        let (now, every) = (self.router.last_now(), self.lower_every());
         // No pod in rotation serves it: the router's fallback decides, not the gate.
         if !cap.servable() {
             return Admission::Go;
@@ -285,7 +287,6 @@ impl Worker {
             return;
         }
         let mut ex = p.ex;
-        ex.released = true;
         let step = self.dispatch(host, &mut ex, p.key.as_ref(), p.why, Laps::start(host));
         if step == Step::Continue {
             if let Err(e) = host.resume_request() {
@@ -357,12 +358,11 @@ impl Worker {
         if !Queue::decode(read.0.as_deref().unwrap_or_default()).any_held() {
             return;
         }
-        let cap = self.router.capacity(host, None);
-        let slots = cap.slots();
+        let slots = self.router.capacity(host).slots();
         if slots.iter().all(|&s| s == 0) {
             return;
         }
-        let (now, every) = self.gate_now(host);
+        let (now, every) = (self.router.last_now(), self.lower_every());
         let vm = self.router.vm_id();
         let grants = update_after(host, &gate_key, Some(read), |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
