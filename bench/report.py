@@ -401,9 +401,23 @@ def markdown(res: dict) -> str:
                  "Inside Envoy the same code runs as wasm in V8 (typically 1.5-3x slower) and shared-data calls "
                  "cross the VM boundary.\n")
         L.append("| axis | backends | prompt tokens | body KB | parse us | route us | total us |\n|---|---|---|---|---|---|---|")
-        for r in (r for r in dc if "body_bytes" in r):  # native rows; the in-Envoy ones are in results.json
+        for r in (r for r in dc if "body_bytes" in r):  # native rows
             L.append(f"| {r['axis']} | {r['backends']} | {r['prompt_tokens']} | {r['body_bytes'] / 1024:.0f} | "
                      f"{r['parse_us']:.1f} | {r['route_us']:.1f} | {r['total_us']:.1f} |")
+        envoy = [r for r in dc if r["axis"].startswith("envoy-")]
+        if envoy:
+            # The README quotes these beside the native ones; the table keeps them findable.
+            steps = [k for k in ("ledger", "sync", "loads", "match", "policy", "record", "account", "log")
+                     if all(f"{k}_us" in r for r in envoy)]
+            L.append("\nInside Envoy's VM (a `phase-timing` build, one worker, uniform prompts so every request is "
+                     "a placement, one request at a time; mean us per request; route's steps after it). "
+                     "Both curves are drawn in `decision.png`.\n")
+            L.append("| axis | pods | prompt tokens | requests | read body | parse + hash | route | "
+                     + " | ".join(steps) + " |\n|" + "---|" * (7 + len(steps)))
+            for r in envoy:
+                L.append(f"| {r['axis'].removeprefix('envoy-')} | {r['backends']} | {r['prompt_tokens']} | "
+                         f"{r.get('requests', '-')} | {r['body_us']:.1f} | {r['parse_us']:.1f} | {r['route_us']:.1f} | "
+                         + " | ".join(f"{r[k + '_us']:.1f}" for k in steps) + " |")
         L.append("")
     L.append("## Workload parameters and why\n")
     L.append(f"Time scale {TIME_SCALE:g}: the sims run 10x faster than the modelled GPU replica, and every client "
