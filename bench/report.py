@@ -1,6 +1,7 @@
 """The benchmark's results as targets (PASS/FAIL against the project's limits), the markdown
-report and the plot: bench/results/latest.md and latest.png, rendered from the results dict
-that run.py also writes as latest.json.
+report and the plots: bench/results/latest.md, latest.png and decision.png (the decision-time
+curves on their own, for the README), rendered from the results dict that run.py also writes
+as latest.json.
 
 Everything here reads that dict only, so `run.py --report-only` re-renders the report from
 a saved latest.json without running anything.
@@ -400,9 +401,23 @@ def markdown(res: dict) -> str:
                  "Inside Envoy the same code runs as wasm in V8 (typically 1.5-3x slower) and shared-data calls "
                  "cross the VM boundary.\n")
         L.append("| axis | backends | prompt tokens | body KB | parse us | route us | total us |\n|---|---|---|---|---|---|---|")
-        for r in (r for r in dc if "body_bytes" in r):  # native rows; the in-Envoy ones are in results.json
+        for r in (r for r in dc if "body_bytes" in r):  # native rows
             L.append(f"| {r['axis']} | {r['backends']} | {r['prompt_tokens']} | {r['body_bytes'] / 1024:.0f} | "
                      f"{r['parse_us']:.1f} | {r['route_us']:.1f} | {r['total_us']:.1f} |")
+        envoy = [r for r in dc if r["axis"].startswith("envoy-")]
+        if envoy:
+            # The README quotes these beside the native ones; the table keeps them findable.
+            steps = [k for k in ("ledger", "sync", "loads", "match", "policy", "record", "account", "log")
+                     if all(f"{k}_us" in r for r in envoy)]
+            L.append("\nInside Envoy's VM (a `phase-timing` build, one worker, uniform prompts so every request is "
+                     "a placement, one request at a time; mean us per request; route's steps after it). "
+                     "Both curves are drawn in `decision.png`.\n")
+            L.append("| axis | pods | prompt tokens | requests | read body | parse + hash | route | "
+                     + " | ".join(steps) + " |\n|" + "---|" * (7 + len(steps)))
+            for r in envoy:
+                L.append(f"| {r['axis'].removeprefix('envoy-')} | {r['backends']} | {r['prompt_tokens']} | "
+                         f"{r.get('requests', '-')} | {r['body_us']:.1f} | {r['parse_us']:.1f} | {r['route_us']:.1f} | "
+                         + " | ".join(f"{r[k + '_us']:.1f}" for k in steps) + " |")
         L.append("")
     L.append("## Workload parameters and why\n")
     L.append(f"Time scale {TIME_SCALE:g}: the sims run 10x faster than the modelled GPU replica, and every client "
@@ -509,22 +524,100 @@ def plot(res: dict, path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
 
     ax = axes[1][2]
-    dc = res.get("decision")
-    if dc:
-        bk = [r for r in dc if r["axis"] == "backends"]
-        pr = [r for r in dc if r["axis"] == "prompt"]
-        ax.plot([r["backends"] for r in bk], [r["total_us"] for r in bk], "o-", label="vs backends (4k-token prompt)")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("backends (bottom) / prompt tokens / 512 (top curve x)")
-        ax.plot([r["prompt_tokens"] / 512 for r in pr], [r["total_us"] for r in pr], "s-",
-                label="vs prompt length (16 pods), x = tokens/512")
-        for r in pr:
-            ax.annotate(f"{r['prompt_tokens'] // 1024}k", (r["prompt_tokens"] / 512, r["total_us"]), fontsize=7,
-                        xytext=(3, -8), textcoords="offset points")
-        ax.set_title("Decision time, native (parse + route), us")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, which="both")
+    if decision_series(res.get("decision"), "pods"):
+        decision_panel(ax, res["decision"], "pods")
+        ax.set_title(ax.get_title() + "\n(the prompt axis: decision.png)", fontsize=10)
     fig.suptitle(f"warmroute benchmark ({'quick' if res['quick'] else 'full'}), {res['started']}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+# The decision-time curves (#18). Native rows come from bench/decision (axis `backends`, or
+# `pods` as its --axis flag spells it, and `prompt`); in-Envoy rows from
+# overhead.envoy_decision_curve (axis `envoy-pods`, `envoy-prompt`).
+DECISION_AXES = {"pods": (("backends", "pods"), "envoy-pods"), "prompt": (("prompt",), "envoy-prompt")}
+DECISION_SOURCES = {"native": "#1f77b4", "in Envoy": "#d62728"}
+DECISION_MEASURES = {"route_us": ("route", "-", "o"), "parse_us": ("parse + hash", "--", "s")}
+
+
+def decision_series(dc: list[dict] | None, axis: str) -> dict[str, list[dict]]:
+    """{source: rows sorted along the axis} for one axis; sources without rows are left out,
+    so a quick run or an older latest.json (native only) still draws what it has."""
+    native, envoy = DECISION_AXES[axis]
+    x = "backends" if axis == "pods" else "prompt_tokens"
+    out = {"native": [r for r in dc or [] if r["axis"] in native],
+           "in Envoy": [r for r in dc or [] if r["axis"] == envoy]}
+    return {k: sorted(v, key=lambda r: r[x]) for k, v in out.items() if v}
+
+
+def decision_panel(ax, dc: list[dict], axis: str) -> None:
+    """One axis of the decision-time curves: route and parse + hash, natively and in Envoy.
+
+    Both axes are logarithmic because the points are (3 -> 1024 pods, 1k -> 512k tokens) and
+    the costs span 1 us to milliseconds; a linear axis would flatten all but the last point.
+    Values are written next to the points of the measure that grows along the axis (route
+    with pods, parse with the prompt), above or below the point whichever side is away from
+    the other source's line, so the two labels of one x do not sit on each other."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    series = decision_series(dc, axis)
+    x_key = "backends" if axis == "pods" else "prompt_tokens"
+    labelled = "route_us" if axis == "pods" else "parse_us"
+    for src, rows in series.items():
+        for m, (name, ls, marker) in DECISION_MEASURES.items():
+            xs, ys = [r[x_key] for r in rows], [r[m] for r in rows]
+            ax.plot(xs, ys, ls=ls, marker=marker, color=DECISION_SOURCES[src], label=f"{name}, {src}")
+            if m != labelled:
+                continue
+            other = {r[x_key]: r[m] for s, rs in series.items() if s != src for r in rs}
+            for x, y in zip(xs, ys):
+                up = y >= other.get(x, 0)
+                ax.annotate(f"{y:.0f}" if y >= 10 else f"{y:.1f}", (x, y), xytext=(0, 6 if up else -12),
+                            textcoords="offset points", ha="center", fontsize=8, color=DECISION_SOURCES[src])
+    xs = sorted({r[x_key] for rows in series.values() for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, [str(x) if axis == "pods" else f"{x // 1024}k" for x in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
+    # Plain numbers at 1-2-5 steps: reading "23 us" off the axis beats reading 10^1.4.
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_locator(NullLocator())
+    fixed = sorted({r["prompt_tokens" if axis == "pods" else "backends"] for rows in series.values() for r in rows})
+    fixed_s = "/".join(map(str, fixed))
+    ax.set_title(f"Decision time vs pods ({fixed_s}-token prompt)" if axis == "pods"
+                 else f"Decision time vs prompt length ({fixed_s} pods)")
+    ax.set_xlabel("pods" if axis == "pods" else "prompt tokens")
+    ax.set_ylabel("µs per request (log)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+
+
+def decision_plot(res: dict, path: Path) -> bool:
+    """bench/results/decision.png: the decision-time curves as their own figure, for the
+    README's cost section, where latest.png's six panels would be too small to read.
+
+    Writes nothing (and returns False) when latest.json holds no decision rows, so a run
+    without the section leaves the last figure in place rather than an empty one."""
+    dc = res.get("decision")
+    if not dc:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    for ax, axis in zip(axes, DECISION_AXES):
+        if decision_series(dc, axis):
+            decision_panel(ax, dc, axis)
+        else:
+            ax.set_visible(False)
+    fig.suptitle(f"warmroute decision time per request, {res['started'][:10]}")
+    fig.text(0.5, 0.01, "native: x86-64, bench/decision, median per request (2 VMs sharing the host, 8 requests "
+             "open each, conversations that hit the index)\nin Envoy: the wasm in V8 (phase-timing build), "
+             "one worker, mean per request, uniform prompts (every request a placement)",
+             ha="center", fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True

@@ -16,7 +16,8 @@ without and with the priority gate, 3 paired rounds, bench/mixed.py), fleet (100
 rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py). A full run takes about
 51 minutes on 2 cores (the independent section about 15, fleet about 6).
 
-Writes bench/results/latest.json, latest.md, latest.png. Every server binds 127.0.0.1,
+Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
+curves, for the README). Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
 
 The pieces: scenarios.py (workloads, routers, time scale), quality.py (routing-quality
@@ -41,7 +42,7 @@ import independent
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
-from report import markdown, mixed_targets, plot, row_key, targets
+from report import decision_plot, markdown, mixed_targets, plot, row_key, targets
 from scenarios import WORKLOADS, lru_hit_rate
 from warmroute_harness import LOADGEN_BIN, SIM_BIN, WASM, envoy_binary
 
@@ -71,13 +72,15 @@ def main() -> int:
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows/sections of the existing latest.json that this run does not redo")
     ap.add_argument("--report-only", action="store_true",
-                    help="re-render latest.md / latest.png (and targets, notes.md) from latest.json, run nothing")
+                    help="re-render latest.md, latest.png, decision.png (and targets, notes.md) from latest.json, "
+                         "run nothing")
     a = ap.parse_args()
     if a.report_only:
         out = Path(a.out)
         res = json.loads((out / "latest.json").read_text())
         write_results(res, out, res["quick"])
         plot(res, out / "latest.png")
+        decision_plot(res, out / "decision.png")
         return 0
     for p in (LOADGEN_BIN, SIM_BIN, WASM):
         if not p.exists():
@@ -144,11 +147,12 @@ def main() -> int:
             cap = WORKLOADS["conversation"]["quick_capacity" if a.quick else "capacity"]
             res["lru"] = {str(c): lru_hit_rate(c, lim) for c in sorted({400_000, cap, 3 * cap, 10**9})}
         write_results(res, out, a.quick)
-        try:
-            plot(res, out / "latest.png")
-        except Exception as e:  # a plot failure must not lose the measurements
-            print(f"plot failed: {e!r}", file=sys.stderr)
-        print(f"\nwrote {out / 'latest.json'}, latest.md, latest.png ({time.time() - t0:.0f} s)")
+        for draw, name in ((plot, "latest.png"), (decision_plot, "decision.png")):
+            try:
+                draw(res, out / name)
+            except Exception as e:  # a plot failure must not lose the measurements
+                print(f"{name} failed: {e!r}", file=sys.stderr)
+        print(f"\nwrote {out / 'latest.json'}, latest.md, latest.png, decision.png ({time.time() - t0:.0f} s)")
         for t in res["targets"]:
             print(f"  [{t['result']}] {t['target']}: {t['measured']} (limit {t['limit']})")
     return 0
