@@ -1,6 +1,6 @@
 //! Per-backend load: scraped metrics, health, and the filter's own in-flight count.
 //!
-//! ## How load is weighed (`cache_aware`; the others weigh work, [`crate::work`])
+//! ## How load is weighed (the bounds of `cache_aware` and `prefix_hash`; `least_request` weighs work: [`crate::work`])
 //! ```text
 //! load_b      = inflight_b + max(0, running_b + waiting_b − own_b)   (scrape fresh)
 //!             = inflight_b                                          (no fresh scrape)

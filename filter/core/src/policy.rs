@@ -124,10 +124,11 @@
 //!
 //! ## The others
 //! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load
-//!   spillover), the bound over requests: over work, one agent's long context
-//!   in flight pushed its next steps off their pod (bench agent workload: 74.7%
-//!   hit rate in one run, against 79.5% and 82.1% in two with the bound over
-//!   requests).
+//!   spillover), the bound over requests: over work, one agent step's prompt
+//!   still prefilling pushed that agent's next steps off their pod (bench agent
+//!   workload: 74.7% hit rate against ~80-84% over requests; with each
+//!   request's weight capped at 2 typical ones, a median 79.1% against 81.1%
+//!   in 3 paired rounds; see [`crate::work`]).
 //! - `least_request`: least work in flight among non-saturated healthy
 //!   backends; ties random. Work, not request count: a pod prefilling one huge
 //!   prompt is busier than one serving a short chat.
