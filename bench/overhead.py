@@ -252,6 +252,7 @@ def overhead(b: Bench) -> dict:
                     "throughput_ratio": ratio("nofilter", "warmroute", "rps"),
                     "cpu_per_req_ratio": ratio("nofilter", "warmroute", "cpu_load"),
                     "floor_cpu_per_req_ratio": ratio("nofilter", "floor", "cpu_load"),
+                    "cpu_per_req_vs_floor": ratio("floor", "warmroute", "cpu_load"),
                     "cpu_us_per_req_filter": median(per["warmroute"]["cpu_load"]),
                     "cpu_us_per_req_floor": median(per["floor"]["cpu_load"]),
                     "cpu_us_per_req_nofilter": median(per["nofilter"]["cpu_load"]),
@@ -273,7 +274,8 @@ def overhead(b: Bench) -> dict:
                 print(f"  {size}-{workers}w added p50 {c['added_p50_us']:.0f} us (rounds: "
                       f"{', '.join(f'{x:.0f}' for x in added)}); floor {c['floor_added_p50_us']:.0f} us, "
                       f"warmroute over floor {c['over_floor_p50_us']:.0f} us; CPU/req x{c['cpu_per_req_ratio']:.2f} "
-                      f"(floor x{c['floor_cpu_per_req_ratio']:.2f})", flush=True)
+                      f"(floor x{c['floor_cpu_per_req_ratio']:.2f}; warmroute/floor x{c['cpu_per_req_vs_floor']:.2f})",
+                      flush=True)
     return out
 
 

@@ -449,6 +449,35 @@ mod tests {
     }
 
     #[test]
+    fn escapes_decode_to_the_text_they_spell() {
+        let key = |content: &str| {
+            prompt_key(
+                Endpoint::Completions,
+                format!(r#"{{"prompt":"{content}"}}"#).as_bytes(),
+                1,
+                64,
+            )
+        };
+        // Short escapes, a BMP character and a surrogate pair spell their text; a
+        // separator from an escape is text too.
+        assert_eq!(
+            key(r#"\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00"#),
+            key("\\\"\\\\/\\b\\f\\n\\r\\t\u{e9}\u{1f600}")
+        );
+        assert_ne!(key(r"\u001e"), key(""));
+        // A lone surrogate is not text, whatever follows it.
+        for lone in [
+            r"\ud800",
+            r"\ud800x",
+            r"\ud800\n",
+            r"\ud800\u0041",
+            r"\udc00",
+        ] {
+            assert_eq!(key(lone), Err(ParseError::NotJson), "{lone}");
+        }
+    }
+
+    #[test]
     fn paths() {
         assert_eq!(
             Endpoint::from_path("/v1/chat/completions?x=1"),
@@ -789,6 +818,38 @@ mod tests {
                     let a = prompt_key(Endpoint::Chat, &body(&m), block, 2048).unwrap();
                     let b = prompt_key(Endpoint::Chat, &body(&longer), block, 2048).unwrap();
                     prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+                }
+            }
+
+            #[test]
+            fn any_encoding_of_a_text_feeds_the_text_with_separators_escaped(t in text(), every in any::<bool>()) {
+                // serde_json's encoding escapes little; the other escapes every
+                // character (`\u` escapes, surrogate pairs for the astral planes)
+                // or, for `every == false`, only the short ones.
+                let mut escaped = String::new();
+                for c in t.chars() {
+                    match c {
+                        '\n' if !every => escaped.push_str("\\n"),
+                        '"' if !every => escaped.push_str("\\\""),
+                        '\\' if !every => escaped.push_str("\\\\"),
+                        c if every || c < ' ' => {
+                            let mut units = [0u16; 2];
+                            for u in c.encode_utf16(&mut units) {
+                                escaped.push_str(&format!("\\u{u:04x}"));
+                            }
+                        }
+                        c => escaped.push(c),
+                    }
+                }
+                let mut reference = PrefixHasher::new(1, 2048, b"", None);
+                feed_escaped(&mut reference, t.as_bytes());
+                let expected = reference.finish().blocks;
+                for raw in [serde_json::to_string(&t).unwrap(), format!("\"{escaped}\"")] {
+                    let body = format!(r#"{{"prompt":{raw}}}"#);
+                    match prompt_key(Endpoint::Completions, body.as_bytes(), 1, 2048) {
+                        Ok(k) => prop_assert_eq!(&k.blocks, &expected, "{}", raw),
+                        Err(e) => prop_assert!(t.is_empty() && e == ParseError::Shape, "{}: {:?}", raw, e),
+                    }
                 }
             }
 

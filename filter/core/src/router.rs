@@ -1053,6 +1053,13 @@ impl Router {
         )
     }
 
+    /// Whether a success on `backend` would change nothing in this worker's
+    /// passive view (see [`crate::passive`], `settled`).
+    pub fn settled(&self, backend: usize, now_ms: u64) -> bool {
+        self.passive
+            .settled(backend, now_ms, self.cfg.metrics.stale_after_ms / 4)
+    }
+
     /// Re-reads every backend's health from shared data (from the tick); on a
     /// failed read the last known health stays.
     pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {

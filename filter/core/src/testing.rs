@@ -136,6 +136,8 @@ pub struct MemoryHost {
     /// A real clock for `now_ns` (the native decision bench times the
     /// router's steps with it); without one, `now_ns` follows `now`.
     pub ns_clock: Cell<Option<fn() -> u64>>,
+    /// How many times the filter asked which upstream served.
+    pub upstream_reads: Cell<u32>,
 }
 
 impl MemoryHost {
@@ -289,6 +291,7 @@ impl Host for MemoryHost {
     }
 
     fn upstream_address(&self) -> Option<String> {
+        self.upstream_reads.set(self.upstream_reads.get() + 1);
         self.exchange.borrow().upstream.clone()
     }
 

@@ -595,22 +595,26 @@ impl Worker {
         if let Err(e) = self.router.release(host, b, held) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
         }
-        self.answered(host, Answer::of(status, details.as_deref()));
+        self.answered(host, b, Answer::of(status, details.as_deref()));
         // Its pod has room again: the gate's next held request may go.
         self.pump(host, ex.context);
     }
 
     /// Envoy's own view of the pod that served (or failed) the request: the
-    /// last upstream it tried, which a retry may have moved off the chosen one.
-    fn answered<H: Host>(&mut self, host: &H, answer: Option<Answer>) {
+    /// last upstream it tried, which a retry may have moved off the `chosen` one.
+    fn answered<H: Host>(&mut self, host: &H, chosen: usize, answer: Option<Answer>) {
         let Some(answer) = answer else { return };
+        let now = host.now_ms();
+        if answer == Answer::Served && self.router.settled(chosen, now) {
+            return;
+        }
         let Some(b) = host
             .upstream_address()
             .and_then(|a| self.router.backend_at(&a))
         else {
             return;
         };
-        if self.router.answered(b, answer, host.now_ms()) {
+        if self.router.answered(b, answer, now) {
             self.stats.ejected();
             let name = self.router.backend(b).map_or("", |x| x.name.as_str());
             log::warn!(
@@ -1227,6 +1231,36 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             w.on_log(&host, &mut ex);
         }
         assert_eq!(w.router.standing(host.now.get())[2], Standing::In);
+    }
+
+    #[test]
+    fn a_success_on_a_settled_pod_spares_the_upstream_read() {
+        let host = MemoryHost::default();
+        host.now.set(1000);
+        let mut w = worker(&host);
+        let fresh = w.config().metrics.stale_after_ms / 4;
+        let serve = |w: &mut Worker, status: &str| {
+            let mut ex = send(w, &host, &chat_headers(), &chat_body("same prompt"));
+            // The first of the endpoint list: the pod chosen.
+            let to = routed_to(&host).unwrap_or_default();
+            let chosen = to.split(',').next().unwrap_or_default();
+            let before = host.upstream_reads.get();
+            end(w, &host, &mut ex, chosen, status);
+            host.upstream_reads.get() > before
+        };
+        // The first success credits the pod; the next ones within a quarter of
+        // the window change nothing and ask nothing.
+        assert!(serve(&mut w, "200"));
+        assert!(!serve(&mut w, "200"));
+        host.now.set(1000 + fresh);
+        assert!(!serve(&mut w, "200"));
+        // Past it, the pod is credited again; a failure is always read, and the
+        // success after it clears the streak, so it is read too.
+        host.now.set(1001 + fresh);
+        assert!(serve(&mut w, "200"));
+        assert!(serve(&mut w, "503"));
+        assert!(serve(&mut w, "200"));
+        assert!(!serve(&mut w, "200"));
     }
 
     #[test]
