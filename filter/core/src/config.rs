@@ -194,7 +194,7 @@ impl Default for WireIndex {
         WireIndex {
             max_blocks: 262_144,
             ttl_ms: 600_000,
-            log_bytes: 4 << 20,
+            log_bytes: 1 << 20,
             bytes_per_token: 4.0,
             learn_bytes_per_token: true,
         }

@@ -27,7 +27,7 @@
 //! |--------------|---------|-----|
 //! | `max_blocks` | 262 144 | × 256 B blocks ≈ 64 MB of prompt ≈ 16M tokens: more than 3 H100 replicas hold |
 //! | `ttl_ms`     | 600 000 | an idle conversation's blocks are likely evicted within minutes on a busy pod |
-//! | `log_bytes`  | 4 MiB   | shared-data budget of the log ([`crate::index_log`]), one copy per Envoy: the ring (256 slots) must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt. With 100k-token prompts at 2 workers, 1 MiB (64 slots) let workers miss events; 4 MiB did not (bench/notes.md, fleet) |
+//! | `log_bytes`  | 1 MiB   | shared-data budget of the log ([`crate::index_log`]): the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt |
 //!
 //! ## Sampled positions
 //! A chain's hash at block `i` names the whole prefix up to `i`, so the index
