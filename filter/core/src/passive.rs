@@ -6,7 +6,7 @@
 //!          errors_b ≥ eject_after_errors  ⇒  ejected_until_b := now + stale_after_ms,
 //!                                              errors_b := 0
 //! in rotation for this worker at t ⇔ t ≥ ejected_until_b
-//! settled_b at t ⇔ errors_b = 0 ∧ t − served_ms_b ≤ stale_after_ms / 4
+//! settled_b at t ⇔ errors_c = 0 for every c ∧ served_ms_b > 0 ∧ t − served_ms_b ≤ stale_after_ms / 4
 //! ```
 //! | parameter | default | why |
 //! |---|---|---|
@@ -21,9 +21,12 @@
 //!
 //! Asking Envoy which upstream served is a host call (~2 µs, a tenth of a
 //! small request's cost in the filter), so a success on a *settled* chosen
-//! pod skips it: it would clear no streak and move `served_ms` by less than a
-//! quarter of the window it is judged in. If a retry moved that request, the
-//! pod that served it is credited by its own requests instead.
+//! pod skips it: with no streak anywhere in this worker, it could clear none
+//! (not even on a pod a retry moved the request to), and it would move
+//! `served_ms` by at most a quarter of the window it is judged in, which the
+//! judges add to their window ([`SERVED_SLACK`]). A pod a retry moved the
+//! request to is credited by its own requests instead. Failures are always
+//! read.
 //!
 //! Kept per worker VM, not written per request: a shared write per request
 //! would cost more than the signal is worth, and each worker sees its own
@@ -64,10 +67,16 @@ struct Backend {
     ejected_until_ms: u64,
 }
 
+/// How far behind a backend's last answer `served_ms` may be, as a share of
+/// the window it is judged in: a settled pod's successes are not read.
+pub const SERVED_SLACK: u64 = 4;
+
 /// One worker's passive view of every backend.
 #[derive(Debug, Clone, Default)]
 pub struct Passive {
     backends: Vec<Backend>,
+    /// Backends with a failure streak (`errors > 0`).
+    streaks: usize,
     /// A backend answered since [`Passive::served_news`] last ran.
     news: bool,
 }
@@ -77,6 +86,7 @@ impl Passive {
     pub fn new(n: usize) -> Passive {
         Passive {
             backends: vec![Backend::default(); n],
+            streaks: 0,
             news: false,
         }
     }
@@ -94,7 +104,8 @@ impl Passive {
         let Some(b) = self.backends.get_mut(backend) else {
             return false;
         };
-        match answer {
+        let streak_before = b.errors > 0;
+        let ejected = match answer {
             Answer::Served => {
                 b.errors = 0;
                 b.served_ms = now_ms.max(1);
@@ -103,19 +114,28 @@ impl Passive {
             }
             Answer::Failed => {
                 b.errors = b.errors.saturating_add(1);
-                if eject_after_errors == 0 || b.errors < eject_after_errors {
-                    return false;
+                let eject = eject_after_errors > 0 && b.errors >= eject_after_errors;
+                if eject {
+                    b.errors = 0;
+                    b.ejected_until_ms = now_ms.saturating_add(eject_ms);
                 }
-                b.errors = 0;
-                b.ejected_until_ms = now_ms.saturating_add(eject_ms);
-                true
+                eject
             }
+        };
+        match (streak_before, b.errors > 0) {
+            (false, true) => self.streaks += 1,
+            (true, false) => self.streaks -= 1,
+            _ => {}
         }
+        ejected
     }
 
     /// Forgets `backend`'s record: its slot now stands for another pod.
     pub fn forget(&mut self, backend: usize) {
         if let Some(b) = self.backends.get_mut(backend) {
+            if b.errors > 0 {
+                self.streaks -= 1;
+            }
             *b = Backend::default();
         }
     }
@@ -133,11 +153,14 @@ impl Passive {
     }
 
     /// Whether a success on `backend` would change nothing this worker knows
-    /// (`settled` above): no failure streak, and an answer within `fresh_ms`.
+    /// (`settled` above): no failure streak on any backend, and an answer on
+    /// this one within `fresh_ms`.
     pub fn settled(&self, backend: usize, now_ms: u64, fresh_ms: u64) -> bool {
-        self.backends
-            .get(backend)
-            .is_some_and(|b| b.errors == 0 && recent(b.served_ms, now_ms, fresh_ms))
+        self.streaks == 0
+            && self
+                .backends
+                .get(backend)
+                .is_some_and(|b| recent(b.served_ms, now_ms, fresh_ms))
     }
 
     /// Whether `backend` answered a request within `window_ms` of `now_ms`.

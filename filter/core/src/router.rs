@@ -36,7 +36,7 @@ use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
 use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
 use crate::models::{narrow, Fit, Lora};
-use crate::passive::{recent, Answer, Passive};
+use crate::passive::{recent, Answer, Passive, SERVED_SLACK};
 use crate::phases::{Split, Step};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
@@ -1056,8 +1056,11 @@ impl Router {
     /// Whether a success on `backend` would change nothing in this worker's
     /// passive view (see [`crate::passive`], `settled`).
     pub fn settled(&self, backend: usize, now_ms: u64) -> bool {
-        self.passive
-            .settled(backend, now_ms, self.cfg.metrics.stale_after_ms / 4)
+        self.passive.settled(
+            backend,
+            now_ms,
+            self.cfg.metrics.stale_after_ms / SERVED_SLACK,
+        )
     }
 
     /// Re-reads every backend's health from shared data (from the tick); on a
@@ -1080,12 +1083,14 @@ impl Router {
         let m = &self.cfg.metrics;
         // Only a slow scrape asks whether the pod still serves: then the
         // shared view, since the scraping VM may route nothing itself.
+        // A settled pod's last answers are not read: its record may lag by the slack.
+        let window = m.stale_after_ms + m.stale_after_ms / SERVED_SLACK;
         let serving = outcome == Outcome::Slow
-            && (self.passive.served_within(backend, now, m.stale_after_ms)
-                || self.store(host).served().is_ok_and(|all| {
-                    all.get(backend)
-                        .is_some_and(|&t| recent(t, now, m.stale_after_ms))
-                }));
+            && (self.passive.served_within(backend, now, window)
+                || self
+                    .store(host)
+                    .served()
+                    .is_ok_and(|all| all.get(backend).is_some_and(|&t| recent(t, now, window))));
         let health = self
             .store(host)
             .update_health(backend, |h| h.record(outcome, now, m, serving))?;

@@ -1238,29 +1238,48 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         let host = MemoryHost::default();
         host.now.set(1000);
         let mut w = worker(&host);
-        let fresh = w.config().metrics.stale_after_ms / 4;
-        let serve = |w: &mut Worker, status: &str| {
+        let fresh = w.config().metrics.stale_after_ms / crate::passive::SERVED_SLACK;
+        // Ends a request for the same prompt (so the same chosen pod) as Envoy
+        // reports it: served by `upstream`, or by the pod chosen; true when the
+        // filter asked which upstream served.
+        let serve = |w: &mut Worker, status: &str, upstream: Option<&str>| {
             let mut ex = send(w, &host, &chat_headers(), &chat_body("same prompt"));
-            // The first of the endpoint list: the pod chosen.
             let to = routed_to(&host).unwrap_or_default();
-            let chosen = to.split(',').next().unwrap_or_default();
+            // The first of the endpoint list: the pod chosen.
+            let chosen = to.split(',').next().unwrap_or_default().to_string();
             let before = host.upstream_reads.get();
-            end(w, &host, &mut ex, chosen, status);
-            host.upstream_reads.get() > before
+            end(w, &host, &mut ex, upstream.unwrap_or(&chosen), status);
+            (host.upstream_reads.get() > before, chosen)
         };
-        // The first success credits the pod; the next ones within a quarter of
-        // the window change nothing and ask nothing.
-        assert!(serve(&mut w, "200"));
-        assert!(!serve(&mut w, "200"));
+        // The first success credits the pod; the next ones within the slack
+        // change nothing and ask nothing.
+        let (read, chosen) = serve(&mut w, "200", None);
+        assert!(read);
+        assert!(!serve(&mut w, "200", None).0);
         host.now.set(1000 + fresh);
-        assert!(!serve(&mut w, "200"));
+        assert!(!serve(&mut w, "200", None).0);
         // Past it, the pod is credited again; a failure is always read, and the
         // success after it clears the streak, so it is read too.
         host.now.set(1001 + fresh);
-        assert!(serve(&mut w, "200"));
-        assert!(serve(&mut w, "503"));
-        assert!(serve(&mut w, "200"));
-        assert!(!serve(&mut w, "200"));
+        assert!(serve(&mut w, "200", None).0);
+        assert!(serve(&mut w, "503", None).0);
+        assert!(serve(&mut w, "200", None).0);
+        assert!(!serve(&mut w, "200", None).0);
+        // While another pod has a streak, a success is read even on a settled
+        // chosen pod: a retry may have moved it to the failing one, and cleared it.
+        let other = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+            .into_iter()
+            .find(|a| *a != chosen)
+            .unwrap();
+        assert!(serve(&mut w, "503", Some(other)).0);
+        assert!(serve(&mut w, "200", Some(other)).0);
+        assert!(!serve(&mut w, "200", None).0);
+        // A settled pod that starts failing is read every time, and ejected.
+        for i in 0..w.config().metrics.eject_after_errors {
+            assert!(serve(&mut w, "503", None).0, "failure {i}");
+        }
+        let b = w.router.backend_at(&chosen).unwrap();
+        assert_eq!(w.router.standing(host.now.get())[b], Standing::Out);
     }
 
     #[test]
