@@ -458,13 +458,22 @@ mod tests {
                 64,
             )
         };
-        // Short escapes, a BMP character and a surrogate pair spell their text; a
-        // separator from an escape is text too.
+        // Short escapes spell what their \u forms spell; a BMP character and a
+        // surrogate pair spell the characters sent as they are.
         assert_eq!(
-            key(r#"\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00"#),
-            key("\\\"\\\\/\\b\\f\\n\\r\\t\u{e9}\u{1f600}")
+            key(r#"\"\\\/\b\f\n\r\t"#),
+            key(r"\u0022\u005c\u002f\u0008\u000c\u000a\u000d\u0009")
         );
-        assert_ne!(key(r"\u001e"), key(""));
+        assert_eq!(key(r"\u00e9\ud83d\ude00"), key("\u{e9}\u{1f600}"));
+        // A separator from an escape is text: fed escaped, not as a boundary.
+        let canonical = |feed: &dyn Fn(&mut PrefixHasher)| {
+            let mut h = PrefixHasher::new(1, 64, b"", None);
+            feed(&mut h);
+            h.finish().blocks
+        };
+        let blocks = key(r"x\u001e").unwrap().blocks;
+        assert_eq!(blocks, canonical(&|h| h.feed(&[b'x', ESCAPE, RECORD])));
+        assert_ne!(blocks, canonical(&|h| h.feed(&[b'x', RECORD])));
         // A lone surrogate is not text, whatever follows it.
         for lone in [
             r"\ud800",
@@ -773,6 +782,8 @@ mod tests {
                     Just("\u{1f}".to_string()),
                     Just("\u{1d}".to_string()),
                     Just("\u{1b}".to_string()),
+                    // Control characters: JSON sends them as short or \u escapes.
+                    Just("\t\r\u{8}\u{c}".to_string()),
                     Just("user".to_string()),
                     "[a-z \n\"\\\\]{0,6}",
                     any::<String>(),
