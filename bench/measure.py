@@ -18,13 +18,18 @@ def proc_cpu_s(pid: int) -> float:
 
     /proc/<pid>/stat counts in clock ticks (10 ms): over a round of 1000 requests at ~40 us each
     that is a 25% step, which made the cost ratios jump between 1.0, 1.25 and 1.5. A thread
-    that exits takes its time with it; Envoy's threads live as long as the process."""
-    total = 0
+    that exits takes its time with it; Envoy's threads live as long as the process. Raises
+    when no thread could be read (the process is gone, or the kernel keeps no schedstat), so a
+    missing figure never reads as zero CPU."""
+    total, read = 0, 0
     for f in Path(f"/proc/{pid}/task").glob("*/schedstat"):
         try:
             total += int(f.read_text().split()[0])
+            read += 1
         except (OSError, ValueError, IndexError):  # the thread ended between listing and reading
             pass
+    if not read:
+        raise RuntimeError(f"no CPU time readable for pid {pid} (/proc/{pid}/task/*/schedstat)")
     return total / 1e9
 
 

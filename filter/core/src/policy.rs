@@ -125,10 +125,8 @@
 //! ## The others
 //! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load
 //!   spillover), the bound over requests: over work, one agent step's prompt
-//!   still prefilling pushed that agent's next steps off their pod (bench agent
-//!   workload: 74.7% hit rate against ~80-84% over requests; with each
-//!   request's weight capped at 2 typical ones, a median 79.1% against 81.1%
-//!   in 3 paired rounds; see [`crate::work`]).
+//!   still prefilling pushed that agent's next steps off their pod and cost
+//!   agent hit rate, even with a request's weight capped (see [`crate::work`]).
 //! - `least_request`: least work in flight among non-saturated healthy
 //!   backends; ties random. Work, not request count: a pod prefilling one huge
 //!   prompt is busier than one serving a short chat.

@@ -25,21 +25,19 @@
 //! a pod busy with one huge prompt or one long generation although request
 //! counts are equal. The bounded loads of `cache_aware` and `prefix_hash`
 //! stay in requests, because every work-based bound measured lost or changed
-//! nothing (`bench/notes.md`, sessions 14 and 16, paired rounds):
+//! nothing (`bench/notes.md` has the paired rounds):
 //! - with the prefill part, an agent step's tool output still prefilling
 //!   (up to 16k tokens: several typical requests) makes its pod look full,
 //!   and the bound pushes that agent's next steps off the pod holding its
-//!   context. Capping a request's weight at 4 typical requests still cost
-//!   `cache_aware` 2-7 points of agent hit rate; at 2 it cost `prefix_hash`
-//!   ~2 points on the agent and conversation rows and bought `cache_aware`
-//!   nothing outside the rows' scatter. `cache_aware` weighs the prefill queue
-//!   in its score instead, against the cache that leaving would lose: a short
-//!   prompt already flees a pod prefilling a huge one ([`crate::policy`]).
-//! - the decode part alone (a request weighing 1 to 4 typical ones by its
-//!   output limit) moved nothing on `cache_aware` and cost `prefix_hash`
-//!   conversation hit rate in each of 3 rounds. A decode step barely slows
-//!   with the batch (0.15 ms per sequence on a 12 ms step), so a long
-//!   generation holds a slot longer but hardly delays the others.
+//!   context, even with a request's weight capped at a few typical ones.
+//!   `cache_aware` weighs the prefill queue in its score instead, against the
+//!   cache that leaving would lose: a short prompt already flees a pod
+//!   prefilling a huge one ([`crate::policy`]).
+//! - the decode part alone moved nothing on `cache_aware` and cost
+//!   `prefix_hash` conversation hit rate. In the simulator a decode step barely
+//!   slows with the batch (0.15 ms per sequence on a 12 ms step), so a long
+//!   generation holds a slot longer but hardly delays the others; a bench
+//!   where it does would be needed to argue for it.
 
 use crate::config::PolicyConfig;
 use crate::inflight::InFlight;
