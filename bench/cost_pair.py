@@ -45,7 +45,7 @@ def main() -> int:
             name, _, rest = spec.partition("=")
             path, _, extra = rest.partition("@")
             gw[name] = Envoy(be.sims(), concurrency=1, filter_overrides={**cfg, **json.loads(extra or "{}")},
-                             wasm_file=Path(path))
+                             wasm_file=Path(path).resolve())
         per = {g: {"p50": [], "cpu": []} for g in gw}
         for e in gw.values():
             e.start(d)
