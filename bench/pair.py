@@ -49,19 +49,22 @@ def main() -> int:
             EXTRA_ROUTERS[f"{r}@{name}"] = {**ROUTERS[r], "wasm_file": wasm}
     bench = Bench(quick=False, logdir=Path(tempfile.mkdtemp(prefix="warmroute-pair-")))
     rows: list[dict] = []
-    for i in range(a.rounds):
-        names = list(builds)
-        order = names[i % len(names):] + names[:i % len(names)]
-        for w in a.workloads:
-            for base in a.baselines:
-                row = bench.reference(w) if base == "reference_1_replica_3x" else bench.quality(w, base)
-                rows.append({**row, "round": i})
-            for r in a.routers:
-                for name in order:
-                    rows.append({**bench.quality(w, f"{r}@{name}"), "round": i})
+    # Each row is written as it is measured: a run that dies late keeps its rounds.
     with open(a.out, "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
+        def keep(row: dict, i: int) -> None:
+            rows.append({**row, "round": i})
+            fh.write(json.dumps(rows[-1]) + "\n")
+            fh.flush()
+
+        for i in range(a.rounds):
+            names = list(builds)
+            order = names[i % len(names):] + names[:i % len(names)]
+            for w in a.workloads:
+                for base in a.baselines:
+                    keep(bench.reference(w) if base == "reference_1_replica_3x" else bench.quality(w, base), i)
+                for r in a.routers:
+                    for name in order:
+                        keep(bench.quality(w, f"{r}@{name}"), i)
     print("\nper row, per round: " + ", ".join(".".join(p) for p in FIGURES))
     for w in a.workloads:
         for r in a.baselines + [f"{r}@{n}" for r in a.routers for n in builds]:
