@@ -118,6 +118,13 @@ fn kept(i: usize, last: usize) -> bool {
     sampled(i) || i == last
 }
 
+/// The positions of a chain of `len` blocks the index holds, in order: all an
+/// index log event needs to carry of the chain ([`crate::index_log`]).
+pub fn kept_positions(len: usize) -> impl Iterator<Item = usize> {
+    let last = len.saturating_sub(1);
+    (0..len).filter(move |&i| kept(i, last))
+}
+
 /// Blocks an entry at position `i` counts against capacity: a sampled one
 /// its stride, a prompt's last block off the sample one (see "Sampled positions").
 fn span(i: usize) -> u32 {
@@ -359,16 +366,29 @@ impl Index {
     /// Records that `backend` now holds `blocks` (as of `now_ms`): the sampled
     /// positions and the last block.
     pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) {
+        let held = kept_positions(blocks.len()).filter_map(|i| Some((i, *blocks.get(i)?)));
+        self.record_positions(held, backend, now_ms);
+    }
+
+    /// Records a chain of `len` blocks given only its hashes at [`kept_positions`],
+    /// in order (an index log event's form; a cut list stands for the chain's head).
+    pub fn record_kept(&mut self, len: usize, kept: &[u64], backend: usize, now_ms: u64) {
+        let held = kept_positions(len).zip(kept.iter().copied());
+        self.record_positions(held, backend, now_ms);
+    }
+
+    fn record_positions(
+        &mut self,
+        held: impl Iterator<Item = (usize, u64)>,
+        backend: usize,
+        now_ms: u64,
+    ) {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;
         };
         // The map and the queue must agree on the time, which a record keeps in 48 bits.
         let now_ms = now_ms.min(TIME_MAX);
-        let last = blocks.len().saturating_sub(1);
-        for (i, &h) in blocks.iter().enumerate() {
-            if !kept(i, last) {
-                continue;
-            }
+        for (i, h) in held {
             let key = h ^ salt;
             let span = span(i);
             make_room(&mut self.map, &mut self.map_capacity);

@@ -2,7 +2,7 @@
 //! index replica ([`crate::index`]).
 //!
 //! A ring of `slots` shared-data values, each holding one [`Event`] ("backend
-//! b received these block hashes at time t, routed by VM v", or "backend b
+//! b received this chain at time t, routed by VM v", or "backend b
 //! no longer holds what it last used at or before t", when its own cache
 //! report said so: [`crate::feedback`]). Event `seq`
 //! lives in slot `seq % slots`; the sequence counter lives in the ledger
@@ -16,14 +16,20 @@
 //! slots      = clamp(log_bytes / 16 KiB, 16, 1024)
 //! slot_bytes = log_bytes / slots
 //! event      = version u8 ‖ kind u8 ‖ seq u64 ‖ origin u64 ‖ backend u16
-//!              ‖ time_ms u64 ‖ n u32 ‖ n × block u64
-//!              (little-endian, [`crate::codec`]; kind 0 received;
-//!               kind 1 evicted: no blocks, time_ms is the cut-off)
+//!              ‖ time_ms u64 ‖ len u32 ‖ n u32 ‖ n × block u64
+//!              (little-endian, [`crate::codec`]; kind 0 received: a chain of
+//!               len blocks, as its hashes at the positions the index holds,
+//!               [`crate::index::kept_positions`]; kind 1 evicted: no blocks,
+//!               time_ms is the cut-off)
 //! ```
-//! A chain longer than a slot keeps its head, the part other requests most
-//! likely share. 16 KiB holds ~2k blocks ≈ 128k tokens at 256-byte blocks.
+//! The index holds a chain only at sampled positions, so the event carries
+//! only those: ~100 hashes for a 128 KB prompt instead of 512, and a slot of
+//! 16 KiB holds the sample of any chain up to ~2^100 blocks. Writer and
+//! readers copy a fifth of the bytes. A list cut to fit a slot keeps its
+//! head, the part other requests most likely share.
 
 use crate::codec::{put, Reader};
+use crate::index::kept_positions;
 
 /// What an event says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,12 +54,14 @@ pub struct Event {
     pub backend: u16,
     /// Host time of the routing decision; for an eviction, the cut-off.
     pub time_ms: u64,
-    /// Block hashes now held.
+    /// Length of the chain received (0 for an eviction).
+    pub len: u32,
+    /// The chain's hashes at [`crate::index::kept_positions`] of `len`, in order.
     pub blocks: Vec<u64>,
 }
 
-const EVENT_VERSION: u8 = 3;
-const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4;
+const EVENT_VERSION: u8 = 4;
+const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4;
 /// Slot size the ring aims for.
 const SLOT_TARGET: usize = 16 << 10;
 
@@ -83,7 +91,8 @@ impl LogShape {
 }
 
 impl Event {
-    /// Encodes the event for one slot; a chain longer than `max_bytes` keeps its head
+    /// Encodes the event for one slot: of a received `chain`, its hashes at the
+    /// positions the index holds; a list longer than `max_bytes` keeps its head
     /// (the part other requests are most likely to share).
     pub fn encode(
         kind: Kind,
@@ -91,20 +100,24 @@ impl Event {
         origin: u64,
         backend: u16,
         time_ms: u64,
-        blocks: &[u64],
+        chain: &[u64],
         max_bytes: usize,
     ) -> Vec<u8> {
         let room = max_bytes.saturating_sub(EVENT_HEADER) / 8;
-        let blocks = &blocks[..blocks.len().min(room)];
-        let mut out = Vec::with_capacity(EVENT_HEADER + blocks.len() * 8);
+        let kept: Vec<u64> = kept_positions(chain.len())
+            .take(room)
+            .filter_map(|i| chain.get(i).copied())
+            .collect();
+        let mut out = Vec::with_capacity(EVENT_HEADER + kept.len() * 8);
         put(&mut out, EVENT_VERSION);
         put(&mut out, kind as u8);
         put(&mut out, seq);
         put(&mut out, origin);
         put(&mut out, backend);
         put(&mut out, time_ms);
-        put(&mut out, blocks.len() as u32);
-        for &h in blocks {
+        put(&mut out, u32::try_from(chain.len()).unwrap_or(u32::MAX));
+        put(&mut out, kept.len() as u32);
+        for h in kept {
             put(&mut out, h);
         }
         out
@@ -122,7 +135,8 @@ impl Event {
             1 => Kind::Evicted,
             _ => return None,
         };
-        let (seq, origin, backend, time_ms) = (r.get()?, r.get()?, r.get()?, r.get()?);
+        let (seq, origin, backend, time_ms, len) =
+            (r.get()?, r.get()?, r.get()?, r.get()?, r.get()?);
         let n = r.get::<u32>()? as usize;
         if r.rest().len() != n.checked_mul(8)? {
             return None;
@@ -133,6 +147,7 @@ impl Event {
             origin,
             backend,
             time_ms,
+            len,
             blocks: (0..n).map_while(|_| r.get()).collect(),
         })
     }
@@ -146,7 +161,7 @@ mod tests {
 
     #[test]
     fn event_round_trip() {
-        let bytes = Event::encode(Kind::Evicted, 9, 7, 2, 1234, &[1, 2, 3], 4096);
+        let bytes = Event::encode(Kind::Evicted, 9, 7, 2, 1234, &[], 4096);
         assert_eq!(
             Event::decode(&bytes),
             Some(Event {
@@ -155,19 +170,34 @@ mod tests {
                 origin: 7,
                 backend: 2,
                 time_ms: 1234,
-                blocks: vec![1, 2, 3]
+                len: 0,
+                blocks: vec![]
             })
         );
     }
 
     #[test]
+    fn a_received_chain_travels_as_its_kept_positions() {
+        let chain: Vec<u64> = (100..100 + 600).collect();
+        let ev = Event::decode(&Event::encode(Kind::Received, 1, 1, 0, 0, &chain, 16384)).unwrap();
+        assert_eq!(ev.len, 600);
+        let kept: Vec<u64> = kept_positions(600).map(|i| chain[i]).collect();
+        assert_eq!(ev.blocks, kept);
+        // Every block of the dense head, a sample after it, and the last block.
+        assert_eq!(ev.blocks[..3], [100, 101, 102]);
+        assert_eq!(ev.blocks.last(), Some(&699));
+        assert!(ev.blocks.len() < 200);
+    }
+
+    #[test]
     fn oversized_event_keeps_its_head() {
-        let blocks: Vec<u64> = (0..10_000).collect();
-        let bytes = Event::encode(Kind::Received, 1, 1, 0, 0, &blocks, 4096);
-        assert!(bytes.len() <= 4096);
+        let blocks: Vec<u64> = (0..1_000_000).collect();
+        let bytes = Event::encode(Kind::Received, 1, 1, 0, 0, &blocks, 512);
+        assert!(bytes.len() <= 512);
         let ev = Event::decode(&bytes).unwrap();
+        assert_eq!(ev.len, 1_000_000);
         assert_eq!(ev.blocks[..3], [0, 1, 2]);
-        assert!(ev.blocks.len() > 400);
+        assert_eq!(ev.blocks.len(), (512 - EVENT_HEADER) / 8);
     }
 
     #[test]
@@ -212,15 +242,38 @@ mod tests {
                 origin in any::<u64>(),
                 backend in any::<u16>(),
                 time_ms in any::<u64>(),
-                blocks in proptest::collection::vec(any::<u64>(), 0..600),
+                blocks in proptest::collection::vec(any::<u64>(), 0..3000),
                 evicted in any::<bool>(),
+                max_bytes in 64usize..4096,
             ) {
                 let kind = if evicted { Kind::Evicted } else { Kind::Received };
-                let bytes = Event::encode(kind, seq, origin, backend, time_ms, &blocks, 4096);
+                let bytes = Event::encode(kind, seq, origin, backend, time_ms, &blocks, max_bytes);
+                prop_assert!(bytes.len() <= max_bytes.max(EVENT_HEADER));
                 let ev = Event::decode(&bytes).unwrap();
-                // A chain longer than the slot keeps its head.
-                let kept = blocks.len().min((4096 - EVENT_HEADER) / 8);
-                prop_assert_eq!(ev, Event { kind, seq, origin, backend, time_ms, blocks: blocks[..kept].to_vec() });
+                // The chain's kept positions, their head when they outgrow the slot.
+                let room = (max_bytes - EVENT_HEADER) / 8;
+                let kept: Vec<u64> = kept_positions(blocks.len()).take(room).map(|i| blocks[i]).collect();
+                let len = blocks.len() as u32;
+                prop_assert_eq!(ev, Event { kind, seq, origin, backend, time_ms, len, blocks: kept });
+            }
+
+            #[test]
+            fn a_replica_fed_the_event_holds_what_the_writer_recorded(
+                len in 1usize..3000,
+                backend in 0usize..2,
+            ) {
+                // The writer records the whole chain; another VM records the event.
+                let chain: Vec<u64> = (0..len as u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).collect();
+                let ev = Event::decode(&Event::encode(Kind::Received, 0, 0, backend as u16, 5, &chain, 16384)).unwrap();
+                let mut writer = crate::index::Index::new(2, 1 << 16, 60_000);
+                let mut reader = crate::index::Index::new(2, 1 << 16, 60_000);
+                writer.record(&chain, backend, 5);
+                reader.record_kept(ev.len as usize, &ev.blocks, backend, 5);
+                let (mut w, mut r) = (Vec::new(), Vec::new());
+                writer.match_lengths(&chain, 5, &mut w);
+                reader.match_lengths(&chain, 5, &mut r);
+                prop_assert_eq!(&w, &r);
+                prop_assert_eq!(w[backend] as usize, len);
             }
         }
     }

@@ -435,10 +435,12 @@ impl Router {
                             // Routed to the slot's previous pod: not this one's cache.
                             Kind::Received
                                 if ev.time_ms < self.slots.joined_ms(ev.backend as usize) => {}
-                            Kind::Received => {
-                                self.index
-                                    .record(&ev.blocks, ev.backend as usize, ev.time_ms)
-                            }
+                            Kind::Received => self.index.record_kept(
+                                ev.len as usize,
+                                &ev.blocks,
+                                ev.backend as usize,
+                                ev.time_ms,
+                            ),
                             Kind::Evicted => self
                                 .index
                                 .forget_used_before(ev.backend as usize, ev.time_ms),

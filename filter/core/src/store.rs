@@ -920,8 +920,8 @@ mod tests {
         assert_eq!(s.log_next_seq().unwrap(), 2);
         let ev = s.log_event(1).unwrap().unwrap();
         assert_eq!(
-            (ev.seq, ev.origin, ev.backend, ev.blocks),
-            (1, 8, 1, vec![4])
+            (ev.seq, ev.origin, ev.backend, ev.len, ev.blocks),
+            (1, 8, 1, 1, vec![4])
         );
         // The ring wraps: seq 16 overwrites seq 0's slot.
         for i in 2..=16 {
