@@ -124,7 +124,7 @@ impl Passive {
         };
         match (streak_before, b.errors > 0) {
             (false, true) => self.streaks += 1,
-            (true, false) => self.streaks -= 1,
+            (true, false) => self.streaks = self.streaks.saturating_sub(1),
             _ => {}
         }
         ejected
@@ -134,7 +134,7 @@ impl Passive {
     pub fn forget(&mut self, backend: usize) {
         if let Some(b) = self.backends.get_mut(backend) {
             if b.errors > 0 {
-                self.streaks -= 1;
+                self.streaks = self.streaks.saturating_sub(1);
             }
             *b = Backend::default();
         }
