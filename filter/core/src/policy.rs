@@ -56,9 +56,13 @@
 //!   the prompt on another pod: the queues that made it move grow by that
 //!   much. Prompts that every pod holds equally little of (new
 //!   conversations) already take the shortest queue (see the spread rule
-//!   below), so they route around the owner's queue instead. On the
-//!   conversation trace this halved the spillovers and raised the hit rate
-//!   with a TTFT P95 no worse (`bench/notes.md` has the paired rounds).
+//!   below), so they route around the owner's queue instead. On the Mooncake
+//!   conversation trace (prefill ~70-80% of the sims' time) 6 paired rounds
+//!   gave 0.170-0.181 hit rate against 0.153-0.168 (22-36 spillovers of 800
+//!   against 42-56) and a TTFT P95 no worse (0.48-0.59x round robin against
+//!   0.46-0.63x), agent rows within their scatter; at `hold_share` 0.5 the
+//!   hit rate gain was uneven (0.163-0.181 in 4 rounds) and the agent rows'
+//!   step time worse in 1 of 4.
 //!   A prefix on two or more pods is shared (or a conversation already
 //!   moved): its copies compete on their queues as before.
 //! - a match inside the head (shared instructions, see `prefix`) does not
@@ -133,7 +137,7 @@
 //! | `prefill_weight` | 0.5   | a leaving request's prefill delays others too (see above) |
 //! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
 //! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
-//! | `hold_share`   | 0.75    | most of a prompt: its re-prefill elsewhere would cost more than most queues. At 0.5 the conversation trace's gain was uneven and the agent rows' step time worse in one round; the queue still moves prompts whose pod holds less, where the re-prefill is small |
+//! | `hold_share`   | 0.75    | conversation trace, paired against no hold and 0.5 (above): at 0.75 the hit rate won in every round and the agent rows were unchanged; the queue still moves prompts whose pod holds less, where the re-prefill is small |
 //! | `replicate_gap` | 2    | requests a hot prefix's least-loaded copy must carry beyond the spare pod's (plus the copy's cost): guidellm's hot shape at concurrency 8 holds its two copies at 4 and 3 requests against the idle pod's 0; one request of difference is load noise. The only value tried |
 //! | `prefill_slack_tokens` | 8192 | a common vLLM per-step token budget (`max_num_batched_tokens`): a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
 //!
