@@ -23,7 +23,6 @@
 //! ratio_b  = matched_blocks_b / prompt_blocks    (0 unless the match goes past the
 //!                                                  head and reaches min_match_blocks)
 //! queued_b = max(0, prefill_b − min_prefill − slack) / prompt_blocks
-//!            (0 for the sole holder of at least hold_share of the prompt)
 //! score_b  = value_b − prefill_weight · queued_b
 //!                    − load_weight · (load_b − min_load) / cap              for b ∈ eligible
 //! value_b  = max(ratio_b, history_blocks / prompt_blocks)  for the owner of a continuation,
@@ -48,23 +47,6 @@
 //!   see that a pod with one 90k-token prompt answers later than a pod with
 //!   three chats.
 //!   `slack` is `prefill_slack_tokens` in blocks.
-//! - the *sole holder* of most of the prompt (the owner, `value_b ≥
-//!   hold_share`, and no other healthy pod within `tie_margin` of its ratio)
-//!   keeps it whatever its prefill queue; the bounds (saturation, the warm
-//!   cap) and the load term still apply. Such a prompt is one conversation's
-//!   history, which only that pod holds, and moving it re-prefills most of
-//!   the prompt on another pod: the queues that made it move grow by that
-//!   much. Prompts that every pod holds equally little of (new
-//!   conversations) already take the shortest queue (see the spread rule
-//!   below), so they route around the owner's queue instead. On the Mooncake
-//!   conversation trace (prefill ~70-80% of the sims' time) 6 paired rounds
-//!   gave 0.170-0.181 hit rate against 0.153-0.168 (22-36 spillovers of 800
-//!   against 42-56) and a TTFT P95 no worse (0.48-0.59x round robin against
-//!   0.46-0.63x), agent rows within their scatter; at `hold_share` 0.5 the
-//!   hit rate gain was uneven (0.163-0.181 in 4 rounds) and the agent rows'
-//!   step time worse in 1 of 4.
-//!   A prefix on two or more pods is shared (or a conversation already
-//!   moved): its copies compete on their queues as before.
 //! - a match inside the head (shared instructions, see `prefix`) does not
 //!   count: otherwise whichever pod first saw a popular system prompt would
 //!   attract every new conversation up to the load bound — a hotspot. The
@@ -137,7 +119,6 @@
 //! | `prefill_weight` | 0.5   | a leaving request's prefill delays others too (see above) |
 //! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
 //! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
-//! | `hold_share`   | 0.75    | conversation trace, paired against no hold and 0.5 (above): at 0.75 the hit rate won in every round and the agent rows were unchanged; the queue still moves prompts whose pod holds less, where the re-prefill is small |
 //! | `replicate_gap` | 2    | requests a hot prefix's least-loaded copy must carry beyond the spare pod's (plus the copy's cost): guidellm's hot shape at concurrency 8 holds its two copies at 4 and 3 requests against the idle pod's 0; one request of difference is load noise. The only value tried |
 //! | `prefill_slack_tokens` | 8192 | a common vLLM per-step token budget (`max_num_batched_tokens`): a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
 //!
@@ -177,10 +158,6 @@ pub const LOAD_WEIGHT: f64 = 0.5;
 
 /// Weight of a pod's extra prefill queue against cache share in `cache_aware` scores.
 pub const PREFILL_WEIGHT: f64 = 0.5;
-
-/// Share of the prompt a sole owner must hold for its prefill queue not to
-/// count against it in `cache_aware` scores (see the module doc).
-pub const HOLD_SHARE: f64 = 0.75;
 
 /// Why a backend was chosen (stats and the debug header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -499,21 +476,8 @@ impl Chooser<'_> {
                 ratio(b)
             }
         };
-        // The only pod holding most of the prompt keeps it whatever its prefill queue
-        // (the bounds and the load term still apply): new prompts, which every pod
-        // holds equally little of, already go to the shortest queue and route around
-        // it, while moving this one re-prefills its history elsewhere and adds that
-        // work to a fleet whose queues are what made it move.
-        let holds = |b: usize| {
-            Some(b) == owner
-                && value(b) >= HOLD_SHARE
-                && healthy
-                    .iter()
-                    .all(|&c| c == b || ratio(c) < ratio(b) - self.cfg.tie_margin)
-        };
         let score = |b: usize| {
-            let queue = if holds(b) { 0.0 } else { queued(b) };
-            value(b) - queue - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0)
+            value(b) - queued(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0)
         };
         let best = eligible
             .iter()
@@ -970,7 +934,7 @@ mod tests {
                 Strategy::CacheAware,
                 &with_prefill(loads(&[1.0, 1.0, 1.0]), &[queue, 0.0, 0.0]),
                 RequestKey {
-                    matched: &[60, 0, 0],
+                    matched: &[90, 0, 0],
                     blocks: 100,
                     anchor: 5,
                     ..Default::default()
@@ -978,46 +942,13 @@ mod tests {
             )
         };
         assert_eq!(
-            hit(slack + 100.0).order[0],
+            hit(slack + 150.0).order[0],
             0,
-            "1 prompt of queue < twice 60% cached"
+            "1.5 prompts of queue < twice 90% cached"
         );
-        let d = hit(slack + 140.0);
-        assert_ne!(d.order[0], 0, "1.4 prompts of queue > twice 60% cached");
+        let d = hit(slack + 200.0);
+        assert_ne!(d.order[0], 0, "2 prompts of queue > twice 90% cached");
         assert_eq!(d.reason, Reason::Spillover);
-    }
-
-    #[test]
-    fn the_sole_owner_of_most_of_the_prompt_keeps_it_whatever_its_prefill_queue() {
-        let slack = policy().prefill_slack_blocks;
-        let queued = with_prefill(loads(&[1.0, 1.0, 1.0]), &[slack + 1000.0, 0.0, 0.0]);
-        let key = RequestKey {
-            matched: &[90, 0, 0],
-            blocks: 100,
-            anchor: 5,
-            ..Default::default()
-        };
-        let d = pick(Strategy::CacheAware, &queued, key);
-        assert_eq!((d.order[0], d.reason), (0, Reason::CacheHit));
-        // Below the share, the queue counts again.
-        let less = RequestKey {
-            matched: &[70, 0, 0],
-            ..key
-        };
-        assert_eq!(
-            pick(Strategy::CacheAware, &queued, less).reason,
-            Reason::Spillover
-        );
-        // A prefix on two pods is shared, not one conversation's: the shorter queue wins.
-        let shared = RequestKey {
-            matched: &[90, 90, 0],
-            ..key
-        };
-        assert_eq!(pick(Strategy::CacheAware, &queued, shared).order[0], 1);
-        // The bounds still apply: a saturated owner is left.
-        let mut saturated = queued.clone();
-        saturated[0].saturated = true;
-        assert_ne!(pick(Strategy::CacheAware, &saturated, key).order[0], 0);
     }
 
     #[test]
