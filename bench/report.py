@@ -83,6 +83,12 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
     r = over_runs(conversation_p95)
     if r:
         check("conversation: cache_aware TTFT P95 <= 0.6x round robin", r[1], "<= 0.60x", r[0] <= 0.6)
+    ca, ref = (find(rows, "conversation", "warmroute_cache_aware"),
+               find(rows, "conversation", "reference_1_replica_3x", replicas=1))
+    if ca and ref:
+        hr = (ca["hit_rate"] or 0) / max(ref["hit_rate"] or 1e-9, 1e-9)
+        check("conversation: cache_aware hit rate >= 0.95x single-replica reference",
+              f"{hr:.3f}x ({ca['hit_rate']:.3f} vs {ref['hit_rate']:.3f})", ">= 0.95x", hr >= 0.95)
 
     def uniform_worst(rs):
         ca, lr = find(rs, "uniform", "warmroute_cache_aware"), find(rs, "uniform", "envoy_least_request")
