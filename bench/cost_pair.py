@@ -5,13 +5,12 @@ one body size: which part of the filter's cost over the floor does a build remov
         ../.venv/bin/python cost_pair.py --words 110 --rounds 16 \
         --builds main=../dist/warmroute.wasm 'small=/tmp/x.wasm@{"index":{"max_blocks":4096}}'
 
-A build is `name=path.wasm`, optionally `@{json}` merged into the filter's configuration. Each
-round measures every gateway in an order that reverses each round: the p50 at one request in
-flight (`--requests`) and the gateway's CPU per request at 32 in flight (`--load-requests`,
-threads' schedstat). Prints per build the medians of the per-round differences to the floor
-and the no-filter gateway, and the median CPU ratio to the floor. The overhead section
-(`overhead.py`) measures the shipped build this way; this script is for builds with parts cut
-out (bench/notes.md, session 16), whose patches are one-offs.
+A build is `name=path.wasm`, optionally `@{json}` merged into the filter's configuration. The
+rounds are the overhead section's own (`overhead.paired_rounds`: order reversing each round,
+the p50 at one request in flight, CPU per request at 32 in flight). Prints per build the
+medians of the per-round differences to the floor and the no-filter gateway, and the median
+CPU ratio to the floor. The overhead section measures the shipped build this way; this script
+is for builds with parts cut out (bench/notes.md, session 16), whose patches are one-offs.
 """
 
 from __future__ import annotations
@@ -22,8 +21,7 @@ import tempfile
 from pathlib import Path
 from statistics import median
 
-from measure import loadgen, proc_cpu_s
-from overhead import InstantBackend, build_floor_filter, uniform_args
+from overhead import InstantBackend, build_floor_filter, paired_rounds
 from warmroute_harness import Envoy
 
 
@@ -33,11 +31,10 @@ def main() -> int:
     ap.add_argument("--words", type=int, default=110, help="prompt words: 110 ~ 1 KB body, 15000 ~ 128 KB")
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=300, help="latency requests per gateway and round")
-    ap.add_argument("--load-requests", type=int, default=2000, help="CPU requests per gateway and round (0: none)")
+    ap.add_argument("--load-requests", type=int, default=2000, help="CPU requests per gateway and round")
     a = ap.parse_args()
     d = Path(tempfile.mkdtemp(prefix="cost-pair-"))
     cfg = {"strategy": "cache_aware", "debug_header": False}
-    per: dict[str, dict[str, list[float]]] = {}
     with InstantBackend(3, d) as be:
         gw = {"nofilter": Envoy(be.sims(), concurrency=1, with_filter=False, lb="round_robin"),
               "floor": Envoy(be.sims(), concurrency=1, filter_overrides=cfg, wasm_file=build_floor_filter())}
@@ -46,36 +43,14 @@ def main() -> int:
             path, _, extra = rest.partition("@")
             gw[name] = Envoy(be.sims(), concurrency=1, filter_overrides={**cfg, **json.loads(extra or "{}")},
                              wasm_file=Path(path).resolve())
-        per = {g: {"p50": [], "cpu": []} for g in gw}
-        for e in gw.values():
-            e.start(d)
-        try:
-            for g, e in gw.items():  # warm-up (connections, VM, index)
-                loadgen(uniform_args(a.words, 100, 99), [f"http://127.0.0.1:{e.port}"], [], d / f"{g}-warm.json", 60,
-                        ["--concurrency", "1"])
-            names = list(gw)
-            for r in range(a.rounds):
-                for g in (names if r % 2 == 0 else names[::-1]):
-                    e = gw[g]
-                    target = [f"http://127.0.0.1:{e.port}"]
-                    lat = loadgen(uniform_args(a.words, a.requests, 1 + r), target, [], d / f"{g}-{r}.json", 120,
-                                  ["--concurrency", "1"])
-                    per[g]["p50"].append(lat["e2e_ms"]["p50"] * 1000)
-                    if a.load_requests:
-                        c0 = proc_cpu_s(e.proc.pid)
-                        thr = loadgen(uniform_args(a.words, a.load_requests, 100 + r), target, [],
-                                      d / f"{g}-{r}-load.json", 120, ["--concurrency", "32", "--threads", "1"])
-                        per[g]["cpu"].append((proc_cpu_s(e.proc.pid) - c0) / max(thr["ok"], 1) * 1e6)
-        finally:
-            for e in gw.values():
-                e.stop()
+        per = paired_rounds(gw, a.words, a.rounds, a.requests, a.load_requests, d, f"{a.words}w")
     print(f"{a.words} words, {a.rounds} rounds; logs in {d}")
     for g, m in per.items():
-        added = median(b - x for x, b in zip(per["nofilter"]["p50"], m["p50"]))
-        over = median(b - x for x, b in zip(per["floor"]["p50"], m["p50"]))
-        cpu = (f"CPU/req {median(m['cpu']):6.1f} us, vs the floor x"
-               f"{median(b / max(x, 1e-9) for x, b in zip(per['floor']['cpu'], m['cpu'])):.2f}") if m["cpu"] else ""
-        print(f"  {g:14s} p50 {median(m['p50']):6.0f} us  added {added:6.1f} us  over the floor {over:6.1f} us  {cpu}")
+        added = median((b - x) * 1000 for x, b in zip(per["nofilter"]["p50"], m["p50"]))
+        over = median((b - x) * 1000 for x, b in zip(per["floor"]["p50"], m["p50"]))
+        vs_floor = median(b / max(x, 1e-9) for x, b in zip(per["floor"]["cpu_load"], m["cpu_load"]))
+        print(f"  {g:14s} p50 {median(m['p50']) * 1000:6.0f} us  added {added:6.1f} us  over the floor {over:6.1f} us  "
+              f"CPU/req {median(m['cpu_load']):6.1f} us, vs the floor x{vs_floor:.2f}")
     return 0
 
 

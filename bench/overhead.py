@@ -153,9 +153,45 @@ def build_floor_filter() -> Path:
     return cargo_build("--target", "wasm32-wasip1", "-p", FLOOR_PACKAGE)
 
 
-# The gateways of the overhead section: no filter, the floor any body-routing Wasm filter pays
-# (bench/floor-filter), and warmroute.
-GATEWAYS = ("nofilter", "floor", "warmroute")
+
+
+def paired_rounds(gw: dict[str, Envoy], words: int, rounds: int, lat_n: int, thr_n: int, rdir: Path,
+                  tag: str) -> dict[str, dict]:
+    """Starts the gateways, warms each up, then measures them in `rounds` rounds whose order
+    reverses every round (ABC, CBA, ...): per round and gateway, `lat_n` requests one at a
+    time (p50/p99/mean, CPU per request) then `thr_n` at 32 in flight (throughput, CPU per
+    request at load). Returns each gateway's per-round lists; stops the gateways."""
+    for e in gw.values():
+        e.start(rdir)
+    per: dict = {g: {"p50": [], "p99": [], "mean": [], "cpu_seq": [], "rps": [], "cpu_load": [], "errors": 0}
+                 for g in gw}
+    names = list(gw)
+    try:
+        for g, e in gw.items():  # warm-up (connections, VM, index)
+            loadgen(uniform_args(words, 50, 99), [f"http://127.0.0.1:{e.port}"], [],
+                    rdir / f"{tag}-{g}-warm.json", 60, ["--concurrency", "1"])
+        for r in range(rounds):
+            for g in (names if r % 2 == 0 else names[::-1]):
+                e, m = gw[g], per[g]
+                target = [f"http://127.0.0.1:{e.port}"]
+                c0 = proc_cpu_s(e.proc.pid)
+                lat = loadgen(uniform_args(words, lat_n, 1 + r), target, [],
+                              rdir / f"{tag}-{g}-r{r}-lat.json", 120, ["--concurrency", "1"])
+                c1 = proc_cpu_s(e.proc.pid)
+                thr = loadgen(uniform_args(words, thr_n, 100 + r), target, [],
+                              rdir / f"{tag}-{g}-r{r}-thr.json", 120, ["--concurrency", "32", "--threads", "1"])
+                c2 = proc_cpu_s(e.proc.pid)
+                m["p50"].append(lat["e2e_ms"]["p50"])
+                m["p99"].append(lat["e2e_ms"]["p99"])
+                m["mean"].append(lat["e2e_ms"]["mean"])
+                m["cpu_seq"].append((c1 - c0) / max(lat["ok"], 1) * 1e6)
+                m["rps"].append(thr["throughput_rps"])
+                m["cpu_load"].append((c2 - c1) / max(thr["ok"], 1) * 1e6)
+                m["errors"] += lat["errors"] + thr["errors"]
+    finally:
+        for e in gw.values():
+            e.stop()
+    return per
 
 
 def overhead(b: Bench) -> dict:
@@ -189,40 +225,13 @@ def overhead(b: Bench) -> dict:
         out["compare"] = []
         for workers in (1, 2):
             for size, words in sizes.items():
+                # No filter, the floor any body-routing Wasm filter pays (bench/floor-filter), warmroute.
                 gw = {"nofilter": Envoy(be.sims(), concurrency=workers, with_filter=False, lb="round_robin"),
                       "floor": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg,
                                      wasm_file=floor_wasm),
                       "warmroute": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg)}
-                for e in gw.values():
-                    e.start(rdir)
-                per: dict = {g: {"p50": [], "p99": [], "mean": [], "cpu_seq": [], "rps": [], "cpu_load": [],
-                                 "errors": 0} for g in gw}
-                try:
-                    for g, e in gw.items():  # warm-up (connections, VM, index)
-                        loadgen(uniform_args(words, 50, 99), [f"http://127.0.0.1:{e.port}"], [],
-                                rdir / f"{size}-{workers}w-{g}-warm.json", 60, ["--concurrency", "1"])
-                    for r in range(rounds):
-                        for g in (GATEWAYS if r % 2 == 0 else GATEWAYS[::-1]):
-                            e, m = gw[g], per[g]
-                            tag = f"{size}-{workers}w-{g}-r{r}"
-                            target = [f"http://127.0.0.1:{e.port}"]
-                            c0 = proc_cpu_s(e.proc.pid)
-                            lat = loadgen(uniform_args(words, lat_n[size] // rounds, 1 + r), target, [],
-                                          rdir / f"{tag}-lat.json", 120, ["--concurrency", "1"])
-                            c1 = proc_cpu_s(e.proc.pid)
-                            thr = loadgen(uniform_args(words, thr_n[size] // rounds, 100 + r), target, [],
-                                          rdir / f"{tag}-thr.json", 120, ["--concurrency", "32", "--threads", "1"])
-                            c2 = proc_cpu_s(e.proc.pid)
-                            m["p50"].append(lat["e2e_ms"]["p50"])
-                            m["p99"].append(lat["e2e_ms"]["p99"])
-                            m["mean"].append(lat["e2e_ms"]["mean"])
-                            m["cpu_seq"].append((c1 - c0) / max(lat["ok"], 1) * 1e6)
-                            m["rps"].append(thr["throughput_rps"])
-                            m["cpu_load"].append((c2 - c1) / max(thr["ok"], 1) * 1e6)
-                            m["errors"] += lat["errors"] + thr["errors"]
-                finally:
-                    for e in gw.values():
-                        e.stop()
+                per = paired_rounds(gw, words, rounds, lat_n[size] // rounds, thr_n[size] // rounds, rdir,
+                                    f"{size}-{workers}w")
                 for g, m in per.items():
                     run = {"size": size, "workers": workers, "gateway": g,
                            "p50_ms": median(m["p50"]), "p99_ms": median(m["p99"]), "mean_ms": median(m["mean"]),
@@ -268,9 +277,11 @@ def overhead(b: Bench) -> dict:
                 finally:
                     pe.stop()
                 c["phases"] = phase_breakdown(rdir / f"envoy-{pe.port}.log")
-                print(f"  {size}-{workers}w inside the VM (mean over {c['phases']['requests']} requests): "
-                      + ", ".join(f"{k} {c['phases'][f'{k}_us']:.0f} us" for k in ("body", "parse", "route", "header")),
-                      flush=True)
+                # The build logs every 100 requests: a quick run's 128 KB pass may log none.
+                if c["phases"]["requests"]:
+                    print(f"  {size}-{workers}w inside the VM (mean over {c['phases']['requests']} requests): "
+                          + ", ".join(f"{k} {c['phases'][f'{k}_us']:.0f} us" for k in ("body", "parse", "route", "header")),
+                          flush=True)
                 print(f"  {size}-{workers}w added p50 {c['added_p50_us']:.0f} us (rounds: "
                       f"{', '.join(f'{x:.0f}' for x in added)}); floor {c['floor_added_p50_us']:.0f} us, "
                       f"warmroute over floor {c['over_floor_p50_us']:.0f} us; CPU/req x{c['cpu_per_req_ratio']:.2f} "
