@@ -46,6 +46,9 @@ from report import decision_plot, markdown, mixed_targets, plot, row_key, target
 from scenarios import WORKLOADS, lru_hit_rate
 from warmroute_harness import LOADGEN_BIN, SIM_BIN, WASM, envoy_binary
 
+# The figures every run and --report-only draw from the results.
+FIGURES = ((plot, "latest.png"), (decision_plot, "decision.png"))
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 NOTES = HERE / "notes.md"
@@ -79,8 +82,8 @@ def main() -> int:
         out = Path(a.out)
         res = json.loads((out / "latest.json").read_text())
         write_results(res, out, res["quick"])
-        plot(res, out / "latest.png")
-        decision_plot(res, out / "decision.png")
+        for draw, name in FIGURES:
+            draw(res, out / name)
         return 0
     for p in (LOADGEN_BIN, SIM_BIN, WASM):
         if not p.exists():
@@ -147,7 +150,7 @@ def main() -> int:
             cap = WORKLOADS["conversation"]["quick_capacity" if a.quick else "capacity"]
             res["lru"] = {str(c): lru_hit_rate(c, lim) for c in sorted({400_000, cap, 3 * cap, 10**9})}
         write_results(res, out, a.quick)
-        for draw, name in ((plot, "latest.png"), (decision_plot, "decision.png")):
+        for draw, name in FIGURES:
             try:
                 draw(res, out / name)
             except Exception as e:  # a plot failure must not lose the measurements
