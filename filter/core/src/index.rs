@@ -120,7 +120,7 @@ fn kept(i: usize, last: usize) -> bool {
 
 /// The positions of a chain of `len` blocks the index holds, in order: all an
 /// index log event needs to carry of the chain ([`crate::index_log`]).
-pub fn kept_positions(len: usize) -> impl Iterator<Item = usize> {
+pub fn kept_positions(len: usize) -> impl Iterator<Item = usize> + Clone {
     let last = len.saturating_sub(1);
     (0..len).filter(move |&i| kept(i, last))
 }

@@ -104,11 +104,11 @@ impl Event {
         max_bytes: usize,
     ) -> Vec<u8> {
         let room = max_bytes.saturating_sub(EVENT_HEADER) / 8;
-        let kept: Vec<u64> = kept_positions(chain.len())
-            .take(room)
-            .filter_map(|i| chain.get(i).copied())
-            .collect();
-        let mut out = Vec::with_capacity(EVENT_HEADER + kept.len() * 8);
+        // Positions past the chain's end cannot occur, so the count is the number written
+        // (a mismatch would read back as no event, never a misread one).
+        let kept = kept_positions(chain.len()).take(room);
+        let n = kept.clone().count();
+        let mut out = Vec::with_capacity(EVENT_HEADER + n * 8);
         put(&mut out, EVENT_VERSION);
         put(&mut out, kind as u8);
         put(&mut out, seq);
@@ -116,8 +116,8 @@ impl Event {
         put(&mut out, backend);
         put(&mut out, time_ms);
         put(&mut out, u32::try_from(chain.len()).unwrap_or(u32::MAX));
-        put(&mut out, kept.len() as u32);
-        for h in kept {
+        put(&mut out, n as u32);
+        for h in kept.filter_map(|i| chain.get(i).copied()) {
             put(&mut out, h);
         }
         out
