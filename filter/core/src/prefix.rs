@@ -71,10 +71,10 @@ const PREV: usize = 8;
 /// Streams canonical prompt bytes into a [`PromptKey`].
 #[derive(Debug)]
 pub struct PrefixHasher {
-    block_bytes: usize,
     prev: u64,
-    /// `le64(prev) ‖ the current partial block`.
+    /// `le64(prev) ‖ the current block`, filled up to `fill`.
     buf: Vec<u8>,
+    fill: usize,
     blocks: Vec<u64>,
     total: usize,
     anchor: Option<(u64, usize)>,
@@ -91,12 +91,12 @@ impl PrefixHasher {
         seed_bytes.push(0);
         seed_bytes.extend_from_slice(salt.unwrap_or_default());
         let seed = murmur(&seed_bytes);
-        let mut buf = Vec::with_capacity(PREV + block_bytes);
-        buf.extend_from_slice(&seed.to_le_bytes());
+        let mut buf = vec![0; PREV + block_bytes];
+        buf[..PREV].copy_from_slice(&seed.to_le_bytes());
         PrefixHasher {
-            block_bytes,
             prev: seed,
             buf,
+            fill: PREV,
             blocks: Vec::new(),
             total: 0,
             anchor: None,
@@ -120,20 +120,43 @@ impl PrefixHasher {
         self.feed_raw(bytes);
     }
 
+    /// Appends one byte: an escape's character between two runs of text
+    /// (a copy call per byte costs more than the byte).
+    pub fn feed_byte(&mut self, b: u8) {
+        if self.anchor.is_none() && self.conversation_start.is_some() {
+            return self.feed(&[b]);
+        }
+        self.total += 1;
+        if let Some(slot) = self.buf.get_mut(self.fill) {
+            *slot = b;
+            self.fill += 1;
+        }
+        if self.fill == self.buf.len() {
+            self.end_block();
+        }
+    }
+
     fn feed_raw(&mut self, mut bytes: &[u8]) {
         self.total += bytes.len();
-        let full = PREV + self.block_bytes;
         while !bytes.is_empty() {
-            let take = (full - self.buf.len()).min(bytes.len());
-            self.buf.extend_from_slice(&bytes[..take]);
-            bytes = &bytes[take..];
-            if self.buf.len() == full {
-                self.prev = murmur(&self.buf);
-                self.blocks.push(self.prev);
-                self.buf.clear();
-                self.buf.extend_from_slice(&self.prev.to_le_bytes());
+            let take = (self.buf.len() - self.fill).min(bytes.len());
+            let (now, rest) = bytes.split_at(take);
+            if let Some(room) = self.buf.get_mut(self.fill..self.fill + take) {
+                room.copy_from_slice(now);
+            }
+            self.fill += take;
+            bytes = rest;
+            if self.fill == self.buf.len() {
+                self.end_block();
             }
         }
+    }
+
+    fn end_block(&mut self) {
+        self.prev = murmur(&self.buf);
+        self.blocks.push(self.prev);
+        self.buf[..PREV].copy_from_slice(&self.prev.to_le_bytes());
+        self.fill = PREV;
     }
 
     /// Marks where the conversation-specific part starts (after shared instructions):
@@ -153,10 +176,10 @@ impl PrefixHasher {
 
     /// Hash of everything fed so far, including a partial block.
     fn position_hash(&self) -> u64 {
-        if self.buf.len() == PREV {
+        if self.fill == PREV {
             self.prev
         } else {
-            murmur(&self.buf)
+            murmur(&self.buf[..self.fill])
         }
     }
 
