@@ -10,6 +10,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`config`] | the JSON configuration, validated; a bad field is named |
+//! | [`json`] | a validating JSON reader that borrows every value from the body |
 //! | [`openai`] | request bodies → canonical prompt bytes → [`prefix::PromptKey`] |
 //! | [`prefix`] | canonical bytes → chained block hashes and the conversation anchor |
 //! | [`hash`] | every stable hash: murmur3, splitmix, rendezvous order, ids |
@@ -46,6 +47,7 @@ pub mod host;
 pub mod index;
 pub mod index_log;
 pub mod inflight;
+pub mod json;
 pub mod load;
 pub mod membership;
 pub mod models;

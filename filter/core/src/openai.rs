@@ -1,9 +1,10 @@
 //! OpenAI-style request bodies → canonical prompt bytes → [`PromptKey`].
 //!
-//! Parsing borrows from the body wherever JSON allows (strings without
-//! escapes, raw `tools`/parts JSON), so a 128 KB prompt is not copied.
-//! serde_json's recursion limit (128) turns hostile nesting into an error,
-//! not a stack overflow.
+//! The body is read with [`crate::json`]'s reader, which validates it and
+//! borrows every value from it: a prompt string's text is fed to the hasher
+//! in the runs between its escapes, straight from the body, so a 128 KB
+//! prompt is never copied before it is hashed. Fields the endpoint does not
+//! name are skipped (checked, not read).
 //!
 //! Canonical stream, fed in order: `tools` (raw JSON), then per message
 //! `0x1e role 0x1f content [0x1d tool_calls]`, where separator bytes inside a
@@ -11,17 +12,27 @@
 //! is prefix-preserving: a conversation's turn N+1 extends turn N's stream,
 //! *and* a message extended with more text (a document followed by different
 //! questions) extends the shorter message's stream — while no content can
-//! forge a boundary.
+//! forge a boundary. Strings are fed as their text, whatever the encoding
+//! (escaped or not); arrays and `tools` as their raw JSON.
 //!
-//! JSON cannot carry a raw byte below 0x20 inside a string (serde_json rejects
-//! it), so the separators can only appear in text decoded from an escape: raw
-//! JSON and strings borrowed unescaped from the body are fed without the
-//! escaping scan, which is most of the per-byte cost after hashing.
+//! JSON cannot carry a raw byte below 0x20 inside a string, so the
+//! separators can only appear in text decoded from an escape: raw JSON and
+//! the runs between escapes are fed as they are, and only decoded escapes
+//! are checked for a separator.
+//!
+//! Reading, as a backend would: a field of the wrong type, or a field named
+//! twice (which copy would the backend read?), is [`ParseError::Shape`];
+//! `null` is an absent optional field. An error of shape is told from one of
+//! syntax by checking the whole body ([`crate::json::validate`]), so a body
+//! that is not JSON is always `NotJson`, wherever its first problem is.
+//! `reference` reads the same stream with serde_json, for the tests.
 
+use crate::json::{self, Piece, Reader, Str};
 use crate::prefix::{PrefixHasher, PromptKey};
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::borrow::Cow;
+
+#[cfg(any(test, feature = "reference"))]
+pub mod reference;
 
 /// The OpenAI endpoints whose bodies carry a prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,66 +67,10 @@ pub enum ParseError {
     Shape,
 }
 
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow)]
-    role: Cow<'a, str>,
-    #[serde(borrow, default)]
-    content: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Chat<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    max_completion_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream_options: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    messages: Vec<Message<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Completion<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream_options: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    prompt: Text<'a>,
-}
-
-#[derive(Deserialize)]
-struct Responses<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_output_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    instructions: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    input: Text<'a>,
+impl From<json::Syntax> for ParseError {
+    fn from(_: json::Syntax) -> ParseError {
+        ParseError::NotJson
+    }
 }
 
 const RECORD: u8 = 0x1e;
@@ -123,12 +78,13 @@ const UNIT: u8 = 0x1f;
 const GROUP: u8 = 0x1d;
 const ESCAPE: u8 = 0x1b;
 
+fn is_separator(b: u8) -> bool {
+    matches!(b, RECORD | UNIT | GROUP | ESCAPE)
+}
+
 /// Feeds `bytes` with separator bytes escaped, in runs (no copy of the text).
 fn feed_escaped(h: &mut PrefixHasher, mut bytes: &[u8]) {
-    while let Some(i) = bytes
-        .iter()
-        .position(|b| matches!(*b, RECORD | UNIT | GROUP | ESCAPE))
-    {
+    while let Some(i) = bytes.iter().position(|&b| is_separator(b)) {
         h.feed(&bytes[..i]);
         h.feed(&[ESCAPE, bytes[i]]);
         bytes = &bytes[i + 1..];
@@ -136,85 +92,48 @@ fn feed_escaped(h: &mut PrefixHasher, mut bytes: &[u8]) {
     h.feed(bytes);
 }
 
-/// Whether `bytes` holds a byte in `ESCAPE..=UNIT` (a superset of the separators).
-///
-/// Eight bytes per step (SWAR): wasm32 has no SIMD by default, and a byte loop
-/// over a 100 KB prompt with escapes (any newline) cost ~120 us in V8, more
-/// than parsing it. No early exit: a separator is rare.
-fn has_separator(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::MAX / 255;
-    const HIGH: u64 = ONES * 0x80;
-    const LOW7: u64 = ONES * 0x7f;
-    // "A byte between m and n" (m < b < n, both <= 128, so no lane borrows or
-    // carries into the next): bit 7 of lane b is set iff ESCAPE <= b <= UNIT.
-    let between = |x: u64| {
-        let low = x & LOW7;
-        (ONES * (127 + u64::from(UNIT) + 1) - low)
-            & !x
-            & (low + ONES * (127 + 1 - u64::from(ESCAPE)))
-            & HIGH
-    };
-    let chunks = bytes.chunks_exact(8);
-    let tail = chunks.remainder();
-    let any = chunks.fold(0, |any, c| {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(c);
-        any | between(u64::from_le_bytes(word))
-    });
-    any != 0 || tail.iter().any(|b| (ESCAPE..=UNIT).contains(b))
+/// Starts a piece of the stream: `0x1e tag 0x1f`.
+fn feed_tag(h: &mut PrefixHasher, tag: &[u8]) {
+    h.feed(&[RECORD]);
+    feed_escaped(h, tag);
+    h.feed(&[UNIT]);
 }
 
-/// A JSON value as canonical bytes: a string's text, an array's raw elements
-/// (content parts, a list of prompts, token ids), read in the one parsing pass.
+/// A JSON value as canonical bytes: a string's text, or raw JSON (arrays:
+/// content parts, a list of prompts, token ids; `tools`).
 enum Text<'a> {
-    /// A string's text.
-    Str {
-        text: Cow<'a, str>,
-        /// Whether it may hold separator bytes: only text decoded from escapes can.
-        separators: bool,
-    },
-    /// Raw JSON (`tools`): no byte below 0x20 can occur in it.
-    Raw(&'a RawValue),
-    /// Raw JSON of each element of an array (content parts, prompts, token ids).
-    Parts(Vec<&'a RawValue>),
+    /// A string, fed as its text.
+    Str(Str<'a>),
+    /// Raw JSON of an array's elements, fed as `[e1,e2,...]` without the
+    /// whitespace between them.
+    Parts(Vec<&'a [u8]>),
 }
 
-impl<'a> Text<'a> {
-    /// A message without content.
-    const EMPTY: Text<'static> = Text::Str {
-        text: Cow::Borrowed(""),
-        separators: false,
-    };
-
-    /// A string serde_json decoded (owned only when it had escapes).
-    fn decoded(text: Cow<'a, str>) -> Text<'a> {
-        let separators = matches!(text, Cow::Owned(_)) && has_separator(text.as_bytes());
-        Text::Str { text, separators }
-    }
-
+impl Text<'_> {
     fn is_empty(&self) -> bool {
         match self {
-            Text::Str { text, .. } => text.is_empty(),
-            Text::Raw(r) => r.get().is_empty(),
+            Text::Str(s) => s.raw.is_empty(),
             Text::Parts(p) => p.is_empty(),
         }
     }
 
-    fn feed(&self, h: &mut PrefixHasher) {
+    fn feed(&self, h: &mut PrefixHasher, offsets: &[u32]) {
         match self {
-            Text::Str {
-                text,
-                separators: true,
-            } => feed_escaped(h, text.as_bytes()),
-            Text::Str { text, .. } => h.feed(text.as_bytes()),
-            Text::Raw(r) => h.feed(r.get().as_bytes()),
+            Text::Str(s) => s.decode(offsets, |piece| match piece {
+                // Raw runs hold no byte below 0x20, so no separator.
+                Piece::Run(run) => h.feed(run),
+                Piece::Char(c) => match u8::try_from(c) {
+                    Ok(b) if b.is_ascii() && !is_separator(b) => h.feed_byte(b),
+                    _ => feed_escaped(h, c.encode_utf8(&mut [0; 4]).as_bytes()),
+                },
+            }),
             Text::Parts(parts) => {
                 h.feed(b"[");
                 for (i, p) in parts.iter().enumerate() {
                     if i > 0 {
                         h.feed(b",");
                     }
-                    h.feed(p.get().as_bytes());
+                    h.feed(p);
                 }
                 h.feed(b"]");
             }
@@ -222,86 +141,165 @@ impl<'a> Text<'a> {
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or an array")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
-                Ok(Text::decoded(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
-                Ok(Text::decoded(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Text<'de>, E> {
-                Ok(Text::decoded(Cow::Owned(v)))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Text<'de>, A::Error> {
-                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-                while let Some(p) = seq.next_element::<&'de RawValue>()? {
-                    parts.push(p);
-                }
-                Ok(Text::Parts(parts))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &Text<'_>) {
-    h.feed(&[RECORD]);
-    feed_escaped(h, tag);
-    h.feed(&[UNIT]);
-    content.feed(h);
-}
-
-fn hasher(
-    model: &Option<Cow<'_, str>>,
-    salt: &Option<Cow<'_, str>>,
-    block: usize,
-    anchor: usize,
-) -> PrefixHasher {
+fn hasher(model: Option<&str>, salt: Option<&str>, block: usize, anchor: usize) -> PrefixHasher {
     PrefixHasher::new(
         block,
         anchor,
-        model.as_deref().unwrap_or_default().as_bytes(),
-        salt.as_deref().map(str::as_bytes),
+        model.unwrap_or_default().as_bytes(),
+        salt.map(str::as_bytes),
     )
 }
 
 /// A token limit as a count. Read raw, so a limit of the wrong type (the
 /// backend will reject it) still leaves the prompt routable; anything but a
 /// non-negative number is no limit.
-fn tokens(v: Option<&RawValue>) -> Option<u32> {
-    let t: f64 = v?.get().parse().ok()?;
+fn tokens(v: Option<&[u8]>) -> Option<u32> {
+    let t: f64 = std::str::from_utf8(v?).ok()?.parse().ok()?;
     (t.is_finite() && t >= 0.0).then(|| t.min(f64::from(u32::MAX)) as u32)
 }
 
 /// A stream whose request sets no `stream_options` at all.
-fn can_ask_usage(stream: Option<&RawValue>, options: Option<&RawValue>) -> bool {
-    stream.is_some_and(|s| s.get() == "true") && options.is_none()
+fn can_ask_usage(stream: Option<&[u8]>, options: Option<&[u8]>) -> bool {
+    stream == Some(b"true") && options.is_none()
 }
 
 /// Whether the answer will carry `usage`: a non-streamed one always, a stream
 /// only when asked (`stream_options.include_usage`). Read raw, like `tokens`.
-fn reports_usage(stream: Option<&RawValue>, options: Option<&RawValue>) -> bool {
-    #[derive(Deserialize)]
+fn reports_usage(stream: Option<&[u8]>, options: Option<&[u8]>) -> bool {
+    #[derive(serde::Deserialize)]
     struct Options {
         #[serde(default)]
         include_usage: bool,
     }
-    if stream.is_none_or(|s| s.get() != "true") {
+    if stream != Some(b"true") {
         return true;
     }
     options
-        .and_then(|o| serde_json::from_str::<Options>(o.get()).ok())
+        .and_then(|o| serde_json::from_slice::<Options>(o).ok())
         .is_some_and(|o| o.include_usage)
+}
+
+/// Reads an object's fields named in `names`, each once, by its index in
+/// `names` (`read`); others are skipped. Not an object, or a name twice: Shape.
+fn fields<'a>(
+    r: &mut Reader<'a>,
+    names: &[&str],
+    mut read: impl FnMut(&mut Reader<'a>, usize) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
+    if r.peek() != Some(b'{') {
+        return Err(ParseError::Shape);
+    }
+    r.object()?;
+    let mut seen = 0u32;
+    let mut first = true;
+    while let Some(key) = r.key(first)? {
+        first = false;
+        let name = key.text(r.offsets());
+        match names.iter().position(|n| *n == name) {
+            Some(i) if seen & (1 << i) != 0 => return Err(ParseError::Shape),
+            Some(i) => {
+                seen |= 1 << i;
+                read(r, i)?;
+            }
+            None => {
+                r.value()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A string; another type is Shape.
+fn string<'a>(r: &mut Reader<'a>) -> Result<Str<'a>, ParseError> {
+    match r.peek() {
+        Some(b'"') => Ok(r.string()?),
+        _ => Err(ParseError::Shape),
+    }
+}
+
+/// A string, or `None` for null; another type is Shape.
+fn optional_string<'a>(r: &mut Reader<'a>) -> Result<Option<Str<'a>>, ParseError> {
+    if r.null()? {
+        return Ok(None);
+    }
+    string(r).map(Some)
+}
+
+/// Any value's raw JSON, or `None` for null.
+fn optional_raw<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, ParseError> {
+    if r.null()? {
+        return Ok(None);
+    }
+    Ok(Some(r.value()?))
+}
+
+/// A string or an array; another type is Shape.
+fn text<'a>(r: &mut Reader<'a>) -> Result<Text<'a>, ParseError> {
+    match r.peek() {
+        Some(b'"') => Ok(Text::Str(r.string()?)),
+        Some(b'[') => {
+            r.array()?;
+            let mut parts = Vec::new();
+            while r.element(parts.is_empty())? {
+                parts.push(r.value()?);
+            }
+            Ok(Text::Parts(parts))
+        }
+        _ => Err(ParseError::Shape),
+    }
+}
+
+fn optional_text<'a>(r: &mut Reader<'a>) -> Result<Option<Text<'a>>, ParseError> {
+    if r.null()? {
+        return Ok(None);
+    }
+    text(r).map(Some)
+}
+
+/// One chat message.
+struct Message<'a> {
+    role: Cow<'a, str>,
+    content: Option<Text<'a>>,
+    tool_calls: Option<&'a [u8]>,
+}
+
+fn message<'a>(r: &mut Reader<'a>) -> Result<Message<'a>, ParseError> {
+    let (mut role, mut content, mut tool_calls) = (None, None, None);
+    fields(r, &["role", "content", "tool_calls"], |r, i| {
+        match i {
+            0 => role = Some(string(r)?),
+            1 => content = optional_text(r)?,
+            _ => tool_calls = optional_raw(r)?,
+        }
+        Ok(())
+    })?;
+    Ok(Message {
+        role: role.ok_or(ParseError::Shape)?.text(r.offsets()),
+        content,
+        tool_calls,
+    })
+}
+
+fn messages<'a>(r: &mut Reader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
+    if r.peek() != Some(b'[') {
+        return Err(ParseError::Shape);
+    }
+    r.array()?;
+    let mut all = Vec::new();
+    while r.element(all.is_empty())? {
+        all.push(message(r)?);
+    }
+    Ok(all)
+}
+
+/// The fields every endpoint reads besides its prompt.
+#[derive(Default)]
+struct Common<'a> {
+    model: Option<Str<'a>>,
+    cache_salt: Option<Str<'a>>,
+    max_tokens: Option<&'a [u8]>,
+    stream: Option<&'a [u8]>,
+    stream_options: Option<&'a [u8]>,
 }
 
 /// Turns a request body into its routing key.
@@ -311,37 +309,100 @@ pub fn prompt_key(
     block_bytes: usize,
     anchor_bytes: usize,
 ) -> Result<PromptKey, ParseError> {
-    // Distinguish "not JSON at all" from "JSON of the wrong shape" for the stats.
-    let classify = |e: serde_json::Error| {
-        if e.is_data() {
-            ParseError::Shape
-        } else {
-            ParseError::NotJson
+    match read(endpoint, body, block_bytes, anchor_bytes) {
+        // A body that is not JSON at all is NotJson, wherever its first problem is.
+        Err(ParseError::Shape) if json::validate(body).is_err() => Err(ParseError::NotJson),
+        result => result,
+    }
+}
+
+/// `Common`'s field `i` (model, cache_salt, the output limit, stream,
+/// stream_options: the first five names of every endpoint's list).
+fn common<'a>(c: &mut Common<'a>, r: &mut Reader<'a>, i: usize) -> Result<(), ParseError> {
+    match i {
+        0 => c.model = optional_string(r)?,
+        1 => c.cache_salt = optional_string(r)?,
+        2 => c.max_tokens = optional_raw(r)?,
+        3 => c.stream = optional_raw(r)?,
+        _ => c.stream_options = optional_raw(r)?,
+    }
+    Ok(())
+}
+
+impl<'a> Common<'a> {
+    fn hasher(&self, offsets: &[u32], block: usize, anchor: usize) -> PrefixHasher {
+        let model = self.model.map(|m| m.text(offsets));
+        let salt = self.cache_salt.map(|s| s.text(offsets));
+        hasher(model.as_deref(), salt.as_deref(), block, anchor)
+    }
+
+    /// The key's fields read from these.
+    fn key(&self, offsets: &[u32], limit: Option<&[u8]>, h: PrefixHasher) -> PromptKey {
+        PromptKey {
+            model: self.model.map(|m| m.text(offsets).into_owned()),
+            max_output_tokens: tokens(limit.or(self.max_tokens)),
+            reports_usage: reports_usage(self.stream, self.stream_options),
+            can_ask_usage: can_ask_usage(self.stream, self.stream_options),
+            ..h.finish()
         }
-    };
+    }
+}
+
+fn read(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_bytes: usize,
+    anchor_bytes: usize,
+) -> Result<PromptKey, ParseError> {
+    let mut r = Reader::new(body);
+    let mut c = Common::default();
     match endpoint {
         Endpoint::Chat => {
-            let req: Chat = serde_json::from_slice(body).map_err(classify)?;
-            if req.messages.is_empty() {
+            let (mut completion_limit, mut tools, mut all) = (None, None, Vec::new());
+            let names = [
+                "model",
+                "cache_salt",
+                "max_tokens",
+                "stream",
+                "stream_options",
+                "max_completion_tokens",
+                "tools",
+                "messages",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    5 => completion_limit = optional_raw(r)?,
+                    6 => tools = optional_raw(r)?,
+                    7 => all = messages(r)?,
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            if all.is_empty() {
                 return Err(ParseError::Shape);
             }
-            let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
-            if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::Raw(tools));
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            if let Some(tools) = tools {
+                feed_tag(&mut h, b"tools");
+                h.feed(tools);
             }
             let (mut continuation, mut last_start) = (false, 0);
-            for m in &req.messages {
+            for m in &all {
                 last_start = h.len();
                 continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
                 let turn = !matches!(m.role.as_ref(), "system" | "developer");
                 if turn {
                     h.begin_conversation();
                 }
-                let content = m.content.as_ref().unwrap_or(&Text::EMPTY);
-                feed_piece(&mut h, m.role.as_bytes(), content);
+                feed_tag(&mut h, m.role.as_bytes());
+                if let Some(content) = &m.content {
+                    content.feed(&mut h, offsets);
+                }
                 if let Some(calls) = m.tool_calls {
                     h.feed(&[GROUP]);
-                    h.feed(calls.get().as_bytes());
+                    h.feed(calls);
                 }
                 // The first turn that is not instructions anchors the conversation.
                 if turn {
@@ -351,45 +412,76 @@ pub fn prompt_key(
             Ok(PromptKey {
                 continuation,
                 history_bytes: if continuation { last_start } else { 0 },
-                model: req.model.map(Cow::into_owned),
-                max_output_tokens: tokens(req.max_completion_tokens.or(req.max_tokens)),
-                reports_usage: reports_usage(req.stream, req.stream_options),
-                can_ask_usage: can_ask_usage(req.stream, req.stream_options),
-                ..h.finish()
+                ..c.key(offsets, completion_limit, h)
             })
         }
         Endpoint::Completions => {
-            let req: Completion = serde_json::from_slice(body).map_err(classify)?;
-            let prompt = req.prompt;
+            let mut prompt = None;
+            let names = [
+                "model",
+                "cache_salt",
+                "max_tokens",
+                "stream",
+                "stream_options",
+                "prompt",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    5 => prompt = Some(text(r)?),
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            let prompt = prompt.ok_or(ParseError::Shape)?;
             if prompt.is_empty() {
                 return Err(ParseError::Shape);
             }
-            let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
             h.begin_conversation();
-            prompt.feed(&mut h);
-            Ok(PromptKey {
-                model: req.model.map(Cow::into_owned),
-                max_output_tokens: tokens(req.max_tokens),
-                reports_usage: reports_usage(req.stream, req.stream_options),
-                can_ask_usage: can_ask_usage(req.stream, req.stream_options),
-                ..h.finish()
-            })
+            prompt.feed(&mut h, offsets);
+            Ok(c.key(offsets, None, h))
         }
         Endpoint::Responses => {
-            let req: Responses = serde_json::from_slice(body).map_err(classify)?;
-            let mut h = hasher(&req.model, &req.cache_salt, block_bytes, anchor_bytes);
-            if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::Raw(tools));
+            let (mut instructions, mut tools, mut input) = (None, None, None);
+            let names = [
+                "model",
+                "cache_salt",
+                "max_output_tokens",
+                "instructions",
+                "tools",
+                "input",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    3 => instructions = optional_string(r)?,
+                    4 => tools = optional_raw(r)?,
+                    5 => input = Some(text(r)?),
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            let input = input.ok_or(ParseError::Shape)?;
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            if let Some(tools) = tools {
+                feed_tag(&mut h, b"tools");
+                h.feed(tools);
             }
-            if let Some(instr) = req.instructions {
-                feed_piece(&mut h, b"system", &Text::decoded(instr));
+            if let Some(instructions) = instructions {
+                feed_tag(&mut h, b"system");
+                Text::Str(instructions).feed(&mut h, offsets);
             }
             h.begin_conversation();
-            feed_piece(&mut h, b"input", &req.input);
+            feed_tag(&mut h, b"input");
+            input.feed(&mut h, offsets);
+            // Feedback reads `prompt_tokens`; the Responses API reports `input_tokens`.
             Ok(PromptKey {
-                model: req.model.map(Cow::into_owned),
-                max_output_tokens: tokens(req.max_output_tokens),
-                ..h.finish()
+                reports_usage: false,
+                can_ask_usage: false,
+                ..c.key(offsets, None, h)
             })
         }
     }
@@ -421,31 +513,6 @@ mod tests {
                 0xb8c0_92ec_52fa_446d
             ]
         );
-    }
-
-    #[test]
-    fn separator_scan_agrees_with_a_byte_loop() {
-        // Every byte value in every lane of a word and in the tail, among
-        // neighbours that are just outside the range.
-        for len in [1, 7, 8, 9, 16, 19] {
-            for at in 0..len {
-                for b in 0..=255u8 {
-                    let mut bytes = vec![0x1a_u8; len];
-                    if len > 1 {
-                        bytes[(at + 1) % len] = 0x20;
-                    }
-                    bytes[at] = b;
-                    let naive = bytes.iter().any(|b| (ESCAPE..=UNIT).contains(b));
-                    assert_eq!(
-                        has_separator(&bytes),
-                        naive,
-                        "len {len} at {at} byte {b:#x}"
-                    );
-                }
-            }
-        }
-        assert!(!has_separator(b""));
-        assert!(!has_separator("caf\u{e9} \u{1f600} line\n".as_bytes()));
     }
 
     #[test]
@@ -748,7 +815,7 @@ mod tests {
                 ParseError::Shape,
             ),
             (br#"[1,2,3]"#, ParseError::Shape),
-            (deep.as_bytes(), ParseError::Shape),
+            (deep.as_bytes(), ParseError::NotJson),
         ];
         for (body, want) in cases {
             assert_eq!(
@@ -811,6 +878,102 @@ mod tests {
             serde_json::to_vec(&serde_json::json!({"model": "m", "messages": m})).unwrap()
         }
 
+        /// A JSON value of any type, text over-represented.
+        fn value() -> impl Strategy<Value = serde_json::Value> {
+            use serde_json::{json, Value};
+            let leaf = prop_oneof![
+                3 => text().prop_map(Value::from),
+                1 => Just(Value::Null),
+                1 => any::<bool>().prop_map(Value::from),
+                1 => any::<i32>().prop_map(Value::from),
+                1 => (0.0..1e6f64).prop_map(|f| json!(f)),
+            ];
+            leaf.prop_recursive(3, 12, 4, |inner| {
+                prop_oneof![
+                    proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                    proptest::collection::btree_map("[a-z]{1,4}|text|type", inner, 0..3)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// Mostly what a field should hold, sometimes any value.
+        fn mostly(
+            typed: impl Strategy<Value = serde_json::Value> + 'static,
+        ) -> BoxedStrategy<serde_json::Value> {
+            prop_oneof![6 => typed, 1 => value()].boxed()
+        }
+
+        /// A prompt: a string, or an array of parts (or token ids).
+        fn prompt() -> BoxedStrategy<serde_json::Value> {
+            mostly(prop_oneof![
+                text().prop_map(serde_json::Value::from),
+                proptest::collection::vec(value(), 0..3).prop_map(serde_json::Value::from),
+            ])
+        }
+
+        /// An object of some of `fields` (name, how likely present, value).
+        fn object(
+            fields: Vec<(&'static str, f64, BoxedStrategy<serde_json::Value>)>,
+        ) -> BoxedStrategy<serde_json::Value> {
+            fields
+                .into_iter()
+                .map(|(k, p, v)| proptest::option::weighted(p, v).prop_map(move |v| (k, v)))
+                .collect::<Vec<_>>()
+                .prop_map(|fields| {
+                    let present = fields
+                        .into_iter()
+                        .filter_map(|(k, v)| Some((k.to_string(), v?)));
+                    serde_json::Value::Object(present.collect())
+                })
+                .boxed()
+        }
+
+        /// A chat message: role, content and tool_calls (or not), and another field.
+        fn message() -> BoxedStrategy<serde_json::Value> {
+            let role = prop_oneof![
+                Just(serde_json::json!("user")),
+                Just(serde_json::json!("system")),
+                Just(serde_json::json!("assistant")),
+                text().prop_map(serde_json::Value::from),
+            ];
+            object(vec![
+                ("role", 0.95, mostly(role)),
+                ("content", 0.9, prompt()),
+                ("tool_calls", 0.2, value().boxed()),
+                ("name", 0.2, value().boxed()),
+            ])
+        }
+
+        /// A request body: every field some endpoint reads, each present or
+        /// not, mostly of its type, and a field none reads.
+        fn request() -> BoxedStrategy<serde_json::Value> {
+            let string = || mostly(text().prop_map(serde_json::Value::from));
+            let number = || mostly((0..100_000u32).prop_map(serde_json::Value::from));
+            let messages = mostly(
+                proptest::collection::vec(message(), 0..4).prop_map(serde_json::Value::from),
+            );
+            object(vec![
+                ("model", 0.8, string()),
+                ("cache_salt", 0.2, string()),
+                ("messages", 0.8, messages),
+                ("prompt", 0.5, prompt()),
+                ("input", 0.5, prompt()),
+                ("instructions", 0.3, string()),
+                ("tools", 0.2, value().boxed()),
+                ("max_tokens", 0.3, number()),
+                ("max_completion_tokens", 0.2, number()),
+                ("max_output_tokens", 0.2, number()),
+                (
+                    "stream",
+                    0.3,
+                    mostly(any::<bool>().prop_map(serde_json::Value::from)),
+                ),
+                ("stream_options", 0.2, value().boxed()),
+                ("n", 0.2, value().boxed()),
+            ])
+        }
+
         /// With 1-byte blocks the chain names every byte of the canonical stream.
         fn stream(messages: &[(String, String)]) -> Vec<u64> {
             prompt_key(Endpoint::Chat, &body(messages), 1, 2048)
@@ -870,6 +1033,28 @@ mod tests {
                 // (a 64-bit hash collision aside).
                 prop_assume!(a != b);
                 prop_assert_ne!(stream(&a), stream(&b));
+            }
+        }
+
+        proptest! {
+            // Enough cases that every endpoint yields keys and each kind of error.
+            #![proptest_config(proptest::test_runner::Config { cases: 1024, ..crate::testing::proptest_config() })]
+
+            #[test]
+            fn the_key_is_the_one_serde_json_reads(body in request(), pretty in any::<bool>(), e in 0..3u8, block in prop_oneof![Just(1usize), Just(16), Just(256)]) {
+                // Any object of the fields the endpoints read (and others), each
+                // of any type: the same key, or the same error, as the reference.
+                let endpoint = [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses][usize::from(e)];
+                let bytes = if pretty {
+                    serde_json::to_vec_pretty(&body).unwrap()
+                } else {
+                    serde_json::to_vec(&body).unwrap()
+                };
+                prop_assert_eq!(
+                    prompt_key(endpoint, &bytes, block, 64),
+                    reference::prompt_key(endpoint, &bytes, block, 64),
+                    "{}", String::from_utf8_lossy(&bytes)
+                );
             }
         }
     }

@@ -1,0 +1,258 @@
+//! The same canonical stream read with serde_json: the reference the
+//! filter's own reader ([`crate::json`]) is tested against (the differential
+//! property test in `openai` and the `prompt_key` fuzz target). Not used to
+//! route: serde decodes every escaped string into a copy before it is hashed.
+
+use super::{
+    can_ask_usage, feed_escaped, feed_tag, hasher, reports_usage, tokens, Endpoint, ParseError,
+    GROUP,
+};
+use crate::prefix::{PrefixHasher, PromptKey};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Chat<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    messages: Vec<Message<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Completion<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    stream_options: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    prompt: Text<'a>,
+}
+
+#[derive(Deserialize)]
+struct Responses<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    max_output_tokens: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    instructions: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    input: Text<'a>,
+}
+
+/// A JSON value as canonical bytes: a string's text, or raw JSON.
+enum Text<'a> {
+    Str(Cow<'a, str>),
+    Raw(&'a RawValue),
+    Parts(Vec<&'a RawValue>),
+}
+
+impl Text<'_> {
+    const EMPTY: Text<'static> = Text::Str(Cow::Borrowed(""));
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Text::Str(text) => text.is_empty(),
+            Text::Raw(r) => r.get().is_empty(),
+            Text::Parts(p) => p.is_empty(),
+        }
+    }
+
+    fn feed(&self, h: &mut PrefixHasher) {
+        match self {
+            Text::Str(text) => feed_escaped(h, text.as_bytes()),
+            Text::Raw(r) => h.feed(r.get().as_bytes()),
+            Text::Parts(parts) => {
+                h.feed(b"[");
+                for (i, p) in parts.iter().enumerate() {
+                    if i > 0 {
+                        h.feed(b",");
+                    }
+                    h.feed(p.get().as_bytes());
+                }
+                h.feed(b"]");
+            }
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or an array")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'de>, E> {
+                Ok(Text::Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'de>, E> {
+                Ok(Text::Str(Cow::Owned(v)))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Text<'de>, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element::<&'de RawValue>()? {
+                    parts.push(p);
+                }
+                Ok(Text::Parts(parts))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &Text<'_>) {
+    feed_tag(h, tag);
+    content.feed(h);
+}
+
+fn raw(v: Option<&RawValue>) -> Option<&[u8]> {
+    v.map(|r| r.get().as_bytes())
+}
+
+/// [`super::prompt_key`] as serde_json reads the body.
+pub fn prompt_key(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_bytes: usize,
+    anchor_bytes: usize,
+) -> Result<PromptKey, ParseError> {
+    let classify = |e: serde_json::Error| {
+        if e.is_data() {
+            ParseError::Shape
+        } else {
+            ParseError::NotJson
+        }
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let req: Chat = serde_json::from_slice(body).map_err(classify)?;
+            if req.messages.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let mut h = hasher(
+                req.model.as_deref(),
+                req.cache_salt.as_deref(),
+                block_bytes,
+                anchor_bytes,
+            );
+            if let Some(tools) = req.tools {
+                feed_piece(&mut h, b"tools", &Text::Raw(tools));
+            }
+            let (mut continuation, mut last_start) = (false, 0);
+            for m in &req.messages {
+                last_start = h.len();
+                continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
+                let turn = !matches!(m.role.as_ref(), "system" | "developer");
+                if turn {
+                    h.begin_conversation();
+                }
+                feed_piece(
+                    &mut h,
+                    m.role.as_bytes(),
+                    m.content.as_ref().unwrap_or(&Text::EMPTY),
+                );
+                if let Some(calls) = m.tool_calls {
+                    h.feed(&[GROUP]);
+                    h.feed(calls.get().as_bytes());
+                }
+                if turn {
+                    h.mark_anchor();
+                }
+            }
+            Ok(PromptKey {
+                continuation,
+                history_bytes: if continuation { last_start } else { 0 },
+                model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(raw(req.max_completion_tokens.or(req.max_tokens))),
+                reports_usage: reports_usage(raw(req.stream), raw(req.stream_options)),
+                can_ask_usage: can_ask_usage(raw(req.stream), raw(req.stream_options)),
+                ..h.finish()
+            })
+        }
+        Endpoint::Completions => {
+            let req: Completion = serde_json::from_slice(body).map_err(classify)?;
+            if req.prompt.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let mut h = hasher(
+                req.model.as_deref(),
+                req.cache_salt.as_deref(),
+                block_bytes,
+                anchor_bytes,
+            );
+            h.begin_conversation();
+            req.prompt.feed(&mut h);
+            Ok(PromptKey {
+                model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(raw(req.max_tokens)),
+                reports_usage: reports_usage(raw(req.stream), raw(req.stream_options)),
+                can_ask_usage: can_ask_usage(raw(req.stream), raw(req.stream_options)),
+                ..h.finish()
+            })
+        }
+        Endpoint::Responses => {
+            let req: Responses = serde_json::from_slice(body).map_err(classify)?;
+            let mut h = hasher(
+                req.model.as_deref(),
+                req.cache_salt.as_deref(),
+                block_bytes,
+                anchor_bytes,
+            );
+            if let Some(tools) = req.tools {
+                feed_piece(&mut h, b"tools", &Text::Raw(tools));
+            }
+            if let Some(instr) = req.instructions {
+                feed_piece(&mut h, b"system", &Text::Str(instr));
+            }
+            h.begin_conversation();
+            feed_piece(&mut h, b"input", &req.input);
+            Ok(PromptKey {
+                model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(raw(req.max_output_tokens)),
+                ..h.finish()
+            })
+        }
+    }
+}
