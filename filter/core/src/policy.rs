@@ -23,6 +23,7 @@
 //! ratio_b  = matched_blocks_b / prompt_blocks    (0 unless the match goes past the
 //!                                                  head and reaches min_match_blocks)
 //! queued_b = max(0, prefill_b − min_prefill − slack) / prompt_blocks
+//!            (0 when b holds the prompt's history alone, see below)
 //! score_b  = value_b − prefill_weight · queued_b
 //!                    − load_weight · (load_b − min_load) / cap              for b ∈ eligible
 //! value_b  = max(ratio_b, history_blocks / prompt_blocks)  for the owner of a continuation,
@@ -47,6 +48,44 @@
 //!   see that a pod with one 90k-token prompt answers later than a pod with
 //!   three chats.
 //!   `slack` is `prefill_slack_tokens` in blocks.
+//! - the *sole holder* of a conversation keeps it whatever its prefill queue;
+//!   the bounds (saturation, the warm cap) and the load term still apply:
+//!   ```text
+//!   holds_b = b is the owner ∧ value_b ≥ hold_share
+//!           ∧ no other healthy pod within tie_margin of ratio_b
+//!           ∧ no other request waiting on b for its first token shares the
+//!             prompt up to b's match
+//!   ```
+//!   Such a prompt is one conversation's history, which only that pod holds:
+//!   moving it re-prefills most of the prompt on another pod, whose queue then
+//!   grows by that much (on the Mooncake conversation trace prefill is most of
+//!   the pods' time, so each spillover fed the queues that caused the next).
+//!   New conversations, which every pod holds equally little of, already take
+//!   the shortest queue (placement), so they route around the owner's queue.
+//!   A conversation's next turn carries the previous answer, so it comes after
+//!   that answer started; a prefix that another request still waiting for its
+//!   first token there shares (a document or few-shot block many users send,
+//!   arriving together) is not one conversation's, and its requests compete on
+//!   queues as before: held, they would all queue on the one pod that first
+//!   saw it, which is the tail the queue term is there to cut. Waiting, not
+//!   in flight: a trace replayed open-loop (or a client that does not wait
+//!   for the whole answer) sends a turn while the previous one still streams,
+//!   and "in flight" would drop the hold for those turns (5-6 of the 154
+//!   continuations in a conversation run had their previous turn still
+//!   streaming; none still waiting for its first token). The waiting requests
+//!   are the ones this worker VM routed and has not seen a response byte of
+//!   (the router keeps their prompts' index positions per pod, see
+//!   [`crate::router`]); another worker's are not seen, which only leaves the
+//!   hold in place. A prefix on two or more pods is shared (or a conversation
+//!   already moved): its copies compete on their queues too.
+//!   Conversation trace, 4 paired rounds: hit rate 0.93-0.98x the
+//!   single-replica reference (median 0.97x) against 0.86-0.94x without the
+//!   hold, spillovers 24-35 of 800 against 46-55, TTFT P95 0.44-0.64x round
+//!   robin (median 0.53x; without: 0.44-0.59x, median 0.55x); agent rows
+//!   unchanged. guidellm's 40 prefixes (6 paired rounds): TTFT P95 and P99
+//!   within the runs' scatter of the build without it (paired medians 1.00x
+//!   and 0.86x), hit rate the same: the queue term moved 0-1 of 240 requests
+//!   there with or without the hold (`bench/notes.md`, session 17).
 //! - a match inside the head (shared instructions, see `prefix`) does not
 //!   count: otherwise whichever pod first saw a popular system prompt would
 //!   attract every new conversation up to the load bound — a hotspot. The
@@ -119,6 +158,7 @@
 //! | `prefill_weight` | 0.5   | a leaving request's prefill delays others too (see above) |
 //! | `load_weight`  | 0.5     | a full-cap load difference costs half a prompt of cache: prefill dominates TTFT until queues form |
 //! | `tie_margin`   | 0.05    | 5% of a prompt: below the noise of block granularity |
+//! | `hold_share`   | 0.75    | conversation trace, paired against no hold and 0.5: at 0.75 the hit rate won in every round (6) and the agent rows were unchanged; at 0.5 the gain was uneven and the agent rows' step time worse in 1 of 4 (early agent steps, whose history is 0.5-0.75 of the prompt, waiting for their pod's queue). Below it the queue still moves a prompt, whose re-prefill elsewhere is then small |
 //! | `replicate_gap` | 2    | requests a hot prefix's least-loaded copy must carry beyond the spare pod's (plus the copy's cost): guidellm's hot shape at concurrency 8 holds its two copies at 4 and 3 requests against the idle pod's 0; one request of difference is load noise. The only value tried |
 //! | `prefill_slack_tokens` | 8192 | a common vLLM per-step token budget (`max_num_batched_tokens`): a queue shorter than one chunked-prefill step delays a prompt by about one step, not worth breaking placement agreement for |
 //!
@@ -146,6 +186,9 @@
 //! fallbacks are a selection of the first few, not a second sort. Every
 //! healthy pod is weighed, matching or not: bounded load and placement need
 //! the whole set. About 7 µs at 256 pods, 25 µs at 1024 natively (`bench/decision`).
+//! The sole holder's guard costs one probe per matching backend, and the
+//! router one map insert and removal per index-kept position of each routed
+//! prompt (~100 for a 128 KB prompt, as many as the index records).
 
 use crate::config::{PolicyConfig, Strategy};
 use crate::hash::{rendezvous, rendezvous_top};
@@ -156,6 +199,10 @@ pub const LOAD_WEIGHT: f64 = 0.5;
 
 /// Weight of a pod's extra prefill queue against cache share in `cache_aware` scores.
 pub const PREFILL_WEIGHT: f64 = 0.5;
+
+/// Share of the prompt a sole owner must hold for its prefill queue not to
+/// count against it in `cache_aware` scores (see the module doc).
+pub const HOLD_SHARE: f64 = 0.75;
 
 /// Why a backend was chosen (stats and the debug header).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,6 +259,10 @@ pub struct RequestKey<'a> {
     pub continuation: bool,
     /// Leading blocks an earlier turn of the conversation sent (all but the last message).
     pub history_blocks: u32,
+    /// Per backend: another request this gateway worker sent there still waits
+    /// for its first token and shares the prompt up to that backend's match
+    /// (missing: none does).
+    pub shared: &'a [bool],
     /// Hash of the session header, if any.
     pub session: Option<u64>,
     /// Shared round-robin counter value for this request.
@@ -474,8 +525,23 @@ impl Chooser<'_> {
                 ratio(b)
             }
         };
+        // One conversation's history, which only this pod holds, stays there whatever
+        // its prefill queue (the bounds and the load term still apply): moving it
+        // re-prefills most of it on a pod whose queue then grows by that much. A
+        // prefix that another request still waiting there for its first token
+        // shares is not one conversation's: its requests compete on queues (see
+        // the module doc).
+        let holds = |b: usize| {
+            Some(b) == owner
+                && value(b) >= HOLD_SHARE
+                && !req.shared.get(b).copied().unwrap_or(false)
+                && healthy
+                    .iter()
+                    .all(|&c| c == b || ratio(c) < ratio(b) - self.cfg.tie_margin)
+        };
         let score = |b: usize| {
-            value(b) - queued(b) - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0)
+            let queue = if holds(b) { 0.0 } else { queued(b) };
+            value(b) - queue - LOAD_WEIGHT * (self.loads[b].load - min_load) / cap.max(1.0)
         };
         let best = eligible
             .iter()
@@ -932,7 +998,7 @@ mod tests {
                 Strategy::CacheAware,
                 &with_prefill(loads(&[1.0, 1.0, 1.0]), &[queue, 0.0, 0.0]),
                 RequestKey {
-                    matched: &[90, 0, 0],
+                    matched: &[60, 0, 0],
                     blocks: 100,
                     anchor: 5,
                     ..Default::default()
@@ -940,13 +1006,56 @@ mod tests {
             )
         };
         assert_eq!(
-            hit(slack + 150.0).order[0],
+            hit(slack + 100.0).order[0],
             0,
-            "1.5 prompts of queue < twice 90% cached"
+            "1 prompt of queue < twice 60% cached"
         );
-        let d = hit(slack + 200.0);
-        assert_ne!(d.order[0], 0, "2 prompts of queue > twice 90% cached");
+        let d = hit(slack + 140.0);
+        assert_ne!(d.order[0], 0, "1.4 prompts of queue > twice 60% cached");
         assert_eq!(d.reason, Reason::Spillover);
+    }
+
+    #[test]
+    fn the_sole_owner_of_a_conversation_keeps_it_whatever_its_prefill_queue() {
+        let slack = policy().prefill_slack_blocks;
+        let queued = with_prefill(loads(&[1.0, 1.0, 1.0]), &[slack + 1000.0, 0.0, 0.0]);
+        // One conversation's next turn: no other open request shares its history.
+        let turn = RequestKey {
+            matched: &[90, 0, 0],
+            blocks: 100,
+            anchor: 5,
+            shared: &[false, false, false],
+            ..Default::default()
+        };
+        let d = pick(Strategy::CacheAware, &queued, turn);
+        assert_eq!((d.order[0], d.reason), (0, Reason::CacheHit));
+        // The same match while another open request on that pod shares it: a prefix
+        // many requests use, whose queue counts as for any other prompt.
+        let busy = RequestKey {
+            shared: &[true, false, false],
+            ..turn
+        };
+        let d = pick(Strategy::CacheAware, &queued, busy);
+        assert_eq!((d.order[0] != 0, d.reason), (true, Reason::Spillover));
+        // Below the share, the queue counts again.
+        let less = RequestKey {
+            matched: &[70, 0, 0],
+            ..turn
+        };
+        assert_eq!(
+            pick(Strategy::CacheAware, &queued, less).reason,
+            Reason::Spillover
+        );
+        // On two pods the prefix is shared (or the conversation moved): the shorter queue wins.
+        let two = RequestKey {
+            matched: &[90, 90, 0],
+            ..turn
+        };
+        assert_eq!(pick(Strategy::CacheAware, &queued, two).order[0], 1);
+        // The bounds still apply: a saturated owner is left.
+        let mut saturated = queued.clone();
+        saturated[0].saturated = true;
+        assert_ne!(pick(Strategy::CacheAware, &saturated, turn).order[0], 0);
     }
 
     #[test]
@@ -1220,6 +1329,7 @@ mod tests {
                         head_blocks: 0,
                         continuation: false,
                         history_blocks: 0,
+                        shared: &[],
                     },
                 );
                 assert_eq!(d.order, vec![1], "{s:?}");

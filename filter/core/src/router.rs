@@ -25,12 +25,15 @@
 //! backend is in rotation when Envoy would route to it (a discovered pool's
 //! endpoint health, [`crate::membership`]) and neither view keeps it out.
 
+use hashbrown::hash_map::Entry;
+use hashbrown::HashMap;
+
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
 use crate::feedback::{Report, TokenRatio};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
-use crate::index::Index;
+use crate::index::{kept_positions, sampled_at_or_before, Index};
 use crate::index_log::Kind;
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
@@ -80,6 +83,9 @@ pub struct Routed {
     /// When the chosen pod last used the deepest block of its match, before
     /// this request (for its cache report to check, [`crate::feedback`]).
     pub last_use_ms: Option<u64>,
+    /// The prompt's block hashes this request marks waiting on the primary
+    /// until its first response byte or its end ([`Router::close`]).
+    pub open: Vec<u64>,
 }
 
 /// Per-VM routing state.
@@ -104,6 +110,14 @@ pub struct Router {
     applied_seq: u64,
     requests: u64,
     matched: Vec<u32>,
+    /// Per backend, for the request being decided: another request this VM sent
+    /// there waits for its first token and shares its prompt up to that backend's match.
+    shared: Vec<bool>,
+    /// (backend, block hash at an index-kept position) of the prompts this VM
+    /// routed and has seen no response byte of, with how many such requests
+    /// (`cache_aware` only): whether a matched prefix waits in another
+    /// request's prefill on its pod (see [`crate::policy`], the sole holder).
+    open_prefixes: HashMap<(usize, u64), u32>,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
     /// How the requests this VM routed ended, per backend.
@@ -252,6 +266,8 @@ impl Router {
             applied_seq,
             requests: 0,
             matched: Vec::with_capacity(n),
+            shared: Vec::with_capacity(n),
+            open_prefixes: HashMap::new(),
             health: Vec::new(),
             passive: Passive::new(n),
             unreleased: vec![Delta::default(); n],
@@ -663,6 +679,12 @@ impl Router {
             Some(key) => {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
+                Self::note_shared(
+                    &mut self.shared,
+                    &self.matched,
+                    &self.open_prefixes,
+                    &key.blocks,
+                );
                 self.split.lap(host, Step::Match);
                 let rk = RequestKey {
                     anchor: key.anchor,
@@ -671,6 +693,7 @@ impl Router {
                     head_blocks: (key.anchor_offset / block) as u32,
                     continuation: key.continuation,
                     history_blocks: (key.history_bytes / block) as u32,
+                    shared: &self.shared,
                     session: req.session.map(session_hash),
                     rotation,
                     random,
@@ -727,6 +750,7 @@ impl Router {
                 log_gap: seen.log_gap,
                 unknown_model: false,
                 last_use_ms: None,
+                open: Vec::new(),
             };
         };
         let held = Delta {
@@ -741,6 +765,7 @@ impl Router {
             // and, after a spillover, replicates a hot prefix to the new pod.
             self.index.record(chain, primary, seen.now);
         }
+        let open = self.open(chain, primary);
         self.split.lap(host, Step::Record);
         self.open_requests = self.open_requests.saturating_add(1);
         if let Some(d) = self.unreleased.get_mut(primary) {
@@ -768,6 +793,62 @@ impl Router {
             log_gap: seen.log_gap,
             unknown_model: false,
             last_use_ms: None,
+            open,
+        }
+    }
+
+    /// Which backends another waiting request shares this prompt with, up to
+    /// each one's match: one probe per matching backend, at the last position
+    /// both prompts' chains have an entry for.
+    fn note_shared(
+        shared: &mut Vec<bool>,
+        matched: &[u32],
+        open: &HashMap<(usize, u64), u32>,
+        chain: &[u64],
+    ) {
+        shared.clear();
+        if open.is_empty() {
+            return;
+        }
+        shared.extend(matched.iter().enumerate().map(|(b, &m)| {
+            m > 0
+                && chain
+                    .get(sampled_at_or_before(m as usize - 1))
+                    .is_some_and(|&h| open.contains_key(&(b, h)))
+        }));
+    }
+
+    /// Marks `chain`'s kept positions waiting on `backend` (`cache_aware` only);
+    /// returns them for [`Router::close`].
+    fn open(&mut self, chain: &[u64], backend: usize) -> Vec<u64> {
+        if self.cfg.strategy != Strategy::CacheAware {
+            return Vec::new();
+        }
+        let kept: Vec<u64> = kept_positions(chain.len()).map(|i| chain[i]).collect();
+        for &h in &kept {
+            let n = self.open_prefixes.entry((backend, h)).or_insert(0);
+            *n = n.saturating_add(1);
+        }
+        kept
+    }
+
+    /// How many (backend, position) marks waiting requests hold (tests).
+    #[cfg(test)]
+    pub(crate) fn waiting_marks(&self) -> usize {
+        self.open_prefixes.len()
+    }
+
+    /// A request routed to `backend` got its first response byte (or ended):
+    /// its prompt no longer waits there. Idempotent for an emptied `open`.
+    pub fn close(&mut self, backend: usize, open: &[u64]) {
+        for &h in open {
+            if let Entry::Occupied(mut e) = self.open_prefixes.entry((backend, h)) {
+                if *e.get() <= 1 {
+                    e.remove();
+                } else {
+                    *e.get_mut() -= 1;
+                }
+            }
         }
     }
 
@@ -1304,6 +1385,31 @@ mod tests {
             (held.requests, held.prefill_blocks),
             (1, second.held.prefill_blocks as u32)
         );
+    }
+
+    #[test]
+    fn a_prefix_is_shared_while_another_request_with_it_waits_on_its_pod() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let doc = "x".repeat(6000);
+        let ask = |q: &str| chat(&[("user", &format!("{doc} {}", q.repeat(2000)))]);
+        let first = a.route(&host, &prompt(&ask("a")));
+        let b = first.decision.order[0];
+        assert!(!first.open.is_empty());
+        let second = a.route(&host, &prompt(&ask("b")));
+        assert!(
+            a.matched[b] > 0 && a.shared[b],
+            "{:?} {:?}",
+            a.matched,
+            a.shared
+        );
+        assert!(a.shared.iter().enumerate().all(|(c, &s)| c == b || !s));
+        // Both answers started: the document waits in no prefill, its next user holds it alone.
+        a.close(b, &first.open);
+        a.close(second.decision.order[0], &second.open);
+        assert!(a.open_prefixes.is_empty(), "{:?}", a.open_prefixes);
+        a.route(&host, &prompt(&ask("c")));
+        assert!(a.matched[b] > 0 && a.shared.iter().all(|&s| !s));
     }
 
     #[test]

@@ -94,6 +94,9 @@ pub struct Exchange {
     chosen: Option<usize>,
     /// What this request holds on `chosen` until released.
     held: Delta,
+    /// Its prompt's blocks marked open on `chosen` until its first response
+    /// byte, or its end ([`Router::close`]).
+    open: Vec<u64>,
     debug: Option<String>,
     response_done: bool,
     /// A predicted cache hit whose answer will carry the pod's own report.
@@ -462,6 +465,7 @@ impl Worker {
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
         ex.held = routed.held;
+        ex.open = routed.open;
         // Set only for a predicted hit whose answer will carry usage.
         ex.awaiting_report = routed
             .last_use_ms
@@ -538,9 +542,13 @@ impl Worker {
     ) {
         self.reclaim(ex);
         ex.response_done |= end_of_stream;
-        if body_size > 0 && !end_of_stream && ex.held.prefill_blocks > 0 {
+        if body_size > 0 && !end_of_stream {
             if let Some(b) = ex.chosen {
-                self.router.prefilled(b, &mut ex.held);
+                if ex.held.prefill_blocks > 0 {
+                    self.router.prefilled(b, &mut ex.held);
+                }
+                // Its prompt no longer waits on the pod: not a queue shared with it.
+                self.router.close(b, &std::mem::take(&mut ex.open));
             }
         }
         if body_size > 0 && ex.awaiting_report.is_some() {
@@ -591,6 +599,7 @@ impl Worker {
         let status: Option<u16> = host.response_status().and_then(|v| v.parse().ok());
         self.stats
             .finished(status.filter(|_| !reset).map(u32::from));
+        self.router.close(b, &std::mem::take(&mut ex.open));
         let held = std::mem::take(&mut ex.held);
         if let Err(e) = self.router.release(host, b, held) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
@@ -995,6 +1004,27 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             status: Some("200".into()),
             body: body.as_bytes().to_vec(),
         }
+    }
+
+    #[test]
+    fn a_prompt_waits_on_its_pod_until_its_first_response_byte() {
+        let host = MemoryHost::default();
+        let mut w = worker(&host);
+        let body = chat_body(&"q".repeat(3000));
+        let mut first = send(&mut w, &host, &chat_headers(), &body);
+        let mut second = send(&mut w, &host, &chat_headers(), &body);
+        assert!(!first.open.is_empty() && !second.open.is_empty());
+        assert!(w.router.waiting_marks() > 0);
+        // The first answer streams: its prompt no longer waits, the second's does.
+        host.exchange.borrow_mut().status = Some("200".into());
+        w.on_response_headers(&host, &mut first, false);
+        w.on_response_body(&host, &mut first, 10, false);
+        assert!(first.open.is_empty());
+        assert!(w.router.waiting_marks() > 0);
+        // The second ends without a byte of body (an error, a reset): its end clears it.
+        w.on_log(&host, &mut second);
+        w.on_log(&host, &mut first);
+        assert_eq!(w.router.waiting_marks(), 0);
     }
 
     #[test]
