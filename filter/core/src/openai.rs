@@ -316,8 +316,9 @@ pub fn prompt_key(
     }
 }
 
-/// `Common`'s field `i` (model, cache_salt, the output limit, stream,
-/// stream_options: the first five names of every endpoint's list).
+/// `Common`'s field `i`: model, cache_salt and the output limit are the first
+/// three names of every endpoint's list; Chat's and Completions' go on with
+/// stream and stream_options.
 fn common<'a>(c: &mut Common<'a>, r: &mut Reader<'a>, i: usize) -> Result<(), ParseError> {
     match i {
         0 => c.model = optional_string(r)?,
@@ -550,6 +551,22 @@ mod tests {
             r"\udc00",
         ] {
             assert_eq!(key(lone), Err(ParseError::NotJson), "{lone}");
+        }
+    }
+
+    #[test]
+    fn a_lone_surrogate_routes_where_it_is_not_text() {
+        // In a content part (raw JSON) or a field nobody reads: the key, as serde reads it.
+        for body in [
+            r#"{"messages":[{"role":"user","content":[{"type":"text","text":"\ud83d"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":"hi","name":"\udc00"}]}"#,
+        ] {
+            let key = prompt_key(Endpoint::Chat, body.as_bytes(), 16, 64);
+            assert!(key.is_ok(), "{body}");
+            assert_eq!(
+                key,
+                reference::prompt_key(Endpoint::Chat, body.as_bytes(), 16, 64)
+            );
         }
     }
 
