@@ -66,7 +66,7 @@
 //!   that answer started; a prefix that another request still waiting for its
 //!   first token there shares (a document or few-shot block many users send,
 //!   arriving together) is not one conversation's, and its requests compete on
-//!   queues as before: held, they would all queue on the one pod that first
+//!   queues like any other prompt: held, they would all queue on the one pod that first
 //!   saw it, which is the tail the queue term is there to cut. Waiting, not
 //!   in flight: a trace replayed open-loop (or a client that does not wait
 //!   for the whole answer) sends a turn while the previous one still streams,
@@ -76,7 +76,11 @@
 //!   are the ones this worker VM routed and has not seen a response byte of
 //!   (the router keeps their prompts' index positions per pod, see
 //!   [`crate::router`]); another worker's are not seen, which only leaves the
-//!   hold in place. A prefix on two or more pods is shared (or a conversation
+//!   hold in place. "Shares" is checked at the last index-sampled position
+//!   within the pod's match (one probe). A request stops waiting at its first
+//!   response byte, or, answered in one piece (not streamed), at its end; a
+//!   request retried on a fallback pod keeps its marks on the pod it was sent
+//!   to first. A prefix on two or more pods is shared (or a conversation
 //!   already moved): its copies compete on their queues too.
 //!   Conversation trace, 4 paired rounds: hit rate 0.93-0.98x the
 //!   single-replica reference (median 0.97x) against 0.86-0.94x without the
@@ -260,8 +264,8 @@ pub struct RequestKey<'a> {
     /// Leading blocks an earlier turn of the conversation sent (all but the last message).
     pub history_blocks: u32,
     /// Per backend: another request this gateway worker sent there still waits
-    /// for its first token and shares the prompt up to that backend's match
-    /// (missing: none does).
+    /// for its first token and shares the prompt up to the last index-sampled
+    /// position within that backend's match (missing: none does).
     pub shared: &'a [bool],
     /// Hash of the session header, if any.
     pub session: Option<u64>,
@@ -893,7 +897,7 @@ mod tests {
     fn one_pods_prefix_a_conversation_or_a_costly_copy_is_not_replicated() {
         let l = loads(&[4.0, 3.0, 0.0]);
         // One copy: nothing says many requests share it (one conversation, or a prefix
-        // used a few times): it stays within the warm floor, as before.
+        // used a few times): it stays within the warm floor.
         let one = shared(&[1]);
         let d = pick(Strategy::CacheAware, &l, shared_prompt(&one));
         assert_eq!((d.order[0], d.reason), (1, Reason::CacheHit));

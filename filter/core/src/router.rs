@@ -33,7 +33,7 @@ use crate::feedback::{Report, TokenRatio};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
-use crate::index::{kept_positions, sampled_at_or_before, Index};
+use crate::index::{sampled_at_or_before, Index};
 use crate::index_log::Kind;
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
@@ -88,6 +88,10 @@ pub struct Routed {
     pub open: Vec<u64>,
 }
 
+/// Most (backend, position) marks of waiting prompts a VM keeps
+/// ([`Router::open`]): ~130k, a few MB, thousands of waiting requests.
+const MAX_OPEN_MARKS: usize = 1 << 17;
+
 /// Per-VM routing state.
 pub struct Router {
     cfg: Config,
@@ -111,7 +115,8 @@ pub struct Router {
     requests: u64,
     matched: Vec<u32>,
     /// Per backend, for the request being decided: another request this VM sent
-    /// there waits for its first token and shares its prompt up to that backend's match.
+    /// there waits for its first token and shares its prompt up to the last
+    /// index-sampled position within that backend's match.
     shared: Vec<bool>,
     /// (backend, block hash at an index-kept position) of the prompts this VM
     /// routed and has seen no response byte of, with how many such requests
@@ -818,13 +823,24 @@ impl Router {
         }));
     }
 
-    /// Marks `chain`'s kept positions waiting on `backend` (`cache_aware` only);
-    /// returns them for [`Router::close`].
+    /// Marks `chain`'s sampled positions (those [`Router::note_shared`] probes)
+    /// waiting on `backend` (`cache_aware` only); returns them for [`Router::close`].
     fn open(&mut self, chain: &[u64], backend: usize) -> Vec<u64> {
         if self.cfg.strategy != Strategy::CacheAware {
             return Vec::new();
         }
-        let kept: Vec<u64> = kept_positions(chain.len()).map(|i| chain[i]).collect();
+        // Every exchange closes its marks when it ends; the cap only bounds the
+        // map if that ever fails. Dropping the marks lets the sole holder's hold
+        // apply to prefixes still waiting: the rule without its guard, not a fault.
+        if self.open_prefixes.len() >= MAX_OPEN_MARKS {
+            self.open_prefixes = HashMap::new();
+        }
+        let kept: Vec<u64> = chain
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| sampled_at_or_before(i) == i)
+            .map(|(_, &h)| h)
+            .collect();
         for &h in &kept {
             let n = self.open_prefixes.entry((backend, h)).or_insert(0);
             *n = n.saturating_add(1);
@@ -1410,6 +1426,17 @@ mod tests {
         assert!(a.open_prefixes.is_empty(), "{:?}", a.open_prefixes);
         a.route(&host, &prompt(&ask("c")));
         assert!(a.matched[b] > 0 && a.shared.iter().all(|&s| !s));
+    }
+
+    #[test]
+    fn waiting_marks_stay_bounded() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        a.open_prefixes
+            .extend((0..MAX_OPEN_MARKS as u64).map(|h| ((0, h), 1)));
+        let routed = a.route(&host, &prompt(&chat(&[("user", &"x".repeat(3000))])));
+        assert_eq!(a.waiting_marks(), routed.open.len());
+        assert!(!routed.open.is_empty());
     }
 
     #[test]
