@@ -20,15 +20,9 @@ import tempfile
 from pathlib import Path
 
 import independent
+from pair import figure
 
 FIGURES = [("hit_rate",), ("ttft_ms", "mean"), ("ttft_ms", "p95"), ("ttft_ms", "p99")]
-
-
-def figure(row: dict, path: tuple[str, ...]):
-    v = row
-    for k in path:
-        v = (v or {}).get(k)
-    return v
 
 
 def main() -> int:

@@ -252,6 +252,12 @@ impl<'a> Reader<'a> {
     /// The next key of the object (its value follows), or `None` at its end.
     /// `first` is whether no key was read yet.
     pub fn key(&mut self, first: bool) -> Result<Option<Str<'a>>, Syntax> {
+        self.next_key(first, true)
+    }
+
+    /// [`Reader::key`]; `decoded`: whether the key will be decoded (see
+    /// [`Reader::scan_string`]; the keys of a skipped object are not).
+    fn next_key(&mut self, first: bool, decoded: bool) -> Result<Option<Str<'a>>, Syntax> {
         if self.peek() == Some(b'}') {
             self.pos += 1;
             self.depth = self.depth.saturating_sub(1);
@@ -260,24 +266,9 @@ impl<'a> Reader<'a> {
         if !first {
             self.eat(b',')?;
         }
-        let k = self.string()?;
+        let k = self.scan_string(decoded)?;
         self.eat(b':')?;
         Ok(Some(k))
-    }
-
-    /// [`Reader::key`] of an object being skipped: its keys are not decoded.
-    fn skipped_key(&mut self, first: bool) -> Result<bool, Syntax> {
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            self.depth = self.depth.saturating_sub(1);
-            return Ok(false);
-        }
-        if !first {
-            self.eat(b',')?;
-        }
-        self.scan_string(false)?;
-        self.eat(b':')?;
-        Ok(true)
     }
 
     /// Starts an array; then call [`Reader::element`] until it returns false.
@@ -348,7 +339,7 @@ impl<'a> Reader<'a> {
             b'{' => {
                 self.enter(b'{')?;
                 let mut first = true;
-                while self.skipped_key(first)? {
+                while self.next_key(first, false)?.is_some() {
                     self.value()?;
                     first = false;
                 }
