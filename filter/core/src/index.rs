@@ -125,14 +125,6 @@ pub fn kept_positions(len: usize) -> impl Iterator<Item = usize> + Clone {
     (0..len).filter(move |&i| kept(i, last))
 }
 
-/// The last sampled position at or before `i`: where two chains that agree up
-/// to `i` both have an entry, whatever their lengths.
-pub fn sampled_at_or_before(i: usize) -> usize {
-    // Within [2^k, 2^(k+1)) the stride is constant; rounding down may land on
-    // 2^k − 1, the last position of the range before, which is sampled too.
-    ((i + 1) / stride(i) * stride(i)).saturating_sub(1)
-}
-
 /// Blocks an entry at position `i` counts against capacity: a sampled one
 /// its stride, a prompt's last block off the sample one (see "Sampled positions").
 fn span(i: usize) -> u32 {
@@ -509,14 +501,6 @@ mod tests {
             assert!(n - (upto + 1) < stride(n - 1), "{n}");
         }
         assert_eq!((0..512).filter(|&i| sampled(i)).count(), 32 + 16 * 4);
-    }
-
-    #[test]
-    fn the_last_sample_at_or_before_a_position() {
-        for i in 0..5000 {
-            let j = (0..=i).rev().find(|&j| sampled(j)).unwrap_or(0);
-            assert_eq!(sampled_at_or_before(i), j, "{i}");
-        }
     }
 
     #[test]

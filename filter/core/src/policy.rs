@@ -74,12 +74,12 @@
 //!   continuations in a conversation run had their previous turn still
 //!   streaming; none still waiting for its first token). The waiting requests
 //!   are the ones this worker VM routed and has not seen a response byte of
-//!   (the router keeps their prompts' index positions per pod, see
+//!   (the router keeps their prompts' block hashes per pod, see
 //!   [`crate::router`]); another worker's are not seen, which only leaves the
-//!   hold in place. "Shares" is checked at the last index-sampled position
-//!   within the pod's match (one probe). A request stops waiting at its first
-//!   response byte, or, answered in one piece (not streamed), at its end; a
-//!   request retried on a fallback pod keeps its marks on the pod it was sent
+//!   hold in place. "Shares" is checked at the last block of the pod's match
+//!   (one comparison per prompt waiting there). A request stops waiting at its
+//!   first response byte, or, answered in one piece (not streamed), at its end;
+//!   a request retried on a fallback pod stays waiting on the pod it was sent
 //!   to first. A prefix on two or more pods is shared (or a conversation
 //!   already moved): its copies compete on their queues too.
 //!   Conversation trace, 4 paired rounds: hit rate 0.93-0.98x the
@@ -264,8 +264,8 @@ pub struct RequestKey<'a> {
     /// Leading blocks an earlier turn of the conversation sent (all but the last message).
     pub history_blocks: u32,
     /// Per backend: another request this gateway worker sent there still waits
-    /// for its first token and shares the prompt up to the last index-sampled
-    /// position within that backend's match (missing: none does).
+    /// for its first token and shares the prompt up to the last block of that
+    /// backend's match (missing: none does).
     pub shared: &'a [bool],
     /// Hash of the session header, if any.
     pub session: Option<u64>,

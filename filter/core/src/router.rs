@@ -25,15 +25,12 @@
 //! backend is in rotation when Envoy would route to it (a discovered pool's
 //! endpoint health, [`crate::membership`]) and neither view keeps it out.
 
-use hashbrown::hash_map::Entry;
-use hashbrown::HashMap;
-
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
 use crate::feedback::{Report, TokenRatio};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
-use crate::index::{sampled_at_or_before, Index};
+use crate::index::Index;
 use crate::index_log::Kind;
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
@@ -83,14 +80,27 @@ pub struct Routed {
     /// When the chosen pod last used the deepest block of its match, before
     /// this request (for its cache report to check, [`crate::feedback`]).
     pub last_use_ms: Option<u64>,
-    /// The prompt's block hashes this request marks waiting on the primary
-    /// until its first response byte or its end ([`Router::close`]).
-    pub open: Vec<u64>,
+    /// The request's prompt waits on the primary until its first response byte
+    /// or its end ([`Router::close`]); `None`: nothing kept (not `cache_aware`, no prompt).
+    pub waiting: Option<Ticket>,
 }
 
-/// Most (backend, position) marks of waiting prompts a VM keeps
-/// ([`Router::open`]): ~130k, a few MB, thousands of waiting requests.
-const MAX_OPEN_MARKS: usize = 1 << 17;
+/// A routed prompt kept as waiting on its pod ([`Router::wait`], [`Router::close`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    backend: usize,
+    id: u64,
+}
+
+/// A prompt this VM routed to a pod and has seen no response byte of.
+struct Waiting {
+    id: u64,
+    chain: Vec<u64>,
+}
+
+/// Most block hashes the waiting prompts a VM keeps hold in all ([`Router::wait`]):
+/// 1 MB, e.g. 256 waiting 128 KB prompts or thousands of chat turns.
+const MAX_WAITING_BLOCKS: usize = 1 << 17;
 
 /// Per-VM routing state.
 pub struct Router {
@@ -116,13 +126,19 @@ pub struct Router {
     matched: Vec<u32>,
     /// Per backend, for the request being decided: another request this VM sent
     /// there waits for its first token and shares its prompt up to the last
-    /// index-sampled position within that backend's match.
+    /// block of that backend's match.
     shared: Vec<bool>,
-    /// (backend, block hash at an index-kept position) of the prompts this VM
-    /// routed and has seen no response byte of, with how many such requests
-    /// (`cache_aware` only): whether a matched prefix waits in another
+    /// Per backend, the prompts this VM routed there and has seen no response
+    /// byte of (`cache_aware` only): whether a matched prefix waits in another
     /// request's prefill on its pod (see [`crate::policy`], the sole holder).
-    open_prefixes: HashMap<(usize, u64), u32>,
+    /// A list, not a map of hashes: the decision probes one position per
+    /// matching pod against the few prompts waiting there, where a map would
+    /// take an insert and a removal per prompt block for every request.
+    waiting: Vec<Vec<Waiting>>,
+    /// Block hashes `waiting` holds in all.
+    waiting_blocks: usize,
+    /// The next [`Ticket`]'s id.
+    tickets: u64,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
     /// How the requests this VM routed ended, per backend.
@@ -272,7 +288,9 @@ impl Router {
             requests: 0,
             matched: Vec::with_capacity(n),
             shared: Vec::with_capacity(n),
-            open_prefixes: HashMap::new(),
+            waiting: Vec::new(),
+            waiting_blocks: 0,
+            tickets: 0,
             health: Vec::new(),
             passive: Passive::new(n),
             unreleased: vec![Delta::default(); n],
@@ -684,12 +702,7 @@ impl Router {
             Some(key) => {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
-                Self::note_shared(
-                    &mut self.shared,
-                    &self.matched,
-                    &self.open_prefixes,
-                    &key.blocks,
-                );
+                Self::note_shared(&mut self.shared, &self.matched, &self.waiting, &key.blocks);
                 self.split.lap(host, Step::Match);
                 let rk = RequestKey {
                     anchor: key.anchor,
@@ -755,7 +768,7 @@ impl Router {
                 log_gap: seen.log_gap,
                 unknown_model: false,
                 last_use_ms: None,
-                open: Vec::new(),
+                waiting: None,
             };
         };
         let held = Delta {
@@ -770,7 +783,7 @@ impl Router {
             // and, after a spillover, replicates a hot prefix to the new pod.
             self.index.record(chain, primary, seen.now);
         }
-        let open = self.open(chain, primary);
+        let waiting = self.wait(chain, primary);
         self.split.lap(host, Step::Record);
         self.open_requests = self.open_requests.saturating_add(1);
         if let Some(d) = self.unreleased.get_mut(primary) {
@@ -798,73 +811,76 @@ impl Router {
             log_gap: seen.log_gap,
             unknown_model: false,
             last_use_ms: None,
-            open,
+            waiting,
         }
     }
 
     /// Which backends another waiting request shares this prompt with, up to
-    /// each one's match: one probe per matching backend, at the last position
-    /// both prompts' chains have an entry for.
+    /// each one's match: one comparison per prompt waiting on a matching backend,
+    /// at the match's last block.
     fn note_shared(
         shared: &mut Vec<bool>,
         matched: &[u32],
-        open: &HashMap<(usize, u64), u32>,
+        waiting: &[Vec<Waiting>],
         chain: &[u64],
     ) {
         shared.clear();
-        if open.is_empty() {
+        if waiting.iter().all(Vec::is_empty) {
             return;
         }
         shared.extend(matched.iter().enumerate().map(|(b, &m)| {
-            m > 0
-                && chain
-                    .get(sampled_at_or_before(m as usize - 1))
-                    .is_some_and(|&h| open.contains_key(&(b, h)))
+            let Some(i) = (m as usize).checked_sub(1) else {
+                return false;
+            };
+            let (Some(h), Some(list)) = (chain.get(i), waiting.get(b)) else {
+                return false;
+            };
+            list.iter().any(|w| w.chain.get(i) == Some(h))
         }));
     }
 
-    /// Marks `chain`'s sampled positions (those [`Router::note_shared`] probes)
-    /// waiting on `backend` (`cache_aware` only); returns them for [`Router::close`].
-    fn open(&mut self, chain: &[u64], backend: usize) -> Vec<u64> {
-        if self.cfg.strategy != Strategy::CacheAware {
-            return Vec::new();
+    /// Keeps `chain` as waiting on `backend` (`cache_aware` only), for
+    /// [`Router::note_shared`] until [`Router::close`].
+    fn wait(&mut self, chain: &[u64], backend: usize) -> Option<Ticket> {
+        if self.cfg.strategy != Strategy::CacheAware || chain.is_empty() {
+            return None;
         }
-        // Every exchange closes its marks when it ends; the cap only bounds the
-        // map if that ever fails. Dropping the marks lets the sole holder's hold
+        // Every exchange closes its ticket when it ends; the cap only bounds the
+        // lists if that ever fails. Dropping them lets the sole holder's hold
         // apply to prefixes still waiting: the rule without its guard, not a fault.
-        if self.open_prefixes.len() >= MAX_OPEN_MARKS {
-            self.open_prefixes = HashMap::new();
+        if self.waiting_blocks + chain.len() > MAX_WAITING_BLOCKS {
+            self.waiting.iter_mut().for_each(Vec::clear);
+            self.waiting_blocks = 0;
         }
-        let kept: Vec<u64> = chain
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| sampled_at_or_before(i) == i)
-            .map(|(_, &h)| h)
-            .collect();
-        for &h in &kept {
-            let n = self.open_prefixes.entry((backend, h)).or_insert(0);
-            *n = n.saturating_add(1);
+        if self.waiting.len() <= backend {
+            self.waiting.resize_with(backend + 1, Vec::new);
         }
-        kept
+        self.tickets = self.tickets.wrapping_add(1);
+        let id = self.tickets;
+        self.waiting[backend].push(Waiting {
+            id,
+            chain: chain.to_vec(),
+        });
+        self.waiting_blocks += chain.len();
+        Some(Ticket { backend, id })
     }
 
-    /// How many (backend, position) marks waiting requests hold (tests).
+    /// How many prompts wait on their pods (tests).
     #[cfg(test)]
-    pub(crate) fn waiting_marks(&self) -> usize {
-        self.open_prefixes.len()
+    pub(crate) fn waiting_prompts(&self) -> usize {
+        self.waiting.iter().map(Vec::len).sum()
     }
 
-    /// A request routed to `backend` got its first response byte (or ended):
-    /// its prompt no longer waits there. Idempotent for an emptied `open`.
-    pub fn close(&mut self, backend: usize, open: &[u64]) {
-        for &h in open {
-            if let Entry::Occupied(mut e) = self.open_prefixes.entry((backend, h)) {
-                if *e.get() <= 1 {
-                    e.remove();
-                } else {
-                    *e.get_mut() -= 1;
-                }
-            }
+    /// A routed request got its first response byte (or ended): its prompt no
+    /// longer waits on its pod. A ticket already closed (or dropped by the cap)
+    /// changes nothing.
+    pub fn close(&mut self, ticket: Ticket) {
+        let Some(list) = self.waiting.get_mut(ticket.backend) else {
+            return;
+        };
+        if let Some(i) = list.iter().position(|w| w.id == ticket.id) {
+            let w = list.swap_remove(i);
+            self.waiting_blocks -= w.chain.len();
         }
     }
 
@@ -1411,7 +1427,6 @@ mod tests {
         let ask = |q: &str| chat(&[("user", &format!("{doc} {}", q.repeat(2000)))]);
         let first = a.route(&host, &prompt(&ask("a")));
         let b = first.decision.order[0];
-        assert!(!first.open.is_empty());
         let second = a.route(&host, &prompt(&ask("b")));
         assert!(
             a.matched[b] > 0 && a.shared[b],
@@ -1421,22 +1436,52 @@ mod tests {
         );
         assert!(a.shared.iter().enumerate().all(|(c, &s)| c == b || !s));
         // Both answers started: the document waits in no prefill, its next user holds it alone.
-        a.close(b, &first.open);
-        a.close(second.decision.order[0], &second.open);
-        assert!(a.open_prefixes.is_empty(), "{:?}", a.open_prefixes);
+        a.close(first.waiting.unwrap());
+        a.close(second.waiting.unwrap());
+        assert_eq!((a.waiting_prompts(), a.waiting_blocks), (0, 0));
         a.route(&host, &prompt(&ask("c")));
         assert!(a.matched[b] > 0 && a.shared.iter().all(|&s| !s));
     }
 
     #[test]
-    fn waiting_marks_stay_bounded() {
+    fn a_waiting_prompt_shares_only_what_it_holds_up_to_the_match() {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("cache_aware"), &host);
-        a.open_prefixes
-            .extend((0..MAX_OPEN_MARKS as u64).map(|h| ((0, h), 1)));
-        let routed = a.route(&host, &prompt(&chat(&[("user", &"x".repeat(3000))])));
-        assert_eq!(a.waiting_marks(), routed.open.len());
-        assert!(!routed.open.is_empty());
+        let head = "x".repeat(6000);
+        // Another conversation with the same opening waits on the pod: it
+        // shares the opening, not this conversation's earlier turn.
+        let turn = format!("{head} {}", "one ".repeat(300));
+        let first = a.route(&host, &prompt(&chat(&[("user", &turn)])));
+        let b = first.decision.order[0];
+        a.close(first.waiting.unwrap());
+        let other = chat(&[("user", &format!("{head} {}", "two ".repeat(1500)))]);
+        a.route(&host, &prompt(&other));
+        let next = chat(&[
+            ("user", &turn),
+            ("assistant", &"an answer ".repeat(800)),
+            ("user", "and then?"),
+        ]);
+        a.route(&host, &prompt(&next));
+        let head_blocks = head.len() / cfg("cache_aware").block_bytes;
+        assert!(a.matched[b] as usize > head_blocks + 1, "{:?}", a.matched);
+        assert!(!a.shared[b], "{:?} {:?}", a.matched, a.shared);
+    }
+
+    #[test]
+    fn waiting_prompts_stay_bounded() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let body = chat(&[("user", &"x".repeat(3000))]);
+        let first = a.route(&host, &prompt(&body)).waiting.unwrap();
+        a.waiting_blocks = MAX_WAITING_BLOCKS;
+        let second = a.route(&host, &prompt(&body)).waiting.unwrap();
+        assert_eq!(a.waiting_prompts(), 1);
+        assert!(a.waiting_blocks > 0 && a.waiting_blocks < MAX_WAITING_BLOCKS);
+        // The dropped ticket closes nothing; the kept one empties the lists.
+        a.close(first);
+        assert_eq!(a.waiting_prompts(), 1);
+        a.close(second);
+        assert_eq!((a.waiting_prompts(), a.waiting_blocks), (0, 0));
     }
 
     #[test]

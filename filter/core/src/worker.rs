@@ -35,7 +35,7 @@ use crate::openai::{prompt_key, Endpoint, ParseError};
 use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
 use crate::prefix::PromptKey;
-use crate::router::{Request, Router, ANCHOR_BYTES};
+use crate::router::{Request, Router, Ticket, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
 use crate::scrape::extract_with_lora;
 use crate::stats::{Fallback, Stats};
@@ -94,9 +94,9 @@ pub struct Exchange {
     chosen: Option<usize>,
     /// What this request holds on `chosen` until released.
     held: Delta,
-    /// Its prompt's blocks marked open on `chosen` until its first response
-    /// byte, or its end ([`Router::close`]).
-    open: Vec<u64>,
+    /// Its prompt waits on `chosen` until its first response byte, or its end
+    /// ([`Router::close`]).
+    waiting: Option<Ticket>,
     debug: Option<String>,
     response_done: bool,
     /// A predicted cache hit whose answer will carry the pod's own report.
@@ -465,7 +465,7 @@ impl Worker {
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
         ex.held = routed.held;
-        ex.open = routed.open;
+        ex.waiting = routed.waiting;
         // Set only for a predicted hit whose answer will carry usage.
         ex.awaiting_report = routed
             .last_use_ms
@@ -548,7 +548,9 @@ impl Worker {
                     self.router.prefilled(b, &mut ex.held);
                 }
                 // Its prompt no longer waits on the pod: not a queue shared with it.
-                self.router.close(b, &std::mem::take(&mut ex.open));
+                if let Some(t) = ex.waiting.take() {
+                    self.router.close(t);
+                }
             }
         }
         if body_size > 0 && ex.awaiting_report.is_some() {
@@ -599,7 +601,9 @@ impl Worker {
         let status: Option<u16> = host.response_status().and_then(|v| v.parse().ok());
         self.stats
             .finished(status.filter(|_| !reset).map(u32::from));
-        self.router.close(b, &std::mem::take(&mut ex.open));
+        if let Some(t) = ex.waiting.take() {
+            self.router.close(t);
+        }
         let held = std::mem::take(&mut ex.held);
         if let Err(e) = self.router.release(host, b, held) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
@@ -1013,18 +1017,18 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         let body = chat_body(&"q".repeat(3000));
         let mut first = send(&mut w, &host, &chat_headers(), &body);
         let mut second = send(&mut w, &host, &chat_headers(), &body);
-        assert!(!first.open.is_empty() && !second.open.is_empty());
-        assert!(w.router.waiting_marks() > 0);
+        assert!(first.waiting.is_some() && second.waiting.is_some());
+        assert_eq!(w.router.waiting_prompts(), 2);
         // The first answer streams: its prompt no longer waits, the second's does.
         host.exchange.borrow_mut().status = Some("200".into());
         w.on_response_headers(&host, &mut first, false);
         w.on_response_body(&host, &mut first, 10, false);
-        assert!(first.open.is_empty());
-        assert!(w.router.waiting_marks() > 0);
+        assert!(first.waiting.is_none());
+        assert_eq!(w.router.waiting_prompts(), 1);
         // The second ends without a byte of body (an error, a reset): its end clears it.
         w.on_log(&host, &mut second);
         w.on_log(&host, &mut first);
-        assert_eq!(w.router.waiting_marks(), 0);
+        assert_eq!(w.router.waiting_prompts(), 0);
     }
 
     #[test]
