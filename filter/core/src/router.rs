@@ -82,12 +82,12 @@ pub struct Routed {
     pub last_use_ms: Option<u64>,
     /// The request's prompt waits on the primary until its first response byte
     /// or its end ([`Router::close`]); `None`: nothing kept (not `cache_aware`, no prompt).
-    pub waiting: Option<Ticket>,
+    pub waiting: Option<WaitTicket>,
 }
 
 /// A routed prompt kept as waiting on its pod ([`Router::wait`], [`Router::close`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ticket {
+pub struct WaitTicket {
     backend: usize,
     id: u64,
 }
@@ -99,8 +99,10 @@ struct Waiting {
 }
 
 /// Most block hashes the waiting prompts a VM keeps hold in all ([`Router::wait`]):
-/// 1 MB, e.g. 256 waiting 128 KB prompts or thousands of chat turns.
-const MAX_WAITING_BLOCKS: usize = 1 << 17;
+/// 4 MB, e.g. 1024 waiting 128 KB prompts or tens of thousands of chat turns.
+/// Past it the oldest are dropped, and a longer prompt is not kept: the sole
+/// holder's hold then applies unguarded for those, the rule without its guard.
+const MAX_WAITING_BLOCKS: usize = 1 << 19;
 
 /// Per-VM routing state.
 pub struct Router {
@@ -131,13 +133,13 @@ pub struct Router {
     /// Per backend, the prompts this VM routed there and has seen no response
     /// byte of (`cache_aware` only): whether a matched prefix waits in another
     /// request's prefill on its pod (see [`crate::policy`], the sole holder).
-    /// A list, not a map of hashes: the decision probes one position per
-    /// matching pod against the few prompts waiting there, where a map would
-    /// take an insert and a removal per prompt block for every request.
+    /// A list, not a map of hashes: the decision probes one position per pod
+    /// matching past the head against the few prompts waiting there, where a
+    /// map took an insert and a removal per index-sampled block of every prompt.
     waiting: Vec<Vec<Waiting>>,
     /// Block hashes `waiting` holds in all.
     waiting_blocks: usize,
-    /// The next [`Ticket`]'s id.
+    /// The next [`WaitTicket`]'s id.
     tickets: u64,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
@@ -345,6 +347,7 @@ impl Router {
                 changed.push(b);
                 self.index.forget(b);
                 self.passive.forget(b);
+                self.forget_waiting(b);
                 if let Some(l) = self.lora.get_mut(b) {
                     *l = None;
                 }
@@ -702,13 +705,20 @@ impl Router {
             Some(key) => {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
-                Self::note_shared(&mut self.shared, &self.matched, &self.waiting, &key.blocks);
+                let head_blocks = (key.anchor_offset / block) as u32;
+                Self::note_shared(
+                    &mut self.shared,
+                    &self.matched,
+                    head_blocks,
+                    (self.waiting_blocks > 0).then_some(&self.waiting[..]),
+                    &key.blocks,
+                );
                 self.split.lap(host, Step::Match);
                 let rk = RequestKey {
                     anchor: key.anchor,
                     matched: &self.matched,
                     blocks: key.blocks.len() as u32,
-                    head_blocks: (key.anchor_offset / block) as u32,
+                    head_blocks,
                     continuation: key.continuation,
                     history_blocks: (key.history_bytes / block) as u32,
                     shared: &self.shared,
@@ -816,22 +826,23 @@ impl Router {
     }
 
     /// Which backends another waiting request shares this prompt with, up to
-    /// each one's match: one comparison per prompt waiting on a matching backend,
-    /// at the match's last block.
+    /// each one's match: one comparison per prompt waiting on a backend that
+    /// matches past the head (only such a pod can be the sole holder), at the
+    /// match's last block. `waiting`: `None` when no prompt waits anywhere.
     fn note_shared(
         shared: &mut Vec<bool>,
         matched: &[u32],
-        waiting: &[Vec<Waiting>],
+        head_blocks: u32,
+        waiting: Option<&[Vec<Waiting>]>,
         chain: &[u64],
     ) {
         shared.clear();
-        if waiting.iter().all(Vec::is_empty) {
-            return;
-        }
+        let Some(waiting) = waiting else { return };
         shared.extend(matched.iter().enumerate().map(|(b, &m)| {
-            let Some(i) = (m as usize).checked_sub(1) else {
+            if m <= head_blocks {
                 return false;
-            };
+            }
+            let i = m as usize - 1;
             let (Some(h), Some(list)) = (chain.get(i), waiting.get(b)) else {
                 return false;
             };
@@ -841,16 +852,17 @@ impl Router {
 
     /// Keeps `chain` as waiting on `backend` (`cache_aware` only), for
     /// [`Router::note_shared`] until [`Router::close`].
-    fn wait(&mut self, chain: &[u64], backend: usize) -> Option<Ticket> {
-        if self.cfg.strategy != Strategy::CacheAware || chain.is_empty() {
+    fn wait(&mut self, chain: &[u64], backend: usize) -> Option<WaitTicket> {
+        if self.cfg.strategy != Strategy::CacheAware
+            || chain.is_empty()
+            || chain.len() > MAX_WAITING_BLOCKS
+        {
             return None;
         }
         // Every exchange closes its ticket when it ends; the cap only bounds the
-        // lists if that ever fails. Dropping them lets the sole holder's hold
-        // apply to prefixes still waiting: the rule without its guard, not a fault.
-        if self.waiting_blocks + chain.len() > MAX_WAITING_BLOCKS {
-            self.waiting.iter_mut().for_each(Vec::clear);
-            self.waiting_blocks = 0;
+        // lists if that ever fails, or under a burst of huge prompts.
+        while self.waiting_blocks + chain.len() > MAX_WAITING_BLOCKS {
+            self.drop_oldest();
         }
         if self.waiting.len() <= backend {
             self.waiting.resize_with(backend + 1, Vec::new);
@@ -862,7 +874,33 @@ impl Router {
             chain: chain.to_vec(),
         });
         self.waiting_blocks += chain.len();
-        Some(Ticket { backend, id })
+        Some(WaitTicket { backend, id })
+    }
+
+    /// Drops the longest-kept waiting prompt (the lowest id): the likeliest
+    /// to be one whose exchange never closed it.
+    fn drop_oldest(&mut self) {
+        let oldest = self
+            .waiting
+            .iter()
+            .enumerate()
+            .flat_map(|(b, list)| list.iter().enumerate().map(move |(i, w)| (w.id, b, i)))
+            .min();
+        match oldest {
+            Some((_, b, i)) => {
+                let w = self.waiting[b].swap_remove(i);
+                self.waiting_blocks -= w.chain.len();
+            }
+            None => self.waiting_blocks = 0,
+        }
+    }
+
+    /// Forgets what waits on a slot whose pod changed: the new pod holds none of it.
+    fn forget_waiting(&mut self, backend: usize) {
+        if let Some(list) = self.waiting.get_mut(backend) {
+            self.waiting_blocks -= list.iter().map(|w| w.chain.len()).sum::<usize>();
+            list.clear();
+        }
     }
 
     /// How many prompts wait on their pods (tests).
@@ -874,7 +912,7 @@ impl Router {
     /// A routed request got its first response byte (or ended): its prompt no
     /// longer waits on its pod. A ticket already closed (or dropped by the cap)
     /// changes nothing.
-    pub fn close(&mut self, ticket: Ticket) {
+    pub fn close(&mut self, ticket: WaitTicket) {
         let Some(list) = self.waiting.get_mut(ticket.backend) else {
             return;
         };
@@ -1444,27 +1482,36 @@ mod tests {
     }
 
     #[test]
-    fn a_waiting_prompt_shares_only_what_it_holds_up_to_the_match() {
-        let host = MemoryHost::default();
-        let mut a = Router::new(cfg("cache_aware"), &host);
-        let head = "x".repeat(6000);
-        // Another conversation with the same opening waits on the pod: it
-        // shares the opening, not this conversation's earlier turn.
-        let turn = format!("{head} {}", "one ".repeat(300));
-        let first = a.route(&host, &prompt(&chat(&[("user", &turn)])));
-        let b = first.decision.order[0];
-        a.close(first.waiting.unwrap());
-        let other = chat(&[("user", &format!("{head} {}", "two ".repeat(1500)))]);
-        a.route(&host, &prompt(&other));
-        let next = chat(&[
-            ("user", &turn),
-            ("assistant", &"an answer ".repeat(800)),
-            ("user", "and then?"),
-        ]);
-        a.route(&host, &prompt(&next));
-        let head_blocks = head.len() / cfg("cache_aware").block_bytes;
-        assert!(a.matched[b] as usize > head_blocks + 1, "{:?}", a.matched);
-        assert!(!a.shared[b], "{:?} {:?}", a.matched, a.shared);
+    fn a_waiting_prompt_is_shared_up_to_the_last_block_of_the_match() {
+        let chain: Vec<u64> = (0..100).collect();
+        // Another prompt waits on backend 0: the same up to block 91 (an index-sampled
+        // position), then its own; backend 1's waiting prompt parts at block 40.
+        let mut other: Vec<u64> = (0..92).collect();
+        other.extend(1000..1010);
+        let waiting = [
+            vec![Waiting {
+                id: 1,
+                chain: other,
+            }],
+            vec![Waiting {
+                id: 2,
+                chain: (0..40).collect(),
+            }],
+        ];
+        let mut shared = Vec::new();
+        let probe = |shared: &mut Vec<bool>, matched: &[u32], head: u32| {
+            Router::note_shared(shared, matched, head, Some(&waiting[..]), &chain);
+        };
+        probe(&mut shared, &[92, 40, 0], 8);
+        assert_eq!(shared, [true, true, false]);
+        // Past block 91 this prompt's match is its own, not the waiting one's.
+        probe(&mut shared, &[95, 41, 0], 8);
+        assert_eq!(shared, [false, false, false]);
+        // A match within the head makes no pod the sole holder: nothing is probed.
+        probe(&mut shared, &[92, 40, 0], 40);
+        assert_eq!(shared, [true, false, false]);
+        Router::note_shared(&mut shared, &[92, 40, 0], 8, None, &chain);
+        assert!(shared.is_empty());
     }
 
     #[test]
@@ -1473,11 +1520,15 @@ mod tests {
         let mut a = Router::new(cfg("cache_aware"), &host);
         let body = chat(&[("user", &"x".repeat(3000))]);
         let first = a.route(&host, &prompt(&body)).waiting.unwrap();
-        a.waiting_blocks = MAX_WAITING_BLOCKS;
+        let n = a.waiting_blocks;
+        a.waiting_blocks = MAX_WAITING_BLOCKS - n + 1;
         let second = a.route(&host, &prompt(&body)).waiting.unwrap();
-        assert_eq!(a.waiting_prompts(), 1);
-        assert!(a.waiting_blocks > 0 && a.waiting_blocks < MAX_WAITING_BLOCKS);
-        // The dropped ticket closes nothing; the kept one empties the lists.
+        // The oldest made room; its ticket closes nothing, the kept one empties the lists.
+        assert_eq!(
+            (a.waiting_prompts(), a.waiting_blocks),
+            (1, MAX_WAITING_BLOCKS - n + 1)
+        );
+        a.waiting_blocks = n;
         a.close(first);
         assert_eq!(a.waiting_prompts(), 1);
         a.close(second);

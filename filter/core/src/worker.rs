@@ -35,7 +35,7 @@ use crate::openai::{prompt_key, Endpoint, ParseError};
 use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
 use crate::prefix::PromptKey;
-use crate::router::{Request, Router, Ticket, ANCHOR_BYTES};
+use crate::router::{Request, Router, WaitTicket, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
 use crate::scrape::extract_with_lora;
 use crate::stats::{Fallback, Stats};
@@ -96,7 +96,7 @@ pub struct Exchange {
     held: Delta,
     /// Its prompt waits on `chosen` until its first response byte, or its end
     /// ([`Router::close`]).
-    waiting: Option<Ticket>,
+    waiting: Option<WaitTicket>,
     debug: Option<String>,
     response_done: bool,
     /// A predicted cache hit whose answer will carry the pod's own report.
