@@ -95,11 +95,11 @@ class Bench:
               f"  err {row['errors']}  client cpu {row['client_cpu_util']:.2f}  ({time.time() - t0:.0f}s)", flush=True)
         return row
 
-    def reference(self, workload: str) -> dict:
+    def reference(self, workload: str, rerun: int = 0) -> dict:
         """One replica with the fleet's total KV capacity (and compute: 3x time scale)."""
         _, cap = self.wl(workload)
         return self.quality(workload, "reference", replicas=1, capacity=3 * cap, scale=3 * TIME_SCALE,
-                            label="reference_1_replica_3x")
+                            label="reference_1_replica_3x", rerun=rerun)
 
     def workload_section(self, workload: str) -> None:
         print(f"== {workload}", flush=True)
@@ -143,7 +143,10 @@ class Bench:
             while len(self.reruns) < i:
                 self.reruns.append([])
             for workload, router, gateways in RERUN_PAIRS:
-                self.quality(workload, router, gateways=gateways, rerun=i)
+                if router == "reference_1_replica_3x":
+                    self.reference(workload, rerun=i)
+                else:
+                    self.quality(workload, router, gateways=gateways, rerun=i)
 
     def eviction(self, rounds: int = EVICTION_ROUNDS) -> None:
         """cache_aware with and without the pods' cache reports, on a fleet that evicts all

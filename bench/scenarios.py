@@ -121,7 +121,8 @@ EVICTION_GATEWAYS = 3
 
 
 # The pairs behind the targets nearest their limits, re-run by the `reruns` section.
-RERUN_PAIRS = [("conversation", "envoy_round_robin", 1), ("conversation", "warmroute_cache_aware", 1),
+RERUN_PAIRS = [("conversation", "reference_1_replica_3x", 1),
+               ("conversation", "envoy_round_robin", 1), ("conversation", "warmroute_cache_aware", 1),
                ("uniform", "envoy_least_request", 1), ("uniform", "warmroute_cache_aware", 1),
                ("agent", "warmroute_cache_aware", 1), ("agent", "warmroute_cache_aware", 3),
                ("conversation", "warmroute_cache_aware", 3),
