@@ -1485,7 +1485,7 @@ mod tests {
     fn a_waiting_prompt_is_shared_up_to_the_last_block_of_the_match() {
         let chain: Vec<u64> = (0..100).collect();
         // Another prompt waits on backend 0: the same up to block 91 (an index-sampled
-        // position), then its own; backend 1's waiting prompt parts at block 40.
+        // position), then its own; backend 1's waiting prompt ends after block 39.
         let mut other: Vec<u64> = (0..92).collect();
         other.extend(1000..1010);
         let waiting = [
