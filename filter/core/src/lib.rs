@@ -29,6 +29,7 @@
 //! | [`work`] | work in flight per pod, in typical requests |
 //! | [`models`] | which pods may serve a request's model; LoRA adapter tiers |
 //! | [`feedback`] | a pod's own cache report against the index's prediction |
+//! | [`waiting`] | the prompts waiting for their first token per pod (the sole holder's guard) |
 //! | [`gate`] | priority classes and deadlines: the held-request queue shared by every VM, its release order |
 //! | [`policy`] | the six strategies |
 //! | [`router`] | one VM's routing: observe the fleet, decide, commit |
@@ -65,5 +66,6 @@ pub mod steering;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod waiting;
 pub mod work;
 pub mod worker;

@@ -74,8 +74,8 @@
 //!   continuations in a conversation run had their previous turn still
 //!   streaming; none still waiting for its first token). The waiting requests
 //!   are the ones this worker VM routed and has not seen a response byte of
-//!   (the router keeps their prompts' block hashes per pod, see
-//!   [`crate::router`]); another worker's are not seen, which only leaves the
+//!   (their prompts' block hashes are kept per pod, see
+//!   [`crate::waiting`]); another worker's are not seen, which only leaves the
 //!   hold in place. "Shares" is checked at the last block of the pod's match
 //!   (one comparison per prompt waiting there). A request stops waiting at its
 //!   first response byte, or, answered in one piece (not streamed), at its end;
@@ -190,9 +190,9 @@
 //! fallbacks are a selection of the first few, not a second sort. Every
 //! healthy pod is weighed, matching or not: bounded load and placement need
 //! the whole set. About 7 µs at 256 pods, 25 µs at 1024 natively (`bench/decision`).
-//! The sole holder's guard costs one probe per matching backend, and the
-//! router one map insert and removal per index-kept position of each routed
-//! prompt (~100 for a 128 KB prompt, as many as the index records).
+//! The sole holder's guard costs one comparison per prompt waiting on a pod
+//! that matches past the head, and one copy of each routed prompt's chain
+//! ([`crate::waiting`]).
 
 use crate::config::{PolicyConfig, Strategy};
 use crate::hash::{rendezvous, rendezvous_top};

@@ -41,6 +41,7 @@ use crate::phases::{Split, Step};
 use crate::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::prefix::PromptKey;
 use crate::store::{Keys, Store, Writer};
+use crate::waiting::{WaitTicket, Waiting};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
@@ -85,25 +86,6 @@ pub struct Routed {
     pub waiting: Option<WaitTicket>,
 }
 
-/// A routed prompt kept as waiting on its pod ([`Router::wait`], [`Router::close`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitTicket {
-    backend: usize,
-    id: u64,
-}
-
-/// A prompt this VM routed to a pod and has seen no response byte of.
-struct Waiting {
-    id: u64,
-    chain: Vec<u64>,
-}
-
-/// Most block hashes the waiting prompts a VM keeps hold in all ([`Router::wait`]):
-/// 4 MB, e.g. 1024 waiting 128 KB prompts or tens of thousands of chat turns.
-/// Past it the oldest are dropped, and a longer prompt is not kept: the sole
-/// holder's hold then applies unguarded for those, the rule without its guard.
-const MAX_WAITING_BLOCKS: usize = 1 << 19;
-
 /// Per-VM routing state.
 pub struct Router {
     cfg: Config,
@@ -130,17 +112,9 @@ pub struct Router {
     /// there waits for its first token and shares its prompt up to the last
     /// block of that backend's match.
     shared: Vec<bool>,
-    /// Per backend, the prompts this VM routed there and has seen no response
-    /// byte of (`cache_aware` only): whether a matched prefix waits in another
-    /// request's prefill on its pod (see [`crate::policy`], the sole holder).
-    /// A list, not a map of hashes: the decision probes one position per pod
-    /// matching past the head against the few prompts waiting there, where a
-    /// map took an insert and a removal per index-sampled block of every prompt.
-    waiting: Vec<Vec<Waiting>>,
-    /// Block hashes `waiting` holds in all.
-    waiting_blocks: usize,
-    /// The next [`WaitTicket`]'s id.
-    tickets: u64,
+    /// The prompts this VM routed and has seen no response byte of, per pod
+    /// (`cache_aware` only): the sole holder's guard ([`crate::waiting`]).
+    waiting: Waiting,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
     /// How the requests this VM routed ended, per backend.
@@ -290,9 +264,7 @@ impl Router {
             requests: 0,
             matched: Vec::with_capacity(n),
             shared: Vec::with_capacity(n),
-            waiting: Vec::new(),
-            waiting_blocks: 0,
-            tickets: 0,
+            waiting: Waiting::default(),
             health: Vec::new(),
             passive: Passive::new(n),
             unreleased: vec![Delta::default(); n],
@@ -347,7 +319,7 @@ impl Router {
                 changed.push(b);
                 self.index.forget(b);
                 self.passive.forget(b);
-                self.forget_waiting(b);
+                self.waiting.forget(b);
                 if let Some(l) = self.lora.get_mut(b) {
                     *l = None;
                 }
@@ -706,13 +678,8 @@ impl Router {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
                 let head_blocks = (key.anchor_offset / block) as u32;
-                Self::note_shared(
-                    &mut self.shared,
-                    &self.matched,
-                    head_blocks,
-                    (self.waiting_blocks > 0).then_some(&self.waiting[..]),
-                    &key.blocks,
-                );
+                self.waiting
+                    .shared(&self.matched, head_blocks, &key.blocks, &mut self.shared);
                 self.split.lap(host, Step::Match);
                 let rk = RequestKey {
                     anchor: key.anchor,
@@ -793,7 +760,11 @@ impl Router {
             // and, after a spillover, replicates a hot prefix to the new pod.
             self.index.record(chain, primary, seen.now);
         }
-        let waiting = self.wait(chain, primary);
+        let waiting = if self.cfg.strategy == Strategy::CacheAware {
+            self.waiting.keep(chain, primary)
+        } else {
+            None
+        };
         self.split.lap(host, Step::Record);
         self.open_requests = self.open_requests.saturating_add(1);
         if let Some(d) = self.unreleased.get_mut(primary) {
@@ -825,101 +796,16 @@ impl Router {
         }
     }
 
-    /// Which backends another waiting request shares this prompt with, up to
-    /// each one's match: one comparison per prompt waiting on a backend that
-    /// matches past the head (only such a pod can be the sole holder), at the
-    /// match's last block. `waiting`: `None` when no prompt waits anywhere.
-    fn note_shared(
-        shared: &mut Vec<bool>,
-        matched: &[u32],
-        head_blocks: u32,
-        waiting: Option<&[Vec<Waiting>]>,
-        chain: &[u64],
-    ) {
-        shared.clear();
-        let Some(waiting) = waiting else { return };
-        shared.extend(matched.iter().enumerate().map(|(b, &m)| {
-            if m <= head_blocks {
-                return false;
-            }
-            let i = m as usize - 1;
-            let (Some(h), Some(list)) = (chain.get(i), waiting.get(b)) else {
-                return false;
-            };
-            list.iter().any(|w| w.chain.get(i) == Some(h))
-        }));
-    }
-
-    /// Keeps `chain` as waiting on `backend` (`cache_aware` only), for
-    /// [`Router::note_shared`] until [`Router::close`].
-    fn wait(&mut self, chain: &[u64], backend: usize) -> Option<WaitTicket> {
-        if self.cfg.strategy != Strategy::CacheAware
-            || chain.is_empty()
-            || chain.len() > MAX_WAITING_BLOCKS
-        {
-            return None;
-        }
-        // Every exchange closes its ticket when it ends; the cap only bounds the
-        // lists if that ever fails, or under a burst of huge prompts.
-        while self.waiting_blocks + chain.len() > MAX_WAITING_BLOCKS {
-            self.drop_oldest();
-        }
-        if self.waiting.len() <= backend {
-            self.waiting.resize_with(backend + 1, Vec::new);
-        }
-        self.tickets = self.tickets.wrapping_add(1);
-        let id = self.tickets;
-        self.waiting[backend].push(Waiting {
-            id,
-            chain: chain.to_vec(),
-        });
-        self.waiting_blocks += chain.len();
-        Some(WaitTicket { backend, id })
-    }
-
-    /// Drops the longest-kept waiting prompt (the lowest id): the likeliest
-    /// to be one whose exchange never closed it.
-    fn drop_oldest(&mut self) {
-        let oldest = self
-            .waiting
-            .iter()
-            .enumerate()
-            .flat_map(|(b, list)| list.iter().enumerate().map(move |(i, w)| (w.id, b, i)))
-            .min();
-        match oldest {
-            Some((_, b, i)) => {
-                let w = self.waiting[b].swap_remove(i);
-                self.waiting_blocks -= w.chain.len();
-            }
-            None => self.waiting_blocks = 0,
-        }
-    }
-
-    /// Forgets what waits on a slot whose pod changed: the new pod holds none of it.
-    fn forget_waiting(&mut self, backend: usize) {
-        if let Some(list) = self.waiting.get_mut(backend) {
-            self.waiting_blocks -= list.iter().map(|w| w.chain.len()).sum::<usize>();
-            list.clear();
-        }
+    /// A routed request got its first response byte (or ended): its prompt no
+    /// longer waits on its pod ([`Waiting::close`]).
+    pub fn close(&mut self, ticket: WaitTicket) {
+        self.waiting.close(ticket);
     }
 
     /// How many prompts wait on their pods (tests).
     #[cfg(test)]
     pub(crate) fn waiting_prompts(&self) -> usize {
-        self.waiting.iter().map(Vec::len).sum()
-    }
-
-    /// A routed request got its first response byte (or ended): its prompt no
-    /// longer waits on its pod. A ticket already closed (or dropped by the cap)
-    /// changes nothing.
-    pub fn close(&mut self, ticket: WaitTicket) {
-        let Some(list) = self.waiting.get_mut(ticket.backend) else {
-            return;
-        };
-        if let Some(i) = list.iter().position(|w| w.id == ticket.id) {
-            let w = list.swap_remove(i);
-            self.waiting_blocks -= w.chain.len();
-        }
+        self.waiting.prompts()
     }
 
     /// Takes back what a routed request still holds on `backend` when it ends.
@@ -1476,63 +1362,9 @@ mod tests {
         // Both answers started: the document waits in no prefill, its next user holds it alone.
         a.close(first.waiting.unwrap());
         a.close(second.waiting.unwrap());
-        assert_eq!((a.waiting_prompts(), a.waiting_blocks), (0, 0));
+        assert_eq!((a.waiting_prompts(), a.waiting.blocks()), (0, 0));
         a.route(&host, &prompt(&ask("c")));
         assert!(a.matched[b] > 0 && a.shared.iter().all(|&s| !s));
-    }
-
-    #[test]
-    fn a_waiting_prompt_is_shared_up_to_the_last_block_of_the_match() {
-        let chain: Vec<u64> = (0..100).collect();
-        // Another prompt waits on backend 0: the same up to block 91 (an index-sampled
-        // position), then its own; backend 1's waiting prompt ends after block 39.
-        let mut other: Vec<u64> = (0..92).collect();
-        other.extend(1000..1010);
-        let waiting = [
-            vec![Waiting {
-                id: 1,
-                chain: other,
-            }],
-            vec![Waiting {
-                id: 2,
-                chain: (0..40).collect(),
-            }],
-        ];
-        let mut shared = Vec::new();
-        let probe = |shared: &mut Vec<bool>, matched: &[u32], head: u32| {
-            Router::note_shared(shared, matched, head, Some(&waiting[..]), &chain);
-        };
-        probe(&mut shared, &[92, 40, 0], 8);
-        assert_eq!(shared, [true, true, false]);
-        // Past block 91 this prompt's match is its own, not the waiting one's.
-        probe(&mut shared, &[95, 41, 0], 8);
-        assert_eq!(shared, [false, false, false]);
-        // A match within the head makes no pod the sole holder: nothing is probed.
-        probe(&mut shared, &[92, 40, 0], 40);
-        assert_eq!(shared, [true, false, false]);
-        Router::note_shared(&mut shared, &[92, 40, 0], 8, None, &chain);
-        assert!(shared.is_empty());
-    }
-
-    #[test]
-    fn waiting_prompts_stay_bounded() {
-        let host = MemoryHost::default();
-        let mut a = Router::new(cfg("cache_aware"), &host);
-        let body = chat(&[("user", &"x".repeat(3000))]);
-        let first = a.route(&host, &prompt(&body)).waiting.unwrap();
-        let n = a.waiting_blocks;
-        a.waiting_blocks = MAX_WAITING_BLOCKS - n + 1;
-        let second = a.route(&host, &prompt(&body)).waiting.unwrap();
-        // The oldest made room; its ticket closes nothing, the kept one empties the lists.
-        assert_eq!(
-            (a.waiting_prompts(), a.waiting_blocks),
-            (1, MAX_WAITING_BLOCKS - n + 1)
-        );
-        a.waiting_blocks = n;
-        a.close(first);
-        assert_eq!(a.waiting_prompts(), 1);
-        a.close(second);
-        assert_eq!((a.waiting_prompts(), a.waiting_blocks), (0, 0));
     }
 
     #[test]

@@ -35,11 +35,12 @@ use crate::openai::{prompt_key, Endpoint, ParseError};
 use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
 use crate::prefix::PromptKey;
-use crate::router::{Request, Router, WaitTicket, ANCHOR_BYTES};
+use crate::router::{Request, Router, ANCHOR_BYTES};
 use crate::scheduler::Scheduler;
 use crate::scrape::extract_with_lora;
 use crate::stats::{Fallback, Stats};
 use crate::steering;
+use crate::waiting::WaitTicket;
 use admission::{Admission, Holding};
 
 mod admission;
@@ -543,14 +544,12 @@ impl Worker {
         self.reclaim(ex);
         ex.response_done |= end_of_stream;
         if body_size > 0 && !end_of_stream {
-            if let Some(b) = ex.chosen {
-                if ex.held.prefill_blocks > 0 {
-                    self.router.prefilled(b, &mut ex.held);
-                }
-                // Its prompt no longer waits on the pod: not a queue shared with it.
-                if let Some(t) = ex.waiting.take() {
-                    self.router.close(t);
-                }
+            if let Some(b) = ex.chosen.filter(|_| ex.held.prefill_blocks > 0) {
+                self.router.prefilled(b, &mut ex.held);
+            }
+            // Its prompt no longer waits on the pod: not a queue shared with it.
+            if let Some(t) = ex.waiting.take() {
+                self.router.close(t);
             }
         }
         if body_size > 0 && ex.awaiting_report.is_some() {
