@@ -60,6 +60,19 @@ def stream_once(port: int, prompt: str) -> Outcome:
     return Outcome(start, time.time(), ok, status, replica, error)
 
 
+def summary(outcomes: list[Outcome], sims) -> str:
+    """What a hang guard's message says of the run: requests ended per replica and status, the
+    first errors, the slowest request, each sim's state."""
+    done = list(outcomes)
+    by: dict[tuple, int] = {}
+    for o in done:
+        by[(o.replica, o.status, o.ok)] = by.get((o.replica, o.status, o.ok), 0) + 1
+    errors = [o.error for o in done if o.error][:3]
+    slowest = max((o.end - o.start for o in done), default=0.0)
+    return (f"{len(done)} requests ended, by (replica, status, ok): {by}; first errors: {errors}; "
+            f"slowest {slowest:.1f} s; {'; '.join(s.state() for s in sims)}")
+
+
 # Without the filter (as when its VM fails open) Envoy routes by the pool's round robin, which
 # keeps sending a share of requests to the dead pod for the whole run: the retries must avoid it.
 @pytest.mark.parametrize("with_filter", [True, False], ids=["filter", "no-filter"])
@@ -80,9 +93,14 @@ def test_a_pod_killed_under_concurrent_load_fails_only_the_requests_in_flight_on
         for t in threads:
             t.start()
         e = f.envoy
+
+        def seen() -> str:
+            return summary(outcomes, f.sims)
+
         try:
             e.wait_for(f"{WARM} requests, one served by the victim",
-                       lambda: len(outcomes) >= WARM and any(o.replica == victim.name and o.ok for o in outcomes))
+                       lambda: len(outcomes) >= WARM and any(o.replica == victim.name and o.ok for o in outcomes),
+                       detail=seen)
             before = e.stats()
             scrape_failures = e.host_stats("pool-metrics").get(victim.port, {}).get("rq_error", 0)
             kill_sent = time.time()
@@ -97,7 +115,7 @@ def test_a_pod_killed_under_concurrent_load_fails_only_the_requests_in_flight_on
                 e.wait_ticks(2)
             out = time.time()
             e.wait_for(f"{AFTER} requests started after the pod was out",
-                       lambda: sum(1 for o in outcomes if o.start >= out) >= AFTER)
+                       lambda: sum(1 for o in outcomes if o.start >= out) >= AFTER, detail=seen)
         finally:
             stop.set()
             for t in threads:

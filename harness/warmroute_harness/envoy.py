@@ -105,6 +105,7 @@ class Envoy:
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    log_path: Path | None = None  # Envoy's log, set by start()
     config: dict = field(default_factory=dict)
     tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
     filter: dict = field(default_factory=dict)  # the filter's JSON as rendered (or reconfigured)
@@ -198,6 +199,7 @@ class Envoy:
         # The bench reads the filter's log by this name (envoy-<port>.log).
         self.proc = spawn_envoy(cfg, f"envoy-{self.port}", logdir, self.admin_port, self.concurrency,
                                 extra_args=extra)
+        self.log_path = logdir / f"envoy-{self.port}.log"
         return self
 
     def set_endpoints(self, sims: list[Sim]) -> None:
@@ -285,19 +287,36 @@ class Envoy:
         except ValueError:
             return 0
 
-    def wait_for(self, what: str, ready: Callable[[], T], timeout: float = 30, poll: float = 0.02) -> T:
+    def wait_for(self, what: str, ready: Callable[[], T], timeout: float = 30, poll: float = 0.02,
+                 detail: Callable[[], str] | None = None) -> T:
         """Polls `ready` until it returns something truthy, and returns that. The timeout is a
         hang guard, not the assertion: tests count events (scrapes, reads, requests), and a
-        timeout only says the event never came, failing with `what` in the message."""
+        timeout only says the event never came, failing with `what` in the message, what
+        `detail` says of the test's own state, and Envoy's warnings (CI keeps no log files).
+        Envoy exiting fails at once."""
         deadline = time.time() + timeout
         while True:
             got = ready()
             if got:
                 return got
-            if time.time() > deadline:
-                raise AssertionError(f"hang guard: {what} not seen within {timeout:.0f} s "
-                                     f"(see {self.port}'s Envoy log)")
+            exited = self.proc is not None and self.proc.poll() is not None
+            if exited or time.time() > deadline:
+                why = (f"Envoy exited with {self.proc.returncode}" if exited
+                       else f"not seen within {timeout:.0f} s")
+                said = f"; {detail()}" if detail else ""
+                raise AssertionError(f"hang guard: {what} {why}{said}\n{self.log_warnings()}")
             time.sleep(poll)
+
+    def log_warnings(self, last: int = 20) -> str:
+        """The last `last` lines of Envoy's log at warning level or above (the filter's own
+        warnings included), and its last line whatever its level."""
+        path = self.log_path
+        if path is None or not path.exists():
+            return "(no Envoy log)"
+        lines = path.read_text(errors="replace").splitlines()
+        bad = [x for x in lines if any(f"[{lv}]" in x for lv in ("warning", "error", "critical"))]
+        tail = bad[-last:] + lines[-1:]
+        return f"{path.name}, {len(bad)} warnings or worse; last:\n" + "\n".join(x[:300] for x in tail)
 
     def host_stats(self, cluster: str) -> dict[int, dict[str, int]]:
         """Envoy's per-host counters of `cluster` (admin /clusters), by the host's port."""

@@ -19,6 +19,7 @@ class Sim:
     port: int
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
+    log_path: Path | None = None  # its stdout and stderr, set by start()
 
     @property
     def address(self) -> str:
@@ -27,7 +28,8 @@ class Sim:
     def start(self, logdir: Path) -> "Sim":
         if not SIM_BIN.exists():
             raise RuntimeError(f"{SIM_BIN} missing: run `make build`")
-        log = open(logdir / f"{self.name}.log", "wb")
+        self.log_path = logdir / f"{self.name}.log"
+        log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [str(SIM_BIN), "--port", str(self.port), "--name", self.name, *self.args],
             stdout=log,
@@ -35,6 +37,13 @@ class Sim:
         )
         wait_http(self.port, "/health", proc=self.proc)
         return self
+
+    def state(self) -> str:
+        """Running or its exit code, and what it printed after its start line (a panic)."""
+        code = None if self.proc is None else self.proc.poll()
+        lines = self.log_path.read_text(errors="replace").splitlines()[1:] if self.log_path else []
+        said = f", said: {' | '.join(x[:200] for x in lines[-3:])}" if lines else ""
+        return f"{self.name} {'running' if code is None else f'exited {code}'}{said}"
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
