@@ -22,6 +22,31 @@
 //! the pod's are tokens; it does not see other gateways' traffic), hence the
 //! slack: only a clear shortfall counts.
 //!
+//! ## When this index's order is not the pod's
+//! ```text
+//! surplus  ⇔ predicted + 2 + reported / 10 < reported      (the pod clearly had more)
+//! forget (above) only if none of this VM's last SURPLUS_WINDOW reports was a surplus
+//! ```
+//! The cut goes by this index's order of uses, which is the pods' only if they
+//! see no prompts this index did not. Behind several gateway replicas (or
+//! beside clients that reach the pods directly) the others keep prefixes warm
+//! that this gateway last sent long ago, so "older than the lost block" here
+//! includes much that the pod still holds, and forgetting it steers those
+//! conversations away from their cache. A pod that reports more of a prompt
+//! than the index credited it with shows that it holds what this index did
+//! not see: another client's prompts, or cache it kept past this index's
+//! capacity. Then a shortfall is counted but forgets nothing, and the index
+//! ages its entries out by capacity and TTL as it would without reports.
+//!
+//! Pooled over the pods: the other clients are most often other gateways,
+//! which send to every pod, and each VM reads only a share of the reports
+//! (behind 3 gateways of 2 workers, ~28 reports per VM in the eviction
+//! bench's run, ~9 per pod).
+//!
+//! | parameter | value | why |
+//! |---|---|---|
+//! | [`SURPLUS_WINDOW`] | 16 reports | one run each (`bench/notes.md`, session 19): one gateway on the evicting fleet shows a surplus in 2 of 238 reports, where the cut is right; three gateways rotating each session's turns, 29 of 167 (17%), where it lost hit rate and TTFT. At 17%, 16 reports pass without one with probability 0.05; at 0.8%, 0.88. Behind the 3 gateways, 10 paired rounds against no reports: hit rate 1.000x, TTFT mean 0.992x, P95 0.996x, where the cut without this rule gave 0.980x / 1.042x / 1.050x (10 rounds, the same hour) |
+//!
 //! ## Bytes per token, learned
 //! ```text
 //! on each report of a prompt of ≥ 32 full blocks (8 KB at the default block size):
@@ -42,6 +67,36 @@
 //! request the index predicted a hit for, whose answer will carry usage (not
 //! streamed, or a stream with `stream_options.include_usage`), and only the
 //! tail of each body chunk, until it is found. The response is never changed.
+
+/// Reports a surplus keeps a VM's shortfalls from forgetting ([`Surplus`]).
+pub const SURPLUS_WINDOW: u32 = u16::BITS;
+
+/// Which of this VM's last [`SURPLUS_WINDOW`] reports showed a surplus
+/// (formula above).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Surplus {
+    recent: u16,
+}
+
+impl Surplus {
+    /// Folds one report in; returns whether a shortfall may forget (no
+    /// surplus in the window, this one included).
+    pub fn observe(&mut self, surplus: bool) -> bool {
+        self.recent = (self.recent << 1) | u16::from(surplus);
+        self.recent == 0
+    }
+}
+
+/// What one report said against the index's prediction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Verdict {
+    /// The pod clearly had less than predicted.
+    pub shortfall: bool,
+    /// The pod clearly had more than predicted.
+    pub surplus: bool,
+    /// The shortfall made the index forget ([`Surplus`]).
+    pub forgot: bool,
+}
 
 /// Full prompt blocks a report's prompt needs to count towards [`TokenRatio`].
 pub const RATIO_MIN_BLOCKS: u32 = 32;
@@ -134,6 +189,13 @@ impl Report {
         let predicted = f64::from(predicted_blocks);
         self.cached_blocks(prompt_blocks) + 2.0 + predicted / 10.0 < predicted
     }
+
+    /// Whether the pod clearly had more than the `predicted_blocks` of a
+    /// `prompt_blocks`-block prompt the index credited it with.
+    pub fn shows_surplus(&self, predicted_blocks: u32, prompt_blocks: u32) -> bool {
+        let cached = self.cached_blocks(prompt_blocks);
+        f64::from(predicted_blocks) + 2.0 + cached / 10.0 < cached
+    }
 }
 
 #[cfg(test)]
@@ -174,6 +236,42 @@ mod tests {
             cached_tokens: 0
         }
         .shows_eviction(0, 0));
+    }
+
+    #[test]
+    fn only_a_clear_excess_is_a_surplus() {
+        let r = |cached| Report {
+            prompt_tokens: 1000,
+            cached_tokens: cached,
+        };
+        // 20 of 50 blocks predicted (400 tokens' worth).
+        assert!(!r(400).shows_surplus(20, 50));
+        assert!(
+            !r(480).shows_surplus(20, 50),
+            "24 blocks: within the slack of 2 + 2.4"
+        );
+        assert!(r(600).shows_surplus(20, 50));
+        assert!(!r(600).shows_eviction(20, 50));
+        assert!(!Report {
+            prompt_tokens: 0,
+            cached_tokens: 0
+        }
+        .shows_surplus(0, 0));
+    }
+
+    #[test]
+    fn a_surplus_stops_forgetting_for_sixteen_reports() {
+        let mut s = Surplus::default();
+        assert!(s.observe(false));
+        assert!(!s.observe(true));
+        let forgetting: Vec<bool> = (0..20).map(|_| s.observe(false)).collect();
+        assert_eq!(
+            forgetting.iter().position(|&f| f),
+            Some(15),
+            "{forgetting:?}"
+        );
+        // A third of reports in surplus (three gateways rotating turns): never.
+        assert!(!(0..60).any(|i| s.observe(i % 3 == 0)));
     }
 
     #[test]

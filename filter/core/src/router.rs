@@ -26,7 +26,7 @@
 //! endpoint health, [`crate::membership`]) and neither view keeps it out.
 
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
-use crate::feedback::{Report, TokenRatio};
+use crate::feedback::{Report, Surplus, TokenRatio, Verdict};
 use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
@@ -130,6 +130,8 @@ pub struct Router {
     split: Split,
     /// Prompt bytes per pod token, as the pods' reports show it.
     ratio: TokenRatio,
+    /// Whether the pods' recent reports showed cache this index did not credit them with.
+    surplus: Surplus,
     /// The ratio the index's capacities were last sized with.
     sized_ratio: f64,
     /// The gate's look at the fleet for a request, which its route (in the
@@ -272,6 +274,7 @@ impl Router {
             last_now: host.now_ms(),
             split: Split::default(),
             ratio: TokenRatio::new(cfg.index.bytes_per_token),
+            surplus: Surplus::default(),
             sized_ratio: cfg.index.bytes_per_token,
             admitted: None,
             cfg,
@@ -927,7 +930,9 @@ impl Router {
     /// credited `backend` with, what it last used at or before
     /// `last_use_ms` (the deepest predicted block's last use, before this
     /// request) is forgotten there, here and, through the log, in every VM
-    /// ([`crate::feedback`]). Returns whether it was an eviction.
+    /// ([`crate::feedback`]), unless one of this VM's recent reports showed
+    /// a pod holding more than this index credited it with (then this index's
+    /// order of uses is not the pods').
     pub fn reported<H: Host>(
         &mut self,
         host: &H,
@@ -935,10 +940,18 @@ impl Router {
         predicted: (u32, u32),
         report: Report,
         last_use_ms: u64,
-    ) -> bool {
+    ) -> Verdict {
         let (predicted_blocks, prompt_blocks) = predicted;
-        if !report.shows_eviction(predicted_blocks, prompt_blocks) {
-            return false;
+        let surplus = report.shows_surplus(predicted_blocks, prompt_blocks);
+        let ordered = self.surplus.observe(surplus);
+        let shortfall = report.shows_eviction(predicted_blocks, prompt_blocks);
+        let verdict = Verdict {
+            shortfall,
+            surplus,
+            forgot: shortfall && ordered,
+        };
+        if !verdict.forgot {
+            return verdict;
         }
         self.index.forget_used_before(backend, last_use_ms);
         let event = Some((Kind::Evicted, backend, last_use_ms, &[][..]));
@@ -947,7 +960,7 @@ impl Router {
             Ok(false) => log::debug!("warmroute: eviction not written to the log"),
             Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
         }
-        true
+        verdict
     }
 
     /// A pod's report counted `tokens` for a prompt of `blocks` full blocks:

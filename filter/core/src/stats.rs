@@ -9,6 +9,7 @@
 //! routing decision itself on a short prompt.
 
 use crate::config::Config;
+use crate::feedback::Verdict;
 use crate::gate::Shed;
 use crate::health::Outcome;
 use crate::host::{Host, MetricKind};
@@ -121,6 +122,8 @@ pub struct Stats {
     predicted_tokens: Counter,
     reported_tokens: Counter,
     evictions: Counter,
+    surpluses: Counter,
+    forgets: Counter,
     usage_requested: Counter,
     host_errors: Counter,
     log_gaps: Counter,
@@ -208,6 +211,8 @@ impl Stats {
             predicted_tokens: counter("warmroute.feedback.predicted_tokens".into()),
             reported_tokens: counter("warmroute.feedback.reported_tokens".into()),
             evictions: counter("warmroute.feedback.evictions".into()),
+            surpluses: counter("warmroute.feedback.surpluses".into()),
+            forgets: counter("warmroute.feedback.forgets".into()),
             usage_requested: counter("warmroute.feedback.usage_requested".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
@@ -311,13 +316,15 @@ impl Stats {
     }
 
     /// A pod's own cache report on a predicted hit: what the index predicted,
-    /// what the pod reported, and whether that was an eviction.
-    pub fn reported(&mut self, predicted_tokens: u64, reported_tokens: u64, evicted: bool) {
+    /// what the pod reported, and what the report showed.
+    pub fn reported(&mut self, predicted_tokens: u64, reported_tokens: u64, v: Verdict) {
         self.reports.add(1);
         let count = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.predicted_tokens.add(count(predicted_tokens));
         self.reported_tokens.add(count(reported_tokens));
-        self.evictions.add(evicted.into());
+        self.evictions.add(v.shortfall.into());
+        self.surpluses.add(v.surplus.into());
+        self.forgets.add(v.forgot.into());
     }
 
     /// A stream the filter asked to end with its usage (`feedback.request_usage`).
@@ -356,6 +363,8 @@ impl Stats {
             &mut self.predicted_tokens,
             &mut self.reported_tokens,
             &mut self.evictions,
+            &mut self.surpluses,
+            &mut self.forgets,
             &mut self.usage_requested,
             &mut self.host_errors,
             &mut self.log_gaps,

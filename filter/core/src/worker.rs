@@ -572,14 +572,14 @@ impl Worker {
             return;
         }
         self.router.learn_ratio(p.of, reported.prompt_tokens);
-        let evicted = self
+        let verdict = self
             .router
             .reported(host, b, (p.blocks, p.of), reported, p.last_use_ms);
         // In the pod's tokens: the index's share of the prompt, against the pod's.
         let predicted =
             f64::from(p.blocks) / f64::from(p.of.max(1)) * reported.prompt_tokens as f64;
         self.stats
-            .reported(predicted as u64, reported.cached_tokens, evicted);
+            .reported(predicted as u64, reported.cached_tokens, verdict);
     }
 
     /// The exchange is over (every outcome): counts it and releases what it held.
@@ -1844,6 +1844,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             assert!(answered_with(&mut a, &host, &newer, Some(0)) > 0);
             a.tick(&host);
             assert_eq!(host.metric("warmroute.feedback.evictions"), Some(1));
+            assert_eq!(host.metric("warmroute.feedback.forgets"), Some(1));
             let w = if check_other_vm { &mut b } else { &mut a };
             // Only the system prompt both share (refreshed by the newer one) is left.
             let ex = send(w, &host, &chat_headers(), &older);
@@ -1857,6 +1858,35 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
             let ex = send(w, &host, &chat_headers(), &newer);
             assert!(ex.awaiting_report.is_some(), "other VM: {check_other_vm}");
         }
+    }
+
+    #[test]
+    fn a_pod_that_holds_what_this_index_never_sent_it_forgets_nothing_on_a_shortfall() {
+        let one_pod = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#;
+        let host = MemoryHost::default();
+        let mut w = Worker::configure(&host, one_pod.as_bytes()).unwrap();
+        let older = chat_body(&"an older conversation ".repeat(500));
+        let newer = chat_body(&"a newer conversation ".repeat(500));
+        host.now.set(1000);
+        answered_with(&mut w, &host, &older, Some(0));
+        host.now.set(2000);
+        answered_with(&mut w, &host, &newer, Some(0));
+        // Three reports of whole prompts cached of which the index credited the pod
+        // only the shared system prompt: what other gateways sent there.
+        for t in 0..3 {
+            let other = chat_body(&format!("another gateway's conversation {t} ").repeat(500));
+            host.now.set(2500 + t);
+            answered_with(&mut w, &host, &other, Some(10_000));
+        }
+        host.now.set(4000);
+        assert!(answered_with(&mut w, &host, &newer, Some(0)) > 0);
+        w.tick(&host);
+        assert_eq!(host.metric("warmroute.feedback.evictions"), Some(1));
+        assert_eq!(host.metric("warmroute.feedback.forgets"), Some(0));
+        assert_eq!(host.metric("warmroute.feedback.surpluses"), Some(3));
+        // The older prompt is still credited to the pod.
+        let ex = send(&mut w, &host, &chat_headers(), &older);
+        assert!(ex.awaiting_report.as_ref().map_or(0, |p| p.blocks) > 3);
     }
 
     #[test]
