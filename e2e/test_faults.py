@@ -111,8 +111,9 @@ def test_a_pod_killed_under_concurrent_load_fails_only_the_requests_in_flight_on
             dead = time.time()
             if with_filter:
                 e.wait_for(f"{UNHEALTHY_AFTER} failed scrapes of the killed pod", lambda: e.host_stats(
-                    "pool-metrics").get(victim.port, {}).get("rq_error", 0) >= scrape_failures + UNHEALTHY_AFTER)
-                e.wait_ticks(2)
+                    "pool-metrics").get(victim.port, {}).get("rq_error", 0) >= scrape_failures + UNHEALTHY_AFTER,
+                    detail=seen)
+                e.wait_ticks(2, detail=seen)
             out = time.time()
             e.wait_for(f"{AFTER} requests started after the pod was out",
                        lambda: sum(1 for o in outcomes if o.start >= out) >= AFTER, detail=seen)

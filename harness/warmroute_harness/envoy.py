@@ -105,7 +105,7 @@ class Envoy:
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
-    log_path: Path | None = None  # Envoy's log, set by start()
+    log_path: Path | None = field(default=None, init=False)  # Envoy's log, set by start()
     config: dict = field(default_factory=dict)
     tick_s: float = 0.5  # the filter's tick period (metrics.period_ms), set by render()
     filter: dict = field(default_factory=dict)  # the filter's JSON as rendered (or reconfigured)
@@ -293,29 +293,48 @@ class Envoy:
         hang guard, not the assertion: tests count events (scrapes, reads, requests), and a
         timeout only says the event never came, failing with `what` in the message, what
         `detail` says of the test's own state, and Envoy's warnings (CI keeps no log files).
-        Envoy exiting fails at once."""
+        Envoy exiting fails at once, also when `ready` itself asks Envoy's admin."""
         deadline = time.time() + timeout
         while True:
-            got = ready()
-            if got:
-                return got
             exited = self.proc is not None and self.proc.poll() is not None
+            if not exited:
+                try:
+                    got = ready()
+                except OSError:
+                    if self.proc is None or self.proc.poll() is None:
+                        raise
+                    exited = True
+                else:
+                    if got:
+                        return got
             if exited or time.time() > deadline:
                 why = (f"Envoy exited with {self.proc.returncode}" if exited
                        else f"not seen within {timeout:.0f} s")
-                said = f"; {detail()}" if detail else ""
-                raise AssertionError(f"hang guard: {what} {why}{said}\n{self.log_warnings()}")
+                raise AssertionError(f"hang guard: {what} {why}{self._said(detail)}\n{self.log_warnings()}")
             time.sleep(poll)
+
+    @staticmethod
+    def _said(detail: Callable[[], str] | None) -> str:
+        """What `detail` says, or why it could not: never in place of the guard's own message."""
+        if detail is None:
+            return ""
+        try:
+            return f"; {detail()}"
+        except Exception as e:  # noqa: BLE001 - any failure here would hide the hang guard's
+            return f"; (detail failed: {e!r})"
 
     def log_warnings(self, last: int = 20) -> str:
         """The last `last` lines of Envoy's log at warning level or above (the filter's own
         warnings included), and its last line whatever its level."""
         path = self.log_path
-        if path is None or not path.exists():
+        try:
+            lines = path.read_text(errors="replace").splitlines() if path else None
+        except OSError as e:
+            return f"(Envoy's log unreadable: {e})"
+        if lines is None:
             return "(no Envoy log)"
-        lines = path.read_text(errors="replace").splitlines()
         bad = [x for x in lines if any(f"[{lv}]" in x for lv in ("warning", "error", "critical"))]
-        tail = bad[-last:] + lines[-1:]
+        tail = bad[-last:] + [x for x in lines[-1:] if not bad or x != bad[-1]]
         return f"{path.name}, {len(bad)} warnings or worse; last:\n" + "\n".join(x[:300] for x in tail)
 
     def host_stats(self, cluster: str) -> dict[int, dict[str, int]]:
@@ -369,11 +388,11 @@ class Envoy:
             raise RuntimeError("no tick clock: no filter, or metrics off and the pool a fixed list")
         return self.membership_reads() if "pool" in self.filter else self.scrapes()
 
-    def wait_ticks(self, n: int, timeout: float = 30) -> int:
+    def wait_ticks(self, n: int, timeout: float = 30, detail: Callable[[], str] | None = None) -> int:
         """Waits until the lease holder has ticked `n` more times; returns the clock."""
         start = self.ticks()
         return self.wait_for(f"{n} ticks of the filter (clock at {start})",
-                             lambda: (t := self.ticks()) >= start + n and t, timeout)
+                             lambda: (t := self.ticks()) >= start + n and t, timeout, detail=detail)
 
     def counter(self, name: str) -> int:
         """The filter's counter `name` once settled (see `settled_stats`)."""

@@ -19,7 +19,7 @@ class Sim:
     port: int
     args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
-    log_path: Path | None = None  # its stdout and stderr, set by start()
+    log_path: Path | None = field(default=None, init=False)  # its stdout and stderr, set by start()
 
     @property
     def address(self) -> str:
@@ -39,9 +39,16 @@ class Sim:
         return self
 
     def state(self) -> str:
-        """Running or its exit code, and what it printed after its start line (a panic)."""
-        code = None if self.proc is None else self.proc.poll()
-        lines = self.log_path.read_text(errors="replace").splitlines()[1:] if self.log_path else []
+        """Running, exited (with its code) or not started, and what it printed besides its
+        start line (a panic, a failed bind)."""
+        if self.proc is None:
+            return f"{self.name} not started"
+        code = self.proc.poll()
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path else []
+        except OSError as e:
+            lines = [f"(log unreadable: {e})"]
+        lines = [x for x in lines if not x.startswith("warmroute-sim listening")]
         said = f", said: {' | '.join(x[:200] for x in lines[-3:])}" if lines else ""
         return f"{self.name} {'running' if code is None else f'exited {code}'}{said}"
 

@@ -932,7 +932,7 @@ impl Router {
     /// request) is forgotten there, here and, through the log, in every VM
     /// ([`crate::feedback`]), unless one of this VM's recent reports showed
     /// a pod holding more than this index credited it with (then this index's
-    /// order of uses is not the pods').
+    /// order of uses is not the pods'). Returns what the report showed.
     pub fn reported<H: Host>(
         &mut self,
         host: &H,

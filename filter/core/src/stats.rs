@@ -317,14 +317,14 @@ impl Stats {
 
     /// A pod's own cache report on a predicted hit: what the index predicted,
     /// what the pod reported, and what the report showed.
-    pub fn reported(&mut self, predicted_tokens: u64, reported_tokens: u64, v: Verdict) {
+    pub fn reported(&mut self, predicted_tokens: u64, reported_tokens: u64, verdict: Verdict) {
         self.reports.add(1);
         let count = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.predicted_tokens.add(count(predicted_tokens));
         self.reported_tokens.add(count(reported_tokens));
-        self.evictions.add(v.shortfall.into());
-        self.surpluses.add(v.surplus.into());
-        self.forgets.add(v.forgot.into());
+        self.evictions.add(verdict.shortfall.into());
+        self.surpluses.add(verdict.surplus.into());
+        self.forgets.add(verdict.forgot.into());
     }
 
     /// A stream the filter asked to end with its usage (`feedback.request_usage`).
