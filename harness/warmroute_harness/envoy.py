@@ -320,7 +320,7 @@ class Envoy:
             return ""
         try:
             return f"; {detail()}"
-        except Exception as e:  # noqa: BLE001 - any failure here would hide the hang guard's
+        except Exception as e:  # noqa: BLE001 (whatever failed, the guard's own message comes out)
             return f"; (detail failed: {e!r})"
 
     def log_warnings(self, last: int = 20) -> str:
