@@ -247,6 +247,11 @@ impl Router {
         };
         // Without shared data an id from the clock still keeps VMs apart.
         let vm_id = store.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
+        if matches!(cfg.strategy, Strategy::RoundRobin | Strategy::StickySession) {
+            if let Err(e) = store.create_rotation() {
+                log::debug!("warmroute: rotation counter not created: {e:?}");
+            }
+        }
         // Start reading the log where it is now: older events describe a past we cannot date.
         let applied_seq = store.log_next_seq().unwrap_or(0);
         let index = Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms);
@@ -1467,6 +1472,24 @@ mod tests {
             })
             .collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn the_first_vm_configured_creates_the_rotation_before_any_request() {
+        // Envoy configures the main thread's VM before the workers': were the counter
+        // created by the first request instead, two workers' first requests could both
+        // find it missing and both take number 0.
+        let host = MemoryHost::default();
+        let rotation = |host: &MemoryHost| {
+            host.shared_keys()
+                .into_iter()
+                .filter(|k| k.ends_with(".rotation"))
+                .count()
+        };
+        Router::new(cfg("cache_aware"), &host);
+        assert_eq!(rotation(&host), 0, "only strategies that rotate keep one");
+        Router::new(cfg("round_robin"), &host);
+        assert_eq!(rotation(&host), 1);
     }
 
     #[test]

@@ -353,18 +353,47 @@ pub struct Store<'h, H: Host> {
 impl<H: Host> Store<'_, H> {
     /// A fleet-unique id for this VM (its lease identity and log origin).
     pub fn new_vm_id(&self) -> Result<u64, HostError> {
-        update(self.host, &self.keys.vm_seq, |v| {
-            let next = codec::u64_value(v.as_deref()) + 1;
-            (Some(next.to_le_bytes().to_vec()), next)
-        })
+        self.take_number(&self.keys.vm_seq)
+            .map(|n| n.wrapping_add(1))
     }
 
     /// The next value of the round-robin rotation shared by all workers.
     pub fn next_rotation(&self) -> Result<u64, HostError> {
-        update(self.host, &self.keys.rotation, |v| {
-            let cur = codec::u64_value(v.as_deref());
-            (Some(cur.wrapping_add(1).to_le_bytes().to_vec()), cur)
-        })
+        self.take_number(&self.keys.rotation)
+    }
+
+    /// Creates the rotation's counter if it is missing: from the VM that
+    /// configures first (Envoy's main thread), before any worker takes a number.
+    pub fn create_rotation(&self) -> Result<(), HostError> {
+        if self.host.get_shared(&self.keys.rotation)?.1.is_none() {
+            self.host
+                .set_shared(&self.keys.rotation, &0u64.to_le_bytes(), None)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the next number (from 0) of a counter every VM shares. Only a CAS
+    /// hands a number out: a missing key is first created holding 0, a write
+    /// Envoy cannot make conditional, so two VMs creating it at once both write
+    /// 0 and neither has taken a number; [`update`] would hand 0 to both.
+    fn take_number(&self, key: &str) -> Result<u64, HostError> {
+        for _ in 0..MAX_CAS_RETRIES {
+            let (value, cas) = self.host.get_shared(key)?;
+            let Some(cas) = cas else {
+                self.host.set_shared(key, &0u64.to_le_bytes(), None)?;
+                continue;
+            };
+            let n = codec::u64_value(value.as_deref());
+            match self
+                .host
+                .set_shared(key, &n.wrapping_add(1).to_le_bytes(), Some(cas))
+            {
+                Ok(()) => return Ok(n),
+                Err(HostError::CasMismatch) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(HostError::CasMismatch)
     }
 
     /// In-flight requests and unanswered prefill per backend, as accounted by every worker.
@@ -877,6 +906,25 @@ mod tests {
             add_inflight(&s, 0, Delta::requests(1)),
             Err(HostError::CasMismatch)
         );
+    }
+
+    #[test]
+    fn a_counter_two_vms_create_at_once_hands_out_no_number_twice() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
+        let s = shared(&host, &keys);
+        // Both VMs read the key missing and both create it (a write without CAS: the
+        // second overwrites the first); only then does either take a number.
+        for _ in 0..2 {
+            host.set_shared(&keys.rotation, &0u64.to_le_bytes(), None)
+                .unwrap();
+        }
+        let taken: Vec<u64> = (0..4).map(|_| s.next_rotation().unwrap()).collect();
+        assert_eq!(taken, vec![0, 1, 2, 3]);
+        // A missing key is created, not handed out: the first number is still 0.
+        let other = Keys::new(2, 4096);
+        let t = shared(&host, &other);
+        assert_eq!((t.next_rotation(), t.next_rotation()), (Ok(0), Ok(1)));
+        assert_eq!((t.new_vm_id(), t.new_vm_id()), (Ok(1), Ok(2)));
     }
 
     #[test]
