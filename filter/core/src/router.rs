@@ -247,10 +247,9 @@ impl Router {
         };
         // Without shared data an id from the clock still keeps VMs apart.
         let vm_id = store.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
-        if matches!(cfg.strategy, Strategy::RoundRobin | Strategy::StickySession) {
-            if let Err(e) = store.create_rotation() {
-                log::debug!("warmroute: rotation counter not created: {e:?}");
-            }
+        let rotating = matches!(cfg.strategy, Strategy::RoundRobin | Strategy::StickySession);
+        if let Err(e) = store.create_shared(rotating) {
+            log::debug!("warmroute: shared values not created: {e:?}");
         }
         // Start reading the log where it is now: older events describe a past we cannot date.
         let applied_seq = store.log_next_seq().unwrap_or(0);
@@ -1475,21 +1474,28 @@ mod tests {
     }
 
     #[test]
-    fn the_first_vm_configured_creates_the_rotation_before_any_request() {
-        // Envoy configures the main thread's VM before the workers': were the counter
-        // created by the first request instead, two workers' first requests could both
-        // find it missing and both take number 0.
+    fn the_first_vm_configured_creates_the_shared_values_before_any_request() {
+        // Envoy configures the main thread's VM before the workers': were they created
+        // by the first request instead, two workers' first requests could both find
+        // them missing, and both take rotation number 0.
         let host = MemoryHost::default();
-        let rotation = |host: &MemoryHost| {
+        let kept = |host: &MemoryHost, name: &str| {
             host.shared_keys()
                 .into_iter()
-                .filter(|k| k.ends_with(".rotation"))
+                .filter(|k| k.ends_with(name))
                 .count()
         };
-        Router::new(cfg("cache_aware"), &host);
-        assert_eq!(rotation(&host), 0, "only strategies that rotate keep one");
+        let r = Router::new(cfg("cache_aware"), &host);
+        assert_eq!(kept(&host, ".ledger.v4"), 1);
+        assert_eq!(
+            kept(&host, ".rotation"),
+            0,
+            "only strategies that rotate keep one"
+        );
+        // The ledger created empty reads as the missing one did.
+        assert!(r.inflight(&host).unwrap().iter().all(|f| f.requests == 0));
         Router::new(cfg("round_robin"), &host);
-        assert_eq!(rotation(&host), 1);
+        assert_eq!(kept(&host, ".rotation"), 1);
     }
 
     #[test]

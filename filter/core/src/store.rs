@@ -362,12 +362,22 @@ impl<H: Host> Store<'_, H> {
         self.take_number(&self.keys.rotation)
     }
 
-    /// Creates the rotation's counter if it is missing: from the VM that
-    /// configures first (Envoy's main thread), before any worker takes a number.
-    pub fn create_rotation(&self) -> Result<(), HostError> {
-        if self.host.get_shared(&self.keys.rotation)?.1.is_none() {
-            self.host
-                .set_shared(&self.keys.rotation, &0u64.to_le_bytes(), None)?;
+    /// Creates the values every worker updates from its first request on (the
+    /// ledger; the rotation, if `rotating`), where missing. Called by each VM
+    /// as it is configured, so by Envoy's main thread before any worker routes:
+    /// a missing key has no CAS token and Envoy's write of it is unconditional,
+    /// so two workers' first requests creating it at once would both succeed,
+    /// and one's update would be lost (an in-flight count, an index-log
+    /// sequence number, a rotation number handed out twice).
+    pub fn create_shared(&self, rotating: bool) -> Result<(), HostError> {
+        let mut wanted = vec![(&self.keys.ledger, Ledger::default().encode())];
+        if rotating {
+            wanted.push((&self.keys.rotation, 0u64.to_le_bytes().to_vec()));
+        }
+        for (key, empty) in wanted {
+            if self.host.get_shared(key)?.1.is_none() {
+                self.host.set_shared(key, &empty, None)?;
+            }
         }
         Ok(())
     }
