@@ -1474,10 +1474,9 @@ mod tests {
     }
 
     #[test]
-    fn the_first_vm_configured_creates_the_shared_values_before_any_request() {
-        // Envoy configures the main thread's VM before the workers': were they created
-        // by the first request instead, two workers' first requests could both find
-        // them missing, and both take rotation number 0.
+    fn a_vm_creates_the_shared_values_as_it_is_configured() {
+        // Were they created by the first request instead, two workers' first requests
+        // could both find them missing, and both take rotation number 0.
         let host = MemoryHost::default();
         let kept = |host: &MemoryHost, name: &str| {
             host.shared_keys()

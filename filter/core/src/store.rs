@@ -363,12 +363,15 @@ impl<H: Host> Store<'_, H> {
     }
 
     /// Creates the values every worker updates from its first request on (the
-    /// ledger; the rotation, if `rotating`), where missing. Called by each VM
-    /// as it is configured, so by Envoy's main thread before any worker routes:
-    /// a missing key has no CAS token and Envoy's write of it is unconditional,
-    /// so two workers' first requests creating it at once would both succeed,
-    /// and one's update would be lost (an in-flight count, an index-log
-    /// sequence number, a rotation number handed out twice).
+    /// ledger; the rotation, if `rotating`), where missing. Each VM calls it
+    /// as it is configured, before its first request: a missing key has no CAS
+    /// token and Envoy's write of it is unconditional, so two workers' first
+    /// requests creating it at once would both succeed and one's update would
+    /// be lost (an in-flight count, an index-log sequence number, a rotation
+    /// number handed out twice). Configurations racing each other write the
+    /// same empty value and take nothing; only a creation whose read and write
+    /// straddle another worker's configuration and first request could still
+    /// undo an update.
     pub fn create_shared(&self, rotating: bool) -> Result<(), HostError> {
         let mut wanted = vec![(&self.keys.ledger, Ledger::default().encode())];
         if rotating {
