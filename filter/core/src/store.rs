@@ -386,24 +386,21 @@ impl<H: Host> Store<'_, H> {
     }
 
     /// Takes the next number (from 0) of a counter every VM shares. Only a CAS
-    /// hands a number out: a missing key is first created holding 0, a write
-    /// Envoy cannot make conditional, so two VMs creating it at once both write
-    /// 0 and neither has taken a number; [`update`] would hand 0 to both.
+    /// hands a number out: a missing key is first created holding 0 (a write
+    /// Envoy cannot make conditional) and taken from by the next update, so two
+    /// VMs creating it at once both write 0 and neither has taken a number;
+    /// taking from the creation would hand 0 to both.
     fn take_number(&self, key: &str) -> Result<u64, HostError> {
         for _ in 0..MAX_CAS_RETRIES {
-            let (value, cas) = self.host.get_shared(key)?;
-            let Some(cas) = cas else {
-                self.host.set_shared(key, &0u64.to_le_bytes(), None)?;
-                continue;
-            };
-            let n = codec::u64_value(value.as_deref());
-            match self
-                .host
-                .set_shared(key, &n.wrapping_add(1).to_le_bytes(), Some(cas))
-            {
-                Ok(()) => return Ok(n),
-                Err(HostError::CasMismatch) => continue,
-                Err(e) => return Err(e),
+            let taken = update(self.host, key, |v| match v {
+                None => (Some(0u64.to_le_bytes().to_vec()), None),
+                Some(v) => {
+                    let n = codec::u64_value(Some(&v));
+                    (Some(n.wrapping_add(1).to_le_bytes().to_vec()), Some(n))
+                }
+            })?;
+            if let Some(n) = taken {
+                return Ok(n);
             }
         }
         Err(HostError::CasMismatch)
