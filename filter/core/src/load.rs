@@ -4,8 +4,8 @@
 //! ```text
 //! load_b      = inflight_b + max(0, running_b + waiting_b − own_b)   (scrape fresh)
 //!             = inflight_b                                          (no fresh scrape)
-//! saturated_b = waiting_b >= max_waiting  ∨  kv_usage_b >= max_kv_usage
-//!               ∨ (max_inflight > 0 ∧ inflight_b >= max_inflight)
+//! full_b      = kv_usage_b >= max_kv_usage  ∨  (max_inflight > 0 ∧ inflight_b >= max_inflight)
+//! saturated_b = full_b  ∨  waiting_b >= max_waiting
 //! prefill_b   = prompt blocks this gateway sent to b whose first answer byte
 //!               has not come back yet (minus what b was believed to hold)
 //! ```
@@ -22,7 +22,10 @@
 //! In-flight counts react instantly (between scrapes); scraped running+waiting
 //! also see traffic from other gateway replicas. A queue (`waiting > 0`) means
 //! the server already hit `max_num_seqs` or its KV capacity, so it counts as
-//! saturation, not just load. A snapshot older than `stale_after_ms` is
+//! saturation, not just load. A *full* pod is past a hard limit: its KV cache
+//! cannot admit more without preempting, or it runs the operator's in-flight
+//! cap; a queue alone is a wait, which a conversation's sole holder may still
+//! be worth (see `policy`). A snapshot older than `stale_after_ms` is
 //! ignored: no metrics degrades to in-flight accounting, never to an outage.
 
 use crate::config::PolicyConfig;
@@ -52,8 +55,12 @@ pub struct BackendLoad {
     pub healthy: bool,
     /// Requests, per the formula at the top of this module.
     pub load: f64,
-    /// Not eligible for cache affinity or bounded-load placement.
+    /// Not eligible for cache affinity or bounded-load placement: full, or
+    /// queueing (a `cache_aware` sole holder still is, unless full).
     pub saturated: bool,
+    /// Past a hard limit (KV usage, the in-flight cap): chosen only when every
+    /// pod is out of bounds.
+    pub full: bool,
     /// Prompt blocks queued for prefill ahead of a new request.
     pub prefill: f64,
     /// Work in flight, in typical requests ([`crate::work`]).
@@ -80,22 +87,24 @@ pub fn backend_loads(
             let fresh = h.scraped_ms > 0 && now_ms.saturating_sub(h.scraped_ms) <= stale_after_ms;
             let inf = f.requests as f64;
             let scraped = fresh.then_some(h.scrape);
-            let (others, sat) = if fresh {
+            let (others, queueing, kv_full) = if fresh {
                 let s = h.scrape;
                 (
                     (s.running + s.waiting - s.own_inflight as f64).max(0.0),
-                    s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE)
-                        || s.kv_usage >= policy.max_kv_usage,
+                    s.waiting >= policy.max_waiting.max(f64::MIN_POSITIVE),
+                    s.kv_usage >= policy.max_kv_usage,
                 )
             } else {
-                (0.0, false)
+                (0.0, false, false)
             };
+            let full = kv_full || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64);
             let work = work(f, others, policy);
             BackendLoad {
                 member: standing.get(b).is_some_and(|&s| s != Standing::Absent),
                 healthy: standing.get(b) == Some(&Standing::In),
                 load: inf + others,
-                saturated: sat || (policy.max_inflight > 0 && inf >= policy.max_inflight as f64),
+                saturated: full || queueing,
+                full,
                 prefill: f.prefill_blocks as f64,
                 work,
                 headroom: knee.map_or(f64::INFINITY, |k| {
@@ -149,11 +158,39 @@ mod tests {
         };
         let l = at(1500);
         assert_eq!(l[0].load, 16.0);
-        assert!(l[0].saturated);
+        // A queue saturates; it is not a hard limit.
+        assert!(l[0].saturated && !l[0].full);
         assert_eq!((l[1].load, l[1].prefill), (1.0, 7.0));
         let stale = at(5000);
         assert_eq!(stale[0].load, 1.0);
         assert!(!stale[0].saturated);
+    }
+
+    #[test]
+    fn a_full_kv_cache_or_the_inflight_cap_is_a_hard_limit() {
+        let mut c = crate::testing::config(1);
+        let kv = Health {
+            scraped_ms: 1000,
+            scrape: Scrape {
+                kv_usage: 0.99,
+                ..Scrape::default()
+            },
+            ..Health::default()
+        };
+        let two = InFlight {
+            requests: 2,
+            ..InFlight::default()
+        };
+        let at = |health: Health, policy: &PolicyConfig| {
+            backend_loads(&[two], &[health], &[Standing::In], 1500, 2000, policy, None)[0]
+        };
+        let l = at(kv, &c.policy);
+        assert!(l.full && l.saturated);
+        c.policy.max_inflight = 2;
+        let l = at(Health::default(), &c.policy);
+        assert!(l.full && l.saturated);
+        c.policy.max_inflight = 3;
+        assert!(!at(Health::default(), &c.policy).full);
     }
 
     #[test]
