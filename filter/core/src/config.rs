@@ -499,11 +499,12 @@ pub struct PolicyConfig {
     pub prefill_slack_blocks: f64,
     /// A hot prefix is copied to a pod this many requests less loaded than its warm pods.
     pub replicate_gap: f64,
-    /// A backend with this many waiting requests is saturated.
+    /// A backend with this many waiting requests is saturated (not full:
+    /// a conversation's sole holder keeps it, see `policy`).
     pub max_waiting: f64,
-    /// A backend with KV usage at or above this is saturated.
+    /// A backend with KV usage at or above this is saturated and full.
     pub max_kv_usage: f64,
-    /// In-flight requests per backend at which it is saturated (0 = off).
+    /// In-flight requests per backend at which it is saturated and full (0 = off).
     pub max_inflight: u32,
     /// Output tokens assumed for a request that sets no limit ([`crate::work`]).
     pub default_output_tokens: u32,
