@@ -101,8 +101,9 @@
 //!   Conversation trace, 4 paired rounds against the hold of session 17 (the
 //!   queue alone, for owners of at least 75% of the prompt): hit rate
 //!   0.986-1.027x the single-replica reference (median 1.00x) against
-//!   0.931-0.991x (median 0.98x), spillovers 6-7 of 800 against 23-32, TTFT
-//!   P95 the same (medians 0.56x and 0.55x round robin); agent, chat and
+//!   0.931-0.991x in the same rounds (0.944x over all 23 rounds of that build
+//!   this session), spillovers 6-7 of 800 against 23-32, TTFT P95 the same
+//!   (medians 0.56x and 0.55x round robin); agent, chat and
 //!   evicting rows unchanged (2 rounds). The spillovers it prevents are the
 //!   three kinds a diagnosis build logged before (64 in two runs): 37 lost on
 //!   the score (35 with 2-74% of the prompt held), 10 over the warm bound, 17
