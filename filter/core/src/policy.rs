@@ -1095,7 +1095,10 @@ mod tests {
         let mut saturated = queued.clone();
         saturated[0].saturated = true;
         assert_eq!(pick(Strategy::CacheAware, &saturated, turn).order[0], 0);
-        // The waiting queue still moves an owner that is not the sole holder.
+        saturated[0].full = true;
+        assert_ne!(pick(Strategy::CacheAware, &saturated, turn).order[0], 0);
+        // The waiting queue still moves an owner that is not the sole holder: one whose
+        // prefix a waiting request shares, or either of two owners (pod 1 wins their tie).
         let idle = loads(&[1.0, 1.0, 1.0]);
         let waiting_on = |b: usize| {
             let mut l = idle.clone();
@@ -1103,11 +1106,11 @@ mod tests {
             l
         };
         assert_eq!(pick(Strategy::CacheAware, &idle, busy).order[0], 0);
-        assert_ne!(pick(Strategy::CacheAware, &waiting_on(0), busy).order[0], 0);
-        assert_eq!(pick(Strategy::CacheAware, &waiting_on(0), two).order[0], 1);
+        let d = pick(Strategy::CacheAware, &waiting_on(0), busy);
+        assert_eq!((d.order[0] != 0, d.reason), (true, Reason::Spillover));
+        assert_eq!(pick(Strategy::CacheAware, &idle, two).order[0], 1);
         assert_eq!(pick(Strategy::CacheAware, &waiting_on(1), two).order[0], 0);
-        saturated[0].full = true;
-        assert_ne!(pick(Strategy::CacheAware, &saturated, turn).order[0], 0);
+        assert_eq!(pick(Strategy::CacheAware, &waiting_on(0), two).order[0], 1);
     }
 
     #[test]
