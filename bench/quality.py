@@ -151,10 +151,13 @@ class Bench:
     def eviction(self, rounds: int = EVICTION_ROUNDS) -> None:
         """cache_aware with and without the pods' cache reports, on a fleet that evicts all
         the time behind several gateways, in paired rounds: the first round's rows are the section's, the others
-        join the re-runs, so each target is the median ratio over the rounds."""
+        join the re-runs, so each target is the median ratio over the rounds. The order
+        alternates by round: the machine's speed drifts over minutes, and a fixed order
+        would bias every round's ratio the same way."""
         print(f"== eviction-heavy ({rounds} paired rounds)", flush=True)
+        pair = ("warmroute_cache_aware", "warmroute_cache_aware_no_feedback")
         for i in range(rounds):
             while i and len(self.reruns) < i:
                 self.reruns.append([])
-            for router in ("warmroute_cache_aware", "warmroute_cache_aware_no_feedback"):
+            for router in (pair if i % 2 == 0 else pair[::-1]):
                 self.quality("evicting", router, gateways=EVICTION_GATEWAYS, rerun=i)

@@ -10,6 +10,7 @@ a saved latest.json without running anything.
 from __future__ import annotations
 
 from pathlib import Path
+from math import comb
 from statistics import median
 
 import fleet
@@ -54,15 +55,17 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
 
     def over_runs(fn):
         """fn(rows) -> (ratio, detail) or None, over the main run and each re-run of its pair:
-        the median ratio, and a note of every run's (the main run's detail first)."""
+        the median ratio, a note of every run's (the main run's detail first), and the
+        runs' ratios."""
         runs = [r for r in [fn(rows)] + [fn(rr) for rr in (reruns or [])] if r is not None]
         if not runs:
             return None
-        m = median([v for v, _ in runs])
+        values = [v for v, _ in runs]
+        m = median(values)
         if len(runs) == 1:
-            return m, f"{m:.3f}x ({runs[0][1]})"
+            return m, f"{m:.3f}x ({runs[0][1]})", values
         each = ", ".join(f"{v:.3f}" for v, _ in runs)
-        return m, f"{m:.3f}x median of {len(runs)} paired runs ({each}); first run {runs[0][1]}"
+        return m, f"{m:.3f}x median of {len(runs)} paired runs ({each}); first run {runs[0][1]}", values
 
     def hit_vs_reference(workload: str, limit: float) -> None:
         """cache_aware's hit rate against the single replica with the fleet's memory (the
@@ -145,10 +148,21 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
 
         r = over_runs(feedback_ratio)
         if r:
+            # "Must not lose": the reports help only where a pod lost what the index credits
+            # it with, and a history evicted everywhere is a miss wherever it goes, so the
+            # true ratio sits near 1.00 and a strict median against 1.00 passes or fails by
+            # the run. A loss is a median whose interval lies wholly on the losing side
+            # (`median_ci` says what that can detect).
             name = ".".join(path)
-            ok = r[0] >= 1.0 if better == "higher" else r[0] <= 1.0
+            lo, hi, conf = median_ci(r[2])
+            n = len(r[2])
+            if better == "higher":
+                ok, limit = hi >= 1.0, "no loss: the interval's upper end >= 1.00x"
+            else:
+                ok, limit = lo <= 1.0, "no loss: the interval's lower end <= 1.00x"
+            interval = f"; {conf:.1%} interval of the median {lo:.3f}-{hi:.3f}" if n >= 6 else ""
             check(f"evicting fleet: cache_aware {name} with the pods' cache reports vs without",
-                  r[1], ">= 1.00x" if better == "higher" else "<= 1.00x", ok)
+                  r[1] + interval, limit, ok)
     for t in independent_targets(ind):
         check(*t)
     if ov:
@@ -165,6 +179,34 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
                       f"{c['cpu_per_req_vs_floor']:.2f}x ({c['cpu_us_per_req_filter']:.0f} vs "
                       f"{c['cpu_us_per_req_floor']:.0f} us)", f"<= {lim}x", c["cpu_per_req_vs_floor"] <= lim)
     return out
+
+
+def median_ci(values: list[float], conf: float = 0.95) -> tuple[float, float, float]:
+    """Distribution-free confidence interval of the median (order statistics, the sign test):
+    the k-th smallest and k-th largest of n values, with k the largest such that
+    P(Binomial(n, 1/2) < k) <= (1 - conf) / 2; returns (low, high, its exact coverage). It
+    assumes only independent paired rounds, not their shape. With fewer than 6 values no k
+    reaches 95%: the interval is then min-max, of coverage 1 - 2^(1-n).
+
+    What it can tell, at n = 15 (the 4th and 12th values, 96.5%): a ratio "loses" when 12
+    of the 15 rounds lose, which happens by chance in 1.8% of runs where nothing differs.
+    With normal rounds of sd s around a true loss d, each round loses with probability
+    Phi(d/s); at the eviction rounds' scatter (s ~0.03 for the hit rate, ~0.08 for the TTFT
+    mean, ~0.11 for the TTFT P95) a true loss of 2% / 5% / 10% is flagged in 45% / 99.5% /
+    100% of runs for the hit rate, 9% / 40% / 93% for the mean and 6% / 23% / 72% for the
+    P95: a few percent of TTFT is within this bench's resolution."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("no values")
+
+    def below(k: int) -> float:  # P(Binomial(n, 1/2) < k)
+        return sum(comb(n, i) for i in range(k)) / 2 ** n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and below(k + 1) <= (1 - conf) / 2:
+        k += 1
+    return xs[k - 1], xs[n - k], 1 - 2 * below(k)
 
 
 def mixed_ratios(mx: dict) -> list[dict]:

@@ -10,11 +10,11 @@ front of one fleet), reruns (the pairs behind the targets nearest their limits, 
 those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
 backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision),
 eviction (cache_aware with and without the pods' cache reports on an evicting fleet behind 3
-gateways, 5 paired rounds), mixed (interactive chat + long batch jobs at overload, cache_aware
+gateways, 15 paired rounds), mixed (interactive chat + long batch jobs at overload, cache_aware
 without and with the priority gate, 3 paired rounds, bench/mixed.py), fleet (100 instant pods at
 100 requests/s of 4k- and 100k-token prompts, warmroute against a no-filter Envoy in paired
 rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py). A full run takes about
-51 minutes on 2 cores (the independent section about 15, fleet about 6).
+61 minutes on 2 cores (the independent section about 15, eviction about 14, fleet about 6).
 
 Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
 curves, for the README). Every server binds 127.0.0.1,
@@ -137,8 +137,16 @@ def main() -> int:
             res["quality"] = [r for r in old.get("quality", []) if row_key(r) not in new_keys] + b.rows
             order = {w: i for i, w in enumerate(WORKLOADS)}
             res["quality"].sort(key=lambda r: (r["replicas"] == 8, r["gateways"] > 1, order.get(r["workload"], 9)))
-            if not res["reruns"] and old.get("reruns"):
-                res["reruns"] = old["reruns"]
+            # Re-runs merge like the rows: a section re-run alone (eviction) keeps the other
+            # sections' re-runs, and none of its own old rounds (a run stopped early must
+            # not pool its rounds with another build's).
+            olds, news = old.get("reruns") or [], res["reruns"] or []
+            redone = {row_key(r) for rnd in news for r in rnd}
+            merged = [[r for r in (olds[i] if i < len(olds) else []) if row_key(r) not in redone]
+                      + (news[i] if i < len(news) else []) for i in range(max(len(olds), len(news)))]
+            while merged and not merged[-1]:
+                merged.pop()
+            res["reruns"] = merged
             for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]

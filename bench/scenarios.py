@@ -116,7 +116,10 @@ EXTRA_ROUTERS = {
 # gateways: with one, the index sees every prompt the pods hold and predicts 97% of the
 # tokens they report (one run), leaving feedback little to correct; three gateways in front
 # of the same pods evict each other's prefixes unseen, as replicas of a real gateway do.
-EVICTION_ROUNDS = 5
+# 15 rounds: each round's TTFT ratios range over +-15% around a true value near 1.00, and
+# the section's verdict is the median's 95% interval (report.py, `median_ci`, which says
+# what losses 15 rounds can tell from none).
+EVICTION_ROUNDS = 15
 EVICTION_GATEWAYS = 3
 
 
