@@ -1,0 +1,71 @@
+"""Replays the first requests of a recorded guidellm run through a fresh fleet, one at a time
+per thread at the recorded start offsets (same prompts, same order, streamed), and prints
+where each went and its time to first token. A diagnosis tool for the 40-prefix shape's
+TTFT P99, which is guidellm's opening burst (`bench/notes.md`, session 21).
+
+    cd bench && flock /tmp/warmroute-bench.lock env PYTHONPATH=<checkout>/harness \\
+        ../.venv/bin/python burst_replay.py /tmp/warmroute-bench-XXXX/guidellm-1-prefixes40-warmroute_cache_aware \\
+        --router warmroute_cache_aware --reps 3
+
+The run directory is one the `independent` section leaves under its log folder (it holds
+guidellm.json). Each rep starts its own 3 simulated replicas and Envoy, as the section does.
+Prints, per rep, (prefix tag, replica, TTFT ms) for each request: the same tag is the same
+3000-word prefix."""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from independent import CAPACITY, ROUTER_KWARGS, SCALE
+from warmroute_harness.fleet import Fleet
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="a guidellm run directory (holds guidellm.json)")
+    ap.add_argument("--router", default="warmroute_cache_aware", choices=sorted(ROUTER_KWARGS))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=8, help="the first N requests (guidellm's concurrency)")
+    a = ap.parse_args()
+    report = json.loads((a.run / "guidellm.json").read_text())
+    reqs = sorted(report["benchmarks"][0]["requests"]["successful"], key=lambda r: r["start_time"])[:a.requests]
+    t0 = reqs[0]["start_time"]
+    tags: dict[str, int] = {}
+    plan = [(r["start_time"] - t0, r["prompt"], tags.setdefault(r["prompt"][:200], len(tags))) for r in reqs]
+    sim = ["--time-scale", str(SCALE), "--kv-capacity-tokens", str(CAPACITY)]
+    for rep in range(a.reps):
+        with Fleet(3, sim, logdir=Path(tempfile.mkdtemp(prefix="warmroute-burst-")), **ROUTER_KWARGS[a.router]) as f:
+            out: list = [None] * len(plan)
+            start = time.time() + 0.2
+
+            def send(i: int) -> None:
+                offset, prompt, tag = plan[i]
+                time.sleep(max(0.0, start + offset - time.time()))
+                c = http.client.HTTPConnection("127.0.0.1", f.envoy.port, timeout=60)
+                t = time.time()
+                c.request("POST", "/v1/completions", body=json.dumps(
+                    {"model": "sim-llama-8b", "prompt": prompt, "max_tokens": 128, "stream": True}),
+                    headers={"content-type": "application/json"})
+                r = c.getresponse()
+                r.read1(1)
+                ttft = (time.time() - t) * 1000
+                r.read()
+                c.close()
+                out[i] = (tag, r.getheader("x-sim-replica"), round(ttft))
+
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(len(plan))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        print(f"rep {rep}: max {max(o[2] for o in out)} ms  {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
