@@ -8,7 +8,9 @@ TTFT P99, which is guidellm's opening burst (`bench/notes.md`, session 21).
         --router warmroute_cache_aware --reps 3
 
 The run directory is one the `independent` section leaves under its log folder (it holds
-guidellm.json). Each rep starts its own 3 simulated replicas and Envoy, as the section does.
+guidellm.json). Each rep starts its own 3 simulated replicas and Envoy, as the section does;
+the burst starts 0.2 s after they answer, where guidellm starts a few seconds later (the
+filter may not have scraped the pods yet; they are idle either way).
 Prints, per rep, (prefix tag, replica, TTFT ms) for each request: the same tag is the same
 3000-word prefix."""
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import shutil
 import tempfile
 import threading
 import time
@@ -33,14 +36,20 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests", type=int, default=8, help="the first N requests (guidellm's concurrency)")
     a = ap.parse_args()
-    report = json.loads((a.run / "guidellm.json").read_text())
+    path = a.run / "guidellm.json"
+    if not path.is_file():
+        raise SystemExit(f"burst_replay: no {path} (a guidellm run directory of the `independent` section)")
+    report = json.loads(path.read_text())
     reqs = sorted(report["benchmarks"][0]["requests"]["successful"], key=lambda r: r["start_time"])[:a.requests]
+    if not reqs:
+        raise SystemExit(f"burst_replay: {path} holds no successful request")
     t0 = reqs[0]["start_time"]
     tags: dict[str, int] = {}
     plan = [(r["start_time"] - t0, r["prompt"], tags.setdefault(r["prompt"][:200], len(tags))) for r in reqs]
     sim = ["--time-scale", str(SCALE), "--kv-capacity-tokens", str(CAPACITY)]
     for rep in range(a.reps):
-        with Fleet(3, sim, logdir=Path(tempfile.mkdtemp(prefix="warmroute-burst-")), **ROUTER_KWARGS[a.router]) as f:
+        logdir = Path(tempfile.mkdtemp(prefix="warmroute-burst-"))
+        with Fleet(3, sim, logdir=logdir, **ROUTER_KWARGS[a.router]) as f:
             out: list = [None] * len(plan)
             start = time.time() + 0.2
 
@@ -48,23 +57,30 @@ def main() -> None:
                 offset, prompt, tag = plan[i]
                 time.sleep(max(0.0, start + offset - time.time()))
                 c = http.client.HTTPConnection("127.0.0.1", f.envoy.port, timeout=60)
-                t = time.time()
-                c.request("POST", "/v1/completions", body=json.dumps(
-                    {"model": "sim-llama-8b", "prompt": prompt, "max_tokens": 128, "stream": True}),
-                    headers={"content-type": "application/json"})
-                r = c.getresponse()
-                r.read1(1)
-                ttft = (time.time() - t) * 1000
-                r.read()
-                c.close()
-                out[i] = (tag, r.getheader("x-sim-replica"), round(ttft))
+                try:
+                    t = time.time()
+                    c.request("POST", "/v1/completions", body=json.dumps(
+                        {"model": "sim-llama-8b", "prompt": prompt, "max_tokens": 128, "stream": True}),
+                        headers={"content-type": "application/json"})
+                    r = c.getresponse()
+                    r.read1(1)
+                    ttft = (time.time() - t) * 1000
+                    r.read()
+                    out[i] = (tag, r.getheader("x-sim-replica") if r.status == 200 else f"HTTP {r.status}",
+                              round(ttft))
+                except OSError as e:
+                    out[i] = (tag, f"failed: {e}", None)
+                finally:
+                    c.close()
 
             threads = [threading.Thread(target=send, args=(i,)) for i in range(len(plan))]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-        print(f"rep {rep}: max {max(o[2] for o in out)} ms  {out}", flush=True)
+        shutil.rmtree(logdir, ignore_errors=True)
+        ttfts = [o[2] for o in out if o and o[2] is not None]
+        print(f"rep {rep}: max {max(ttfts, default=None)} ms  {out}", flush=True)
 
 
 if __name__ == "__main__":

@@ -138,10 +138,11 @@ def main() -> int:
             order = {w: i for i, w in enumerate(WORKLOADS)}
             res["quality"].sort(key=lambda r: (r["replicas"] == 8, r["gateways"] > 1, order.get(r["workload"], 9)))
             # Re-runs merge like the rows: a section re-run alone (eviction) keeps the other
-            # sections' re-runs, and none of its own old rounds (a run stopped early must
-            # not pool its rounds with another build's).
+            # sections' re-runs, and no old re-run of a row this run measured (a run stopped
+            # early, or one that re-ran a row without its re-runs, must not pool its rounds
+            # with another build's).
             olds, news = old.get("reruns") or [], res["reruns"] or []
-            redone = {row_key(r) for rnd in news for r in rnd}
+            redone = new_keys | {row_key(r) for rnd in news for r in rnd}
             merged = [[r for r in (olds[i] if i < len(olds) else []) if row_key(r) not in redone]
                       + (news[i] if i < len(news) else []) for i in range(max(len(olds), len(news)))]
             while merged and not merged[-1]:
