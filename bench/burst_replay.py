@@ -5,7 +5,7 @@ TTFT P99, which is guidellm's opening burst (`bench/notes.md`, session 21).
 
     cd bench && flock /tmp/warmroute-bench.lock env PYTHONPATH=<checkout>/harness \\
         ../.venv/bin/python burst_replay.py /tmp/warmroute-bench-XXXX/guidellm-1-prefixes40-warmroute_cache_aware \\
-        --router warmroute_cache_aware --reps 3
+        --router warmroute_cache_aware --reps 3 [--wasm candidate.wasm]
 
 The run directory is one the `independent` section leaves under its log folder (it holds
 guidellm.json). Each rep starts its own 3 simulated replicas and Envoy, as the section does;
@@ -35,7 +35,13 @@ def main() -> None:
     ap.add_argument("--router", default="warmroute_cache_aware", choices=sorted(ROUTER_KWARGS))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests", type=int, default=8, help="the first N requests (guidellm's concurrency)")
+    ap.add_argument("--wasm", type=Path, help="a filter build to load (default: the checkout's dist/warmroute.wasm)")
     a = ap.parse_args()
+    kwargs = dict(ROUTER_KWARGS[a.router])
+    if a.wasm:
+        if not a.wasm.is_file() or not kwargs.get("with_filter", True):
+            raise SystemExit(f"burst_replay: --wasm {a.wasm}: no such file, or {a.router} loads no filter")
+        kwargs["wasm_file"] = a.wasm.resolve()
     path = a.run / "guidellm.json"
     if not path.is_file():
         raise SystemExit(f"burst_replay: no {path} (a guidellm run directory of the `independent` section)")
@@ -49,7 +55,7 @@ def main() -> None:
     sim = ["--time-scale", str(SCALE), "--kv-capacity-tokens", str(CAPACITY)]
     for rep in range(a.reps):
         logdir = Path(tempfile.mkdtemp(prefix="warmroute-burst-"))
-        with Fleet(3, sim, logdir=logdir, **ROUTER_KWARGS[a.router]) as f:
+        with Fleet(3, sim, logdir=logdir, **kwargs) as f:
             out: list = [None] * len(plan)
             start = time.time() + 0.2
 
