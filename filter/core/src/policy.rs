@@ -466,32 +466,34 @@ impl Chooser<'_> {
         // grows by that much. A prefix that another request still waiting there for
         // its first token shares is not one conversation's: its requests compete on
         // queues and bounds (see the module doc).
-        // Decided once per request: the scores below ask for every eligible pod.
-        let holder = owner.filter(|&o| {
-            !req.shared.get(o).copied().unwrap_or(false)
-                && healthy
-                    .iter()
-                    .all(|&c| c == o || ratio(c) < ratio(o) - self.cfg.tie_margin)
-        });
-        let holds = |b: usize| Some(b) == holder;
         // A pod holding part of the prompt keeps it up to `warm_min_cap` requests
         // even when the relative bound is lower (see the module doc).
         let warm_cap = cap.max(self.cfg.warm_min_cap);
-        // The sole holder's bound: one warm bound above the least loaded pod that is
-        // not full.
-        let holder_cap = holder.map(|_| {
-            healthy
-                .iter()
-                .filter(|&&b| !self.loads[b].full)
-                .map(|&b| self.loads[b].load)
-                .fold(f64::INFINITY, f64::min)
-                + warm_cap
-        });
+        // The sole holder and its bound (one warm bound above the least loaded pod
+        // that is not full), decided once per request: the scores below ask for
+        // every eligible pod.
+        let holder = owner
+            .filter(|&o| {
+                !req.shared.get(o).copied().unwrap_or(false)
+                    && healthy
+                        .iter()
+                        .all(|&c| c == o || ratio(c) < ratio(o) - self.cfg.tie_margin)
+            })
+            .map(|o| {
+                let least = healthy
+                    .iter()
+                    .filter(|&&b| !self.loads[b].full)
+                    .map(|&b| self.loads[b].load)
+                    .fold(f64::INFINITY, f64::min);
+                (o, least + warm_cap)
+            });
+        let holds = |b: usize| holder.is_some_and(|(h, _)| h == b);
         let eligible: Vec<usize> = order
             .iter()
             .copied()
-            .filter(|&b| match holder_cap {
-                Some(bound) if holds(b) => {
+            .filter(|&b| match holder {
+                // Only a hard limit moves it, not a waiting queue.
+                Some((h, bound)) if h == b => {
                     let l = &self.loads[b];
                     !l.full && l.load + 1.0 <= bound
                 }
