@@ -155,12 +155,11 @@ def targets(rows: list[dict], ov: dict | None, reruns: list[list[dict]] | None =
             # (`median_ci` says what that can detect).
             name = ".".join(path)
             lo, hi, conf = median_ci(r[2])
-            n = len(r[2])
             if better == "higher":
                 ok, limit = hi >= 1.0, "no loss: the interval's upper end >= 1.00x"
             else:
                 ok, limit = lo <= 1.0, "no loss: the interval's lower end <= 1.00x"
-            interval = f"; {conf:.1%} interval of the median {lo:.3f}-{hi:.3f}" if n > 1 else ""
+            interval = f"; {conf:.1%} interval of the median {lo:.3f}-{hi:.3f}" if len(r[2]) > 1 else ""
             check(f"evicting fleet: cache_aware {name} with the pods' cache reports vs without",
                   r[1] + interval, limit, ok)
     for t in independent_targets(ind):
