@@ -123,7 +123,7 @@ def uniform_args(words: int, requests: int, seed: int) -> list[str]:
 
 # The filter's four phases, then the router's steps inside `route` (filter/core/src/phases.rs).
 PHASE_NAMES = ["body", "parse", "route", "header"]
-STEP_NAMES = ["ledger", "sync", "loads", "match", "policy", "record", "account", "log"]
+STEP_NAMES = ["ledger", "sync", "loads", "match", "policy", "account", "record", "log"]
 PHASES_LINE = re.compile(r"warmroute phases: n=(\d+) ((?:\w+_ns=\d+ ?)+)")
 
 

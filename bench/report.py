@@ -471,7 +471,7 @@ def markdown(res: dict) -> str:
         envoy = [r for r in dc if r["axis"].startswith("envoy-")]
         if envoy:
             # The README quotes these beside the native ones; the table keeps them findable.
-            steps = [k for k in ("ledger", "sync", "loads", "match", "policy", "record", "account", "log")
+            steps = [k for k in ("ledger", "sync", "loads", "match", "policy", "account", "record", "log")
                      if all(f"{k}_us" in r for r in envoy)]
             L.append("\nInside Envoy's VM (a `phase-timing` build, one worker, uniform prompts so every request is "
                      "a placement, one request at a time; mean us per request; route's steps after it). "

@@ -6,8 +6,8 @@
 //! empty types. Every 100 timed requests a VM logs each phase's mean at warn
 //! level, in one line the bench parses:
 //! `warmroute phases: n=100 body_ns=.. parse_ns=.. route_ns=.. header_ns=..
-//! ledger_ns=.. sync_ns=.. loads_ns=.. match_ns=.. policy_ns=.. record_ns=..
-//! account_ns=.. log_ns=..`. The last eight split `route` into the router's
+//! ledger_ns=.. sync_ns=.. loads_ns=.. match_ns=.. policy_ns=.. account_ns=..
+//! record_ns=.. log_ns=..`. The last eight split `route` into the router's
 //! steps ([`Step`]); `route` also holds their eight clock reads. Each figure
 //! includes about one clock read (a few µs in Envoy's V8, ~25 ns natively).
 //! The native decision bench (`bench/decision`) reads the same sums with
@@ -41,18 +41,18 @@ pub enum Step {
     Match,
     /// The strategy's choice, fallbacks included.
     Policy,
-    /// Recording the prompt in this VM's index replica.
-    Record,
     /// The ledger CAS: decode, this VM's deltas, encode, write.
     Account,
+    /// Recording the prompt in this VM's index replica.
+    Record,
     /// Writing the request's index-log event.
     Log,
 }
 
 /// Phases then steps, as the log line names them.
 pub const NAMES: [&str; 12] = [
-    "body", "parse", "route", "header", "ledger", "sync", "loads", "match", "policy", "record",
-    "account", "log",
+    "body", "parse", "route", "header", "ledger", "sync", "loads", "match", "policy", "account",
+    "record", "log",
 ];
 
 /// Lap timer of one request (empty unless built with `phase-timing`).

@@ -16,6 +16,16 @@
 //! tick writes one while the VM holds requests, and takes back the in-flight
 //! share of VMs silent past their lease ([`crate::store`], "Self-healing").
 //!
+//! A decision is written only on the ledger it was made on. Two workers
+//! deciding at once would otherwise each choose on a ledger without the
+//! other's request: in a burst of new prompts both take the pod with the
+//! shortest queue. For the strategies that weigh loads, the accounting CAS is
+//! tried once against the decision's own read; when another worker wrote in
+//! between, the decision is made again on the ledger (and index events) read
+//! anew, up to [`MAX_REDECISIONS`] times, then written on the ledger as it is.
+//! This costs a read and a decision more, only when workers contend
+//! (`warmroute.redecided`); without it the lost CAS re-reads anyway.
+//!
 //! Health is not read per request: only scrapes change it, and they run in
 //! the tick of the VM holding the scrape lease, so each VM re-reads it at its
 //! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
@@ -45,6 +55,10 @@ use crate::waiting::{WaitTicket, Waiting};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
+
+/// Most times one request's decision is made again after the ledger changed
+/// under it; past them its write goes in on the ledger as it then is.
+const MAX_REDECISIONS: u32 = 2;
 
 /// A VM's lease on its in-flight share (see [`crate::store`], "Self-healing"):
 /// three tick periods, at least one second.
@@ -84,6 +98,9 @@ pub struct Routed {
     /// The request's prompt waits on the primary until its first response byte
     /// or its end ([`Router::close`]); `None`: nothing kept (not `cache_aware`, no prompt).
     pub waiting: Option<WaitTicket>,
+    /// Times the decision was made again because another worker wrote the
+    /// ledger between its read and this request's write.
+    pub redecided: u32,
 }
 
 /// Per-VM routing state.
@@ -492,6 +509,46 @@ impl Router {
             Some(seen) => seen,
             None => self.observe(host, req.key.is_some()),
         };
+        let mut redecided = 0;
+        loop {
+            let last = redecided >= MAX_REDECISIONS || !self.decides_on_load();
+            let host_errors = seen.host_errors;
+            match self.decide_and_commit(host, req, seen, last) {
+                Some(routed) => {
+                    return Routed {
+                        redecided,
+                        ..routed
+                    }
+                }
+                None => {
+                    // Another worker wrote the ledger between this decision's read
+                    // and its write: decide again on what it wrote (module doc).
+                    redecided += 1;
+                    seen = self.observe(host, req.key.is_some());
+                    seen.host_errors += host_errors;
+                }
+            }
+        }
+    }
+
+    /// Whether the strategy's choice depends on the loads (so a decision made
+    /// on a ledger that changed before its write is worth making again).
+    fn decides_on_load(&self) -> bool {
+        !matches!(
+            self.cfg.strategy,
+            Strategy::RoundRobin | Strategy::Random | Strategy::StickySession
+        )
+    }
+
+    /// Decides on `seen` and commits the choice; `None` (nothing done) when the
+    /// ledger changed since `seen` read it, unless this is the `last` try.
+    fn decide_and_commit<H: Host>(
+        &mut self,
+        host: &H,
+        req: &Request<'_>,
+        mut seen: Observed,
+        last: bool,
+    ) -> Option<Routed> {
         let model = req.key.and_then(|k| k.model.as_deref());
         if model.is_some_and(|m| self.narrow_to_model(m, &mut seen.loads) == Fit::Unknown) {
             let decision = Decision {
@@ -500,10 +557,12 @@ impl Router {
                 reason: Reason::Fallback,
             };
             let blocks = req.key.map_or(0, |k| k.blocks.len() as u32);
-            return Routed {
-                unknown_model: true,
-                ..self.commit(host, req, decision, blocks, seen)
-            };
+            return self
+                .commit(host, req, decision, blocks, seen, true)
+                .map(|routed| Routed {
+                    unknown_model: true,
+                    ..routed
+                });
         }
         if self.cfg.gate.is_some() && seen.loads.iter().any(|l| l.healthy && l.headroom > 0.0) {
             // Keep each pod below its knee while any is ([`crate::gate`]).
@@ -521,10 +580,11 @@ impl Router {
             }
             _ => None,
         };
-        Routed {
-            last_use_ms,
-            ..self.commit(host, req, decision, blocks, seen)
-        }
+        self.commit(host, req, decision, blocks, seen, last)
+            .map(|routed| Routed {
+                last_use_ms,
+                ..routed
+            })
     }
 
     /// What the gate needs to know of the fleet ([`crate::gate`]): each
@@ -730,9 +790,11 @@ impl Router {
         (decision, blocks)
     }
 
-    /// Records the prompt on the chosen backend and accounts the request: one
+    /// Accounts the request and records the prompt on the chosen backend: one
     /// ledger CAS (carrying the releases waiting for it and reserving the log
-    /// event) and one slot write.
+    /// event) and one slot write. `None`, with nothing accounted or recorded,
+    /// when the CAS finds the ledger changed since `seen` read it, unless
+    /// `last`: then the write is retried on the fresh ledger as it is.
     fn commit<H: Host>(
         &mut self,
         host: &H,
@@ -740,11 +802,12 @@ impl Router {
         decision: Decision,
         blocks: u32,
         seen: Observed,
-    ) -> Routed {
+        last: bool,
+    ) -> Option<Routed> {
         let mut host_errors = seen.host_errors;
         let Some(&primary) = decision.order.first() else {
             // No pod to account on: Envoy routes by its fallback policy.
-            return Routed {
+            return Some(Routed {
                 decision,
                 blocks,
                 held: Delta::default(),
@@ -753,7 +816,8 @@ impl Router {
                 unknown_model: false,
                 last_use_ms: None,
                 waiting: None,
-            };
+                redecided: 0,
+            });
         };
         let held = Delta {
             requests: 1,
@@ -762,6 +826,18 @@ impl Router {
             decode_tokens: output_budget(req.key, &self.cfg.policy),
         };
         let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
+        if let Some(d) = self.unreleased.get_mut(primary) {
+            *d += held;
+        }
+        // A read of a missing ledger has no CAS token to tell a change by.
+        let if_unchanged = !last && seen.ledger.as_ref().is_some_and(|(_, cas)| cas.is_some());
+        let accounted = self.account(host, seen.ledger, seen.now, !chain.is_empty(), if_unchanged);
+        if if_unchanged && accounted == Err(HostError::CasMismatch) {
+            if let Some(d) = self.unreleased.get_mut(primary) {
+                *d += -held;
+            }
+            return None;
+        }
         if !chain.is_empty() {
             // Record the whole chain: it refreshes recency of the matched part
             // and, after a spillover, replicates a hot prefix to the new pod.
@@ -774,13 +850,11 @@ impl Router {
         };
         self.split.lap(host, Step::Record);
         self.open_requests = self.open_requests.saturating_add(1);
-        if let Some(d) = self.unreleased.get_mut(primary) {
-            *d += held;
-        }
-        let event = (!chain.is_empty()).then_some((Kind::Received, primary, seen.now, chain));
-        let held = match self.account_and_log(host, seen.ledger, seen.now, event) {
-            Ok(logged) => {
-                host_errors += u32::from(!logged);
+        let held = match accounted {
+            Ok(seq) => {
+                let event =
+                    (!chain.is_empty()).then_some((Kind::Received, primary, seen.now, chain));
+                host_errors += u32::from(!self.log(host, seq, event));
                 held
             }
             Err(_) => {
@@ -791,7 +865,7 @@ impl Router {
                 Delta::default()
             }
         };
-        Routed {
+        Some(Routed {
             decision,
             blocks,
             held,
@@ -800,7 +874,8 @@ impl Router {
             unknown_model: false,
             last_use_ms: None,
             waiting,
-        }
+            redecided: 0,
+        })
     }
 
     /// A routed request got its first response byte (or ended): its prompt no
@@ -906,27 +981,60 @@ impl Router {
         now: u64,
         event: Option<(Kind, usize, u64, &[u64])>,
     ) -> Result<bool, HostError> {
+        let seq = self.account(host, seed, now, event.is_some(), false)?;
+        Ok(self.log(host, seq, event))
+    }
+
+    /// One ledger write of the releases waiting for it (and this VM's
+    /// heartbeat), reserving a log slot if `reserve`; `if_unchanged`: only if
+    /// the ledger is still as `seed` read it (one CAS). Returns the slot.
+    fn account<H: Host>(
+        &mut self,
+        host: &H,
+        seed: Option<Versioned>,
+        now: u64,
+        reserve: bool,
+        if_unchanged: bool,
+    ) -> Result<Option<u64>, HostError> {
         let store = Store {
             host,
             keys: &self.keys,
             n: self.fleet.len(),
         };
         let writer = self.writer(now);
-        let accounted = store.account(seed, writer, &self.unreleased, event.is_some());
+        let accounted = match seed {
+            Some(seed) if if_unchanged => {
+                store.account_if_unchanged(seed, writer, &self.unreleased, reserve)
+            }
+            seed => store.account(seed, writer, &self.unreleased, reserve),
+        };
         self.split.lap(host, Step::Account);
         let accounted = accounted?;
         self.unreleased.fill(Delta::default());
         note_reclaimed(&accounted.reclaimed);
-        let (Some((kind, backend, time_ms, blocks)), Some(seq)) = (event, accounted.seq) else {
-            return Ok(true);
+        Ok(accounted.seq)
+    }
+
+    /// Writes `event` to the log slot `seq` reserved; false if it could not
+    /// (other VMs miss it, a gap). Nothing to write is a success.
+    fn log<H: Host>(
+        &mut self,
+        host: &H,
+        seq: Option<u64>,
+        event: Option<(Kind, usize, u64, &[u64])>,
+    ) -> bool {
+        let (Some((kind, backend, time_ms, blocks)), Some(seq)) = (event, seq) else {
+            return true;
         };
-        let written = store.write_event(kind, seq, self.vm_id, backend as u16, time_ms, blocks);
+        let written =
+            self.store(host)
+                .write_event(kind, seq, self.vm_id, backend as u16, time_ms, blocks);
         self.split.lap(host, Step::Log);
         // Nothing in between to read: skip our own event instead of reading it back.
         if seq == self.applied_seq {
             self.applied_seq = seq + 1;
         }
-        Ok(written.is_ok())
+        written.is_ok()
     }
 
     /// Folds a pod's own cache report for a request into the index: when it
@@ -1310,10 +1418,15 @@ mod tests {
         let mut a = Router::new(cfg("least_request"), &host);
         let first = a.route(&host, &Request::default());
         assert_eq!(first.held, one());
-        // Every CAS of the next request's ledger write loses.
-        host.inject_conflicts.set(crate::store::MAX_CAS_RETRIES);
+        // Every CAS of the next request's ledger write loses: the one try of
+        // each decision, then every retry of the last.
+        host.inject_conflicts
+            .set(MAX_REDECISIONS + crate::store::MAX_CAS_RETRIES);
         let lost = a.route(&host, &Request::default());
-        assert_eq!((lost.held, lost.host_errors), (Delta::default(), 1));
+        assert_eq!(
+            (lost.held, lost.host_errors, lost.redecided),
+            (Delta::default(), 1, MAX_REDECISIONS)
+        );
         a.release(&host, lost.decision.order[0], lost.held).unwrap();
         let inflight = a.store(&host).inflight().unwrap();
         assert_eq!(
@@ -1323,6 +1436,36 @@ mod tests {
         a.release(&host, first.decision.order[0], first.held)
             .unwrap();
         assert_idle(&a, &host);
+    }
+
+    #[test]
+    fn a_decision_is_made_again_when_another_worker_wrote_the_ledger_since_its_read() {
+        // Two new prompts that an idle fleet places on the same pod.
+        let ask = |i: usize| chat(&[("user", &format!("{i} {}", "y".repeat(4000)))]);
+        let alone = |key: &PromptKey| {
+            let host = MemoryHost::default();
+            Router::new(cfg("cache_aware"), &host)
+                .route(&host, &prompt(key))
+                .decision
+                .order[0]
+        };
+        let (k1, k2) = (0..64)
+            .flat_map(|i| (0..i).map(move |j| (j, i)))
+            .find(|&(j, i)| alone(&ask(j)) == alone(&ask(i)))
+            .map(|(j, i)| (ask(j), ask(i)))
+            .unwrap();
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let mut b = Router::new(cfg("cache_aware"), &host);
+        // `a` reads the ledger (idle) for k2; `b` routes k1 before `a` writes.
+        a.admit(&host, &prompt(&k2));
+        let first = b.route(&host, &prompt(&k1));
+        assert_eq!(first.redecided, 0);
+        let second = a.route(&host, &prompt(&k2));
+        assert_eq!(second.redecided, 1, "{second:?}");
+        assert_ne!(second.decision.order[0], first.decision.order[0]);
+        let inflight = a.store(&host).inflight().unwrap();
+        assert_eq!(inflight.iter().map(|f| f.requests).sum::<u32>(), 2);
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub struct Stats {
     usage_requested: Counter,
     host_errors: Counter,
     log_gaps: Counter,
+    redecided: Counter,
     gate: Vec<ClassStats>,
 }
 
@@ -216,6 +217,7 @@ impl Stats {
             usage_requested: counter("warmroute.feedback.usage_requested".into()),
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
+            redecided: counter("warmroute.redecided".into()),
             gate: cfg
                 .gate
                 .iter()
@@ -268,8 +270,7 @@ impl Stats {
         reason: Reason,
         backend: Option<usize>,
         (matched, blocks): (u32, u32),
-        host_errors: u32,
-        log_gap: bool,
+        (host_errors, log_gap, redecided): (u32, bool, u32),
     ) {
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             add_at(&mut self.decisions, i, 1);
@@ -281,6 +282,7 @@ impl Stats {
         self.matched_blocks.add(matched.min(blocks).into());
         self.host_errors.add(host_errors.into());
         self.log_gaps.add(log_gap.into());
+        self.redecided.add(redecided.into());
     }
 
     /// A request whose prompt could not be read.
@@ -368,6 +370,7 @@ impl Stats {
             &mut self.usage_requested,
             &mut self.host_errors,
             &mut self.log_gaps,
+            &mut self.redecided,
         ];
         lists
             .into_iter()

@@ -182,10 +182,21 @@ pub fn update<H: Host, T>(
 pub fn update_after<H: Host, T>(
     host: &H,
     key: &str,
+    seed: Option<Versioned>,
+    f: impl FnMut(Option<Vec<u8>>) -> (Option<Vec<u8>>, T),
+) -> Result<T, HostError> {
+    update_within(host, key, seed, MAX_CAS_RETRIES, f)
+}
+
+/// [`update_after`] in at most `attempts` CAS attempts (`Err(CasMismatch)` past them).
+fn update_within<H: Host, T>(
+    host: &H,
+    key: &str,
     mut seed: Option<Versioned>,
+    attempts: u32,
     mut f: impl FnMut(Option<Vec<u8>>) -> (Option<Vec<u8>>, T),
 ) -> Result<T, HostError> {
-    for _ in 0..MAX_CAS_RETRIES {
+    for _ in 0..attempts {
         // A read of a missing key has no CAS token, and a write without one is
         // unconditional: such a seed could overwrite a value created since.
         let (value, cas) = match seed.take().filter(|(_, cas)| cas.is_some()) {
@@ -431,8 +442,32 @@ impl<H: Host> Store<'_, H> {
         deltas: &[Delta],
         reserve: bool,
     ) -> Result<Accounted, HostError> {
+        self.account_within(seed, writer, deltas, reserve, MAX_CAS_RETRIES)
+    }
+
+    /// [`Store::account`] only if the ledger is still as `seed` read it: one
+    /// CAS, `Err(CasMismatch)` (and nothing written) when another VM wrote
+    /// since. A routing decision made on that read can then be made again.
+    pub fn account_if_unchanged(
+        &self,
+        seed: Versioned,
+        writer: Writer,
+        deltas: &[Delta],
+        reserve: bool,
+    ) -> Result<Accounted, HostError> {
+        self.account_within(Some(seed), writer, deltas, reserve, 1)
+    }
+
+    fn account_within(
+        &self,
+        seed: Option<Versioned>,
+        writer: Writer,
+        deltas: &[Delta],
+        reserve: bool,
+        attempts: u32,
+    ) -> Result<Accounted, HostError> {
         let n = self.n;
-        update_after(self.host, &self.keys.ledger, seed, |v| {
+        update_within(self.host, &self.keys.ledger, seed, attempts, |v| {
             let ledger = Ledger::decode(v.as_deref(), n);
             let mut reclaimed = Vec::new();
             let mut mine = Share {

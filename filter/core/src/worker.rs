@@ -481,8 +481,7 @@ impl Worker {
             routed.decision.reason,
             primary,
             (routed.decision.matched, routed.blocks),
-            routed.host_errors,
-            routed.log_gap,
+            (routed.host_errors, routed.log_gap, routed.redecided),
         );
         let cfg = self.router.config();
         if let Some((name, value)) =
