@@ -170,10 +170,15 @@
 //!   output length) were re-sent to the pod that had just emptied, least
 //!   loaded, and shared one prefill step there.
 //!
-//! Placement (no eligible pod matches) also avoids a queue as deep as the
-//! prompt itself, even within the slack: waiting behind it would at least
-//! double this prompt's time to first token (40 prefixes: new 3500-token
-//! prompts queued two or three deep on one pod, the TTFT tail).
+//! Placement (no eligible pod matches) also avoids a queue half as deep as
+//! the prompt itself, even within the slack: waiting behind it makes this
+//! prompt's time to first token 1.5x or more what the shortest queue gives
+//! (40 prefixes: new 3500-token prompts queued two or three deep on one pod,
+//! the TTFT tail). Half, not a whole prompt: in a burst of prompts of about
+//! one size the queues differ by whole prompts, and a bound of one prompt sat
+//! on that edge: a queue one prompt deeper, made of prompts a block or two
+//! shorter than this one, passed as not waiting (guidellm's opening burst of
+//! 8 prompts of 77-79 blocks put a third and a fourth on one pod).
 //!
 //! | parameter      | default | why |
 //! |----------------|---------|-----|
@@ -545,11 +550,11 @@ impl Chooser<'_> {
                 Reason::Placed
             };
             // In rendezvous order, so gateway replicas agree unless a queue is deep:
-            // deeper than the slack, or as deep as this prompt's own prefill (waiting
-            // behind it would at least double this prompt's time to first token).
+            // deeper than the slack, or half as deep as this prompt's own prefill
+            // (see the module doc).
             let shallow = |b: usize| {
                 let ahead = self.loads[b].prefill - min_prefill;
-                ahead <= self.cfg.prefill_slack_blocks && ahead < blocks
+                ahead <= self.cfg.prefill_slack_blocks && ahead < blocks / 2.0
             };
             let b = eligible
                 .iter()
@@ -861,9 +866,9 @@ mod tests {
     }
 
     #[test]
-    fn placement_avoids_a_queue_as_deep_as_the_prompt_itself_within_the_slack() {
-        // 40 blocks, well within the 128-block slack: waiting behind 40 more would double
-        // this prompt's time to first token.
+    fn placement_avoids_a_queue_half_as_deep_as_the_prompt_itself_within_the_slack() {
+        // 20 blocks, well within the 128-block slack: waiting behind 20 more would make
+        // this 40-block prompt's time to first token 1.5x the shortest queue's.
         let order = rendezvous(5, &IDS[..3], 0..3);
         let place = |ahead: f64| {
             let mut queues = [0.0; 3];
@@ -879,8 +884,11 @@ mod tests {
                 },
             )
         };
-        assert_eq!(place(39.0).order[0], order[0], "shallower: rendezvous");
-        let d = place(40.0);
+        assert_eq!(place(19.0).order[0], order[0], "shallower: rendezvous");
+        let d = place(20.0);
+        assert_eq!((d.order[0], d.reason), (order[1], Reason::Placed));
+        // A queue one prompt deeper, of prompts a little shorter than this one.
+        let d = place(38.0);
         assert_eq!((d.order[0], d.reason), (order[1], Reason::Placed));
     }
 
