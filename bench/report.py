@@ -365,7 +365,7 @@ def markdown(res: dict) -> str:
         L.append("")
         dec = [r for r in rows if r.get("decisions")]
         if dec:
-            L.append("### warmroute decisions (`wasmcustom.warmroute.decision.*`, summed over gateways)\n")
+            L.append("### warmroute decisions (`wasmcustom.warmroute.decision.*`, `feedback.*` and `redecided`, summed over gateways)\n")
             for r in dec:
                 L.append(f"- {r['workload']} / {r['router']} / {r['replicas']}r / {r['gateways']}g: "
                          + ", ".join(f"{k}={v}" for k, v in r["decisions"].items()))

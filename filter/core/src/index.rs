@@ -364,28 +364,34 @@ impl Index {
     }
 
     /// Records that `backend` now holds `blocks` (as of `now_ms`): the sampled
-    /// positions and the last block.
-    pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) {
+    /// positions and the last block. Returns the first position it did not
+    /// hold before (`blocks.len()` if it held them all): the blocks the prompt
+    /// brings start there, to a sampling stride.
+    pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) -> u32 {
         let held = kept_positions(blocks.len()).filter_map(|i| Some((i, *blocks.get(i)?)));
-        self.record_positions(held, backend, now_ms);
+        self.record_positions(held, backend, now_ms)
+            .unwrap_or(blocks.len()) as u32
     }
 
     /// Records a chain of `len` blocks given only its hashes at [`kept_positions`],
     /// in order (an index log event's form; a cut list stands for the chain's head).
-    pub fn record_kept(&mut self, len: usize, kept: &[u64], backend: usize, now_ms: u64) {
+    /// Returns what [`Index::record`] does.
+    pub fn record_kept(&mut self, len: usize, kept: &[u64], backend: usize, now_ms: u64) -> u32 {
         let held = kept_positions(len).zip(kept.iter().copied());
-        self.record_positions(held, backend, now_ms);
+        self.record_positions(held, backend, now_ms).unwrap_or(len) as u32
     }
 
+    /// Records `held` (position, hash); the first position not held before.
     fn record_positions(
         &mut self,
         held: impl Iterator<Item = (usize, u64)>,
         backend: usize,
         now_ms: u64,
-    ) {
+    ) -> Option<usize> {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
-            return;
+            return None;
         };
+        let mut first_new = None;
         // The map and the queue must agree on the time, which a record keeps in 48 bits.
         let now_ms = now_ms.min(TIME_MAX);
         for (i, h) in held {
@@ -401,6 +407,7 @@ impl Index {
                 }
                 Entry::Vacant(e) => {
                     e.insert(now_ms);
+                    first_new = first_new.or(Some(i));
                     lru.live += span as usize;
                     if i == 0 {
                         *self.firsts.entry(h).or_insert(0) += 1;
@@ -410,6 +417,7 @@ impl Index {
             lru.queue.push_back(Rec::new(key, now_ms, span));
         }
         self.evict(backend, now_ms);
+        first_new
     }
 
     /// Drops entries past their TTL or beyond capacity, oldest first.
@@ -485,6 +493,22 @@ mod tests {
         ix.record(&[1, 2], 1, 0);
         assert_eq!(lens(&ix, &[1, 2, 3, 9], 10), vec![3, 2, 0]);
         assert_eq!(lens(&ix, &[7, 2, 3], 10), vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn a_record_says_where_the_blocks_it_brings_start() {
+        let mut ix = Index::new(3, 1 << 16, 60_000);
+        assert_eq!(ix.record(&[1, 2, 3, 4], 0, 0), 0);
+        assert_eq!(ix.record(&[1, 2, 7, 8, 9], 0, 0), 2);
+        assert_eq!(ix.record(&[1, 2, 3], 0, 5000), 3, "held it all");
+        assert_eq!(ix.record(&[1, 2, 3], 1, 0), 0, "another backend");
+        // A log event's form: the first new sampled position, to a stride.
+        let c: Vec<u64> = (0..100).collect();
+        let mut d = c.clone();
+        d[70..].iter_mut().for_each(|h| *h += 1000);
+        let kept = |c: &[u64]| kept_positions(c.len()).map(|i| c[i]).collect::<Vec<_>>();
+        assert_eq!(ix.record_kept(100, &kept(&c), 2, 0), 0);
+        assert_eq!(ix.record_kept(100, &kept(&d), 2, 0), 71);
     }
 
     fn chain(tag: u64, n: usize) -> Vec<u64> {
@@ -717,7 +741,9 @@ mod properties {
                 match op {
                     10 => ix.forget_used_before(b, t.saturating_sub(dt)),
                     11 => ix.forget(b),
-                    _ => ix.record(&chain(tag, len), b, t),
+                    _ => {
+                        ix.record(&chain(tag, len), b, t);
+                    }
                 }
             }
             // The first-block counts are the backends holding an entry for it.

@@ -25,7 +25,8 @@
 //! ## cache_aware (default)
 //! ```text
 //! ratio_b  = matched_blocks_b / prompt_blocks    (0 unless the match goes past the
-//!                                                  head and reaches min_match_blocks)
+//!                                                  head and reaches min_match_blocks;
+//!                                                  matched: what is ready, see below)
 //! queued_b = max(0, prefill_b − min_prefill − slack) / prompt_blocks
 //!            (0 when b holds the prompt's history alone, see below)
 //! eligible_b = ¬full_b ∧ load_b + 1 ≤ least + max(cap, warm_min_cap)   if holds_b,
@@ -110,6 +111,14 @@
 //!   saturated (`bench/notes.md`, sessions 17, 19 and 20). A continuation that
 //!   this gateway has not seen (placed by its anchor, below) still leaves a
 //!   saturated pod: there the hold has no index entry to go on.
+//! - the match of a prompt that is not a continuation leaves out the blocks a
+//!   prompt still waiting for its prefill on that pod brings
+//!   ([`crate::waiting`], ready): the pod has not computed them, and a prompt
+//!   admitted with it gets no hit from them. Counted, a request sharing a
+//!   prefix with one sent just before stayed on a pod deep in prefill and was
+//!   accounted a few blocks where it cost a whole prompt, so the next new
+//!   prompt joined it too (guidellm's opening burst: a fourth full prefill on
+//!   one pod, ~870 ms against ~650, in 7 of 15 replays; 0 of 15 with this).
 //! - a match inside the head (shared instructions, see `prefix`) does not
 //!   count: otherwise whichever pod first saw a popular system prompt would
 //!   attract every new conversation up to the load bound — a hotspot. The

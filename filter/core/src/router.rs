@@ -129,8 +129,9 @@ pub struct Router {
     /// there waits for its first token and shares its prompt up to the last
     /// block of that backend's match.
     shared: Vec<bool>,
-    /// The prompts this VM routed and has seen no response byte of, per pod
-    /// (`cache_aware` only): the sole holder's guard ([`crate::waiting`]).
+    /// The prompts this VM routed and has seen no response byte of, and the
+    /// other workers' the ledger shows not yet prefilled, per pod (`cache_aware`
+    /// only): the sole holder's guard and what a match has ready ([`crate::waiting`]).
     waiting: Waiting,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
@@ -473,12 +474,14 @@ impl Router {
                             // Routed to the slot's previous pod: not this one's cache.
                             Kind::Received
                                 if ev.time_ms < self.slots.joined_ms(ev.backend as usize) => {}
-                            Kind::Received => self.index.record_kept(
-                                ev.len as usize,
-                                &ev.blocks,
-                                ev.backend as usize,
-                                ev.time_ms,
-                            ),
+                            Kind::Received => {
+                                let (len, b) = (ev.len as usize, ev.backend as usize);
+                                let from = self.index.record_kept(len, &ev.blocks, b, ev.time_ms);
+                                if self.cfg.strategy == Strategy::CacheAware {
+                                    self.waiting
+                                        .keep_foreign(ev.origin, len, &ev.blocks, b, from);
+                                }
+                            }
                             Kind::Evicted => self
                                 .index
                                 .forget_used_before(ev.backend as usize, ev.time_ms),
@@ -683,6 +686,17 @@ impl Router {
                 } else {
                     false
                 };
+                if with_prompt && self.cfg.strategy == Strategy::CacheAware {
+                    // What the other workers' prompts still bring ([`crate::waiting`]).
+                    let shares = &r.value.shares;
+                    self.waiting.settle(|vm, b| {
+                        let share = shares.iter().find(|s| s.vm == vm);
+                        share.map_or(0, |s| {
+                            let at = s.inflight.binary_search_by_key(&(b as u32), |&(b, _)| b);
+                            at.map_or(0, |i| s.inflight[i].1.prefill_blocks)
+                        })
+                    });
+                }
                 (r.value.inflight, Some(r.raw), log_gap)
             }
             Err(_) => {
@@ -745,6 +759,11 @@ impl Router {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
                 let head_blocks = (key.anchor_offset / block) as u32;
+                if !key.continuation {
+                    // Not what pending prompts still bring ([`crate::waiting`], ready).
+                    self.waiting
+                        .ready(&mut self.matched, head_blocks, &key.blocks);
+                }
                 self.waiting
                     .shared(&self.matched, head_blocks, &key.blocks, &mut self.shared);
                 self.split.lap(host, Step::Match);
@@ -838,13 +857,14 @@ impl Router {
             }
             return None;
         }
-        if !chain.is_empty() {
-            // Record the whole chain: it refreshes recency of the matched part
-            // and, after a spillover, replicates a hot prefix to the new pod.
-            self.index.record(chain, primary, seen.now);
-        }
+        // Record the whole chain: it refreshes recency of the matched part
+        // and, after a spillover, replicates a hot prefix to the new pod.
+        let from = match chain.is_empty() {
+            true => 0,
+            false => self.index.record(chain, primary, seen.now),
+        };
         let waiting = if self.cfg.strategy == Strategy::CacheAware {
-            self.waiting.keep(chain, primary)
+            self.waiting.keep(chain, primary, from)
         } else {
             None
         };
@@ -1508,7 +1528,14 @@ mod tests {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("cache_aware"), &host);
         let doc = "x".repeat(6000);
-        let ask = |q: &str| chat(&[("user", &format!("{doc} {}", q.repeat(2000)))]);
+        // Continuations (so their matches count in full, see the next test).
+        let ask = |q: &str| {
+            chat(&[
+                ("user", &doc),
+                ("assistant", "ok"),
+                ("user", &q.repeat(2000)),
+            ])
+        };
         let first = a.route(&host, &prompt(&ask("a")));
         let b = first.decision.order[0];
         let second = a.route(&host, &prompt(&ask("b")));
@@ -1577,6 +1604,42 @@ mod tests {
     }
 
     #[test]
+    fn blocks_a_pending_prompt_brings_are_no_hit_on_any_worker() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let mut b = Router::new(cfg("cache_aware"), &host);
+        let doc = "x".repeat(6000);
+        let ask = |q: &str| chat(&[("user", &format!("{doc} {}", q.repeat(2000)))]);
+        // While the prompts that bring the document wait for their prefill, it is no
+        // hit, whichever worker routes the next (B by A's ledger share, A by its
+        // ticket and B's share), and the next prompt's whole prefill is accounted.
+        let first = a.route(&host, &prompt(&ask("a")));
+        let second = b.route(&host, &prompt(&ask("b")));
+        let third = a.route(&host, &prompt(&ask("c")));
+        for next in [&second, &third] {
+            assert_eq!(next.decision.matched, 0, "{next:?}");
+            assert_eq!(next.held.prefill_blocks as u32, next.blocks);
+        }
+        // Their answers started: the document is a hit on their pods, for both workers.
+        let answered = |r: &mut Router, routed: &Routed| {
+            let mut held = routed.held;
+            r.prefilled(routed.decision.order[0], &mut held);
+            r.close(routed.waiting.unwrap());
+        };
+        answered(&mut a, &first);
+        answered(&mut b, &second);
+        answered(&mut a, &third);
+        a.flush_releases(&host).unwrap();
+        b.flush_releases(&host).unwrap();
+        for (r, q) in [(&mut a, "d"), (&mut b, "e")] {
+            let next = r.route(&host, &prompt(&ask(q)));
+            assert!(next.decision.matched * 2 > next.blocks, "{next:?}");
+        }
+        // B dropped A's answered prompts; it keeps the one A just sent.
+        assert_eq!(b.waiting.foreign_prompts(), 1);
+    }
+
+    #[test]
     fn a_restarted_log_is_followed_from_its_new_head() {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("cache_aware"), &host);
@@ -1596,6 +1659,10 @@ mod tests {
         // A's events written from the new head reach B again.
         let other = chat(&[("user", &"y".repeat(4000))]);
         let placed = a.route(&host, &prompt(&other));
+        // Its answer started (else its blocks still wait for their prefill).
+        let mut held = placed.held;
+        a.prefilled(placed.decision.order[0], &mut held);
+        a.flush_releases(&host).unwrap();
         let seen = b.route(&host, &prompt(&other));
         assert!(!seen.log_gap);
         assert_eq!(seen.decision.order[0], placed.decision.order[0]);

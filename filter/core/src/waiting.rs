@@ -1,10 +1,15 @@
-//! Prompts waiting for their first token, per pod: the sole holder's guard.
+//! Prompts waiting for their first token, per pod: the sole holder's guard,
+//! and the part of a match a pod may still be prefilling.
 //!
 //! ```text
-//! keep(chain, b)        one copy of the routed prompt's chain in b's list, under a ticket
-//! close(ticket)         at its first response byte, or its end
-//! shared_b              = matched_b > head_blocks
-//!                         ∧ ∃ w waiting on b: w.chain[matched_b − 1] = chain[matched_b − 1]
+//! keep(chain, b, from)   one copy of the routed prompt's chain in b's list, under a ticket;
+//!                        from = the blocks b held of it before (it brings the rest)
+//! close(ticket)          at its first response byte, or its end
+//! shared_b               = matched_b > head_blocks
+//!                          ∧ ∃ w waiting on b: w.chain[matched_b − 1] = chain[matched_b − 1]
+//! ready_b                = min(matched_b, min { from_w : w pending on b, from_w < matched_b,
+//!                                                w agrees with chain at its last held
+//!                                                position p, from_w ≤ p < matched_b })
 //! ```
 //! `cache_aware` keeps a conversation's history on the only pod holding it
 //! whatever that pod's prefill queue, unless another request waiting there
@@ -14,14 +19,49 @@
 //! the two prompts agree up to it. Only a pod matching past the head can be the
 //! sole holder, so only those are probed.
 //!
+//! **Ready.** The index records a prompt on its pod when it routes it, so a
+//! prompt sent with another that shares its prefix (a document or few-shot
+//! block many requests send together) matches the blocks the other is still
+//! bringing. The pod computes them only once that prompt's prefill reaches
+//! them: a prompt admitted with it gets no hit (vLLM does not share a prefix
+//! being computed) and waits behind it anyway. Counted as a hit, such a
+//! prompt stayed on a pod two prompts deep and was accounted a few blocks of
+//! prefill, so the next new prompt joined that pod too (guidellm's opening
+//! burst of 8 cold prompts: a fourth full prefill on one pod, its TTFT ~870 ms
+//! against ~650). `ready_b` is the match without what pending prompts bring;
+//! the router weighs and accounts that (for prompts that are not
+//! continuations: a continuation's match is its own history, whose turn has
+//! answered before the next is sent).
+//!
+//! Pending: this VM's own prompts until their first byte (their ticket). The
+//! other workers' prompts come with their index-log events (the positions the
+//! log carries, [`crate::index::kept_positions`]) and are pending by the
+//! ledger: a pod prefills in arrival order, so of VM v's prompts on b, those
+//! whose prefill, counted from the newest back, starts within the prefill v
+//! still accounts there (`P_vb`, released at each first byte) are the ones
+//! not yet prefilled:
+//! ```text
+//! pending(w) = Σ (len_u − from_u) over v's prompts u on b newer than w  <  P_vb
+//! ```
+//! A prompt found prefilled is dropped, with every older one of v's on b.
+//! The other VM accounts a prompt `len − matched` as it decided; `from` is
+//! what this index held, close to it. A release v has not written yet keeps
+//! its prompts pending a little longer: the ledger is late, never early.
+//!
 //! Lists rather than a map of hashes: routing pushes one copy and closing
 //! scans the few prompts waiting on that pod, where a map took an insert and
 //! a removal per index-sampled block of every prompt (~96 at 128 KB).
 //!
-//! Memory: at most [`MAX_WAITING_BLOCKS`] hashes (4 MB) per VM. Every exchange
-//! closes its ticket; past the cap (an exchange that never did, or a burst of
-//! huge prompts) the oldest are dropped, and a longer prompt is not kept: the
-//! hold then applies unguarded for those, the rule without its guard.
+//! Memory: at most [`MAX_WAITING_BLOCKS`] hashes (4 MB) per VM, this VM's
+//! and the others' prompts together. Every exchange closes its ticket, and the
+//! ledger settles the others'; past the cap (an exchange that never did, or a
+//! burst of huge prompts) the oldest are dropped, and a longer prompt is not
+//! kept: the hold then applies unguarded for those, the rule without its
+//! guard, and their blocks count as ready.
+
+use std::collections::VecDeque;
+
+use crate::index::kept_positions;
 
 /// Most block hashes the waiting prompts a VM keeps hold in all: e.g. 1024
 /// waiting 128 KB prompts or tens of thousands of chat turns.
@@ -38,13 +78,41 @@ pub struct WaitTicket {
 struct Prompt {
     id: u64,
     chain: Vec<u64>,
+    /// Blocks the pod held of it before it was routed.
+    from: u32,
 }
 
-/// Per backend, the prompts this VM routed there and has seen no response byte of.
+/// A prompt another VM routed to a pod, as its index-log event carries it.
+struct Foreign {
+    vm: u64,
+    /// Blocks in its chain.
+    len: u32,
+    /// Its hashes at [`kept_positions`] of `len`.
+    kept: Vec<u64>,
+    /// Blocks the pod held of it before it was routed (by this VM's index).
+    from: u32,
+}
+
+impl Foreign {
+    /// Whether it agrees with `chain` at its last held position in `from..end`
+    /// (so `chain` uses blocks it brings).
+    fn brings_into(&self, chain: &[u64], end: u32) -> bool {
+        kept_positions(self.len as usize)
+            .zip(&self.kept)
+            .take_while(|&(i, _)| i < end as usize)
+            .last()
+            .is_some_and(|(i, h)| i >= self.from as usize && chain.get(i) == Some(h))
+    }
+}
+
+/// Per backend, the prompts routed there that may still wait for their prefill.
 #[derive(Default)]
 pub struct Waiting {
+    /// This VM's, closed by their tickets.
     lists: Vec<Vec<Prompt>>,
-    /// Block hashes `lists` hold in all.
+    /// The other VMs', oldest first, settled by the ledger.
+    foreign: Vec<VecDeque<Foreign>>,
+    /// Block hashes `lists` and `foreign` hold in all.
     blocks: usize,
     /// The last [`WaitTicket`]'s id.
     tickets: u64,
@@ -52,9 +120,10 @@ pub struct Waiting {
 
 impl Waiting {
     /// Sets `shared` per backend (formula above); empty when nothing waits.
+    /// This VM's prompts only: another worker's leave the hold in place.
     pub fn shared(&self, matched: &[u32], head_blocks: u32, chain: &[u64], shared: &mut Vec<bool>) {
         shared.clear();
-        if self.blocks == 0 {
+        if self.lists.iter().all(Vec::is_empty) {
             return;
         }
         shared.extend(matched.iter().enumerate().map(|(b, &m)| {
@@ -69,13 +138,35 @@ impl Waiting {
         }));
     }
 
-    /// Keeps `chain` as waiting on `backend` until [`Waiting::close`].
-    pub fn keep(&mut self, chain: &[u64], backend: usize) -> Option<WaitTicket> {
-        if chain.is_empty() || chain.len() > MAX_WAITING_BLOCKS {
-            return None;
+    /// Lowers each `matched` past the head to `ready` (formula above). Call
+    /// [`Waiting::settle`] first, so the others' prompts still kept are pending.
+    pub fn ready(&self, matched: &mut [u32], head_blocks: u32, chain: &[u64]) {
+        if self.blocks == 0 {
+            return;
         }
-        while self.blocks + chain.len() > MAX_WAITING_BLOCKS {
-            self.drop_oldest();
+        for (b, m) in matched.iter_mut().enumerate() {
+            if *m <= head_blocks {
+                continue;
+            }
+            let end = *m;
+            let i = end as usize - 1;
+            let own = self.lists.get(b).into_iter().flatten().filter(|w| {
+                w.from < end && w.chain.get(i).is_some_and(|h| chain.get(i) == Some(h))
+            });
+            let others = self.foreign.get(b).into_iter().flatten();
+            let others = others.filter(|w| w.from < end && w.brings_into(chain, end));
+            let from = own.map(|w| w.from).chain(others.map(|w| w.from)).min();
+            if let Some(from) = from {
+                *m = from;
+            }
+        }
+    }
+
+    /// Keeps `chain` as waiting on `backend`, which held its first `from`
+    /// blocks, until [`Waiting::close`].
+    pub fn keep(&mut self, chain: &[u64], backend: usize, from: u32) -> Option<WaitTicket> {
+        if chain.is_empty() || !self.make_room(chain.len()) {
+            return None;
         }
         if self.lists.len() <= backend {
             self.lists.resize_with(backend + 1, Vec::new);
@@ -85,9 +176,65 @@ impl Waiting {
         self.lists[backend].push(Prompt {
             id,
             chain: chain.to_vec(),
+            from,
         });
         self.blocks += chain.len();
         Some(WaitTicket { backend, id })
+    }
+
+    /// Keeps a prompt VM `vm` routed to `backend` (a chain of `len` blocks,
+    /// its hashes at the kept positions), which held its first `from`, until
+    /// [`Waiting::settle`] finds it prefilled. One that brings nothing is not kept.
+    pub fn keep_foreign(&mut self, vm: u64, len: usize, kept: &[u64], backend: usize, from: u32) {
+        if from as usize >= len || kept.is_empty() || !self.make_room(kept.len()) {
+            return;
+        }
+        if self.foreign.len() <= backend {
+            self.foreign.resize_with(backend + 1, VecDeque::new);
+        }
+        self.foreign[backend].push_back(Foreign {
+            vm,
+            len: len as u32,
+            kept: kept.to_vec(),
+            from,
+        });
+        self.blocks += kept.len();
+    }
+
+    /// Drops the other VMs' prompts the ledger shows prefilled (formula above):
+    /// `prefill(vm, b)` is the prefill VM `vm` accounts on `b`.
+    pub fn settle(&mut self, prefill: impl Fn(u64, usize) -> u32) {
+        let mut covered: Vec<(u64, u64)> = Vec::new();
+        let mut keep = Vec::new();
+        for (b, list) in self.foreign.iter_mut().enumerate() {
+            covered.clear();
+            keep.clear();
+            // Newest first: a prompt is prefilled once the newer ones of its VM on
+            // `b` cover what that VM still accounts there; so is every older one.
+            for w in list.iter().rev() {
+                let i = match covered.iter().position(|&(vm, _)| vm == w.vm) {
+                    Some(i) => i,
+                    None => {
+                        covered.push((w.vm, 0));
+                        covered.len() - 1
+                    }
+                };
+                let pending = covered[i].1 < u64::from(prefill(w.vm, b));
+                covered[i].1 = match pending {
+                    true => covered[i].1 + u64::from(w.len - w.from),
+                    false => u64::MAX,
+                };
+                keep.push(pending);
+            }
+            let mut pending = keep.iter().rev();
+            list.retain(|w| {
+                let kept = pending.next().copied().unwrap_or(true);
+                if !kept {
+                    self.blocks -= w.kept.len();
+                }
+                kept
+            });
+        }
     }
 
     /// The prompt got its first response byte (or its exchange ended): it no
@@ -107,11 +254,38 @@ impl Waiting {
             self.blocks -= list.iter().map(|w| w.chain.len()).sum::<usize>();
             list.clear();
         }
+        if let Some(list) = self.foreign.get_mut(backend) {
+            self.blocks -= list.iter().map(|w| w.kept.len()).sum::<usize>();
+            list.clear();
+        }
     }
 
-    /// Drops the longest-kept waiting prompt (the lowest id): the likeliest
-    /// to be one whose exchange never closed it.
+    /// Makes room for `blocks` more hashes under the cap, dropping the oldest
+    /// kept prompts; false if that many can never fit.
+    fn make_room(&mut self, blocks: usize) -> bool {
+        if blocks > MAX_WAITING_BLOCKS {
+            return false;
+        }
+        while self.blocks + blocks > MAX_WAITING_BLOCKS {
+            self.drop_oldest();
+        }
+        true
+    }
+
+    /// Drops the other VMs' oldest prompt, or if none, the longest-kept of this
+    /// VM's (the lowest id): the likeliest to be one whose exchange never closed it.
     fn drop_oldest(&mut self) {
+        if let Some(list) = self
+            .foreign
+            .iter_mut()
+            .max_by_key(|l| l.len())
+            .filter(|l| !l.is_empty())
+        {
+            if let Some(w) = list.pop_front() {
+                self.blocks -= w.kept.len();
+            }
+            return;
+        }
         let oldest = self
             .lists
             .iter()
@@ -124,10 +298,16 @@ impl Waiting {
         }
     }
 
-    /// How many prompts wait (tests).
+    /// How many of this VM's prompts wait (tests).
     #[cfg(test)]
     pub(crate) fn prompts(&self) -> usize {
         self.lists.iter().map(Vec::len).sum()
+    }
+
+    /// How many of the other VMs' prompts are kept (tests).
+    #[cfg(test)]
+    pub(crate) fn foreign_prompts(&self) -> usize {
+        self.foreign.iter().map(VecDeque::len).sum()
     }
 
     /// Block hashes held in all (tests).
@@ -149,8 +329,8 @@ mod tests {
         let mut other: Vec<u64> = (0..92).collect();
         other.extend(1000..1010);
         let mut waiting = Waiting::default();
-        waiting.keep(&other, 0);
-        waiting.keep(&(0..40).collect::<Vec<u64>>(), 1);
+        waiting.keep(&other, 0, 0);
+        waiting.keep(&(0..40).collect::<Vec<u64>>(), 1, 0);
         let mut shared = Vec::new();
         waiting.shared(&[92, 40, 0], 8, &chain, &mut shared);
         assert_eq!(shared, [true, true, false]);
@@ -164,14 +344,91 @@ mod tests {
         assert!(shared.is_empty());
     }
 
+    /// A chain of `n` blocks, the first `shared` of them common to every `tag`.
+    fn chain(tag: u64, shared: usize, n: usize) -> Vec<u64> {
+        (0..n as u64)
+            .map(|i| {
+                if (i as usize) < shared {
+                    i
+                } else {
+                    tag << 32 | i
+                }
+            })
+            .collect()
+    }
+
+    /// `chain`'s hashes at the positions an index-log event carries.
+    fn kept(chain: &[u64]) -> Vec<u64> {
+        kept_positions(chain.len()).map(|i| chain[i]).collect()
+    }
+
+    #[test]
+    fn a_match_is_ready_only_up_to_what_a_pending_prompt_brings() {
+        let mut w = Waiting::default();
+        // Backend 0 held 10 blocks of the document before this prompt brought the rest.
+        let ticket = w.keep(&chain(1, 60, 80), 0, 10).unwrap();
+        let rider = chain(2, 60, 80);
+        let mut matched = [60, 60, 0];
+        w.ready(&mut matched, 4, &rider);
+        assert_eq!(matched, [10, 60, 0]);
+        // A match the pending prompt brought none of, or one within the head, stands.
+        let mut matched = [10, 0, 0];
+        w.ready(&mut matched, 4, &rider);
+        assert_eq!(matched, [10, 0, 0]);
+        let mut matched = [60, 0, 0];
+        w.ready(&mut matched, 60, &rider);
+        assert_eq!(matched, [60, 0, 0]);
+        // A prompt that parts ways before the match's end brings nothing it uses.
+        let mut matched = [60, 0, 0];
+        w.ready(&mut matched, 4, &chain(3, 30, 80));
+        assert_eq!(matched, [60, 0, 0]);
+        w.close(ticket);
+        let mut matched = [60, 0, 0];
+        w.ready(&mut matched, 4, &rider);
+        assert_eq!(matched, [60, 0, 0]);
+    }
+
+    #[test]
+    fn another_workers_prompt_is_pending_while_its_prefill_is_in_the_ledger() {
+        let mut w = Waiting::default();
+        // VM 7 sent three prompts to backend 1, each bringing 100 blocks (the last
+        // sharing the rider's first 90, the index-sampled positions only); VM 8 one.
+        for tag in [4, 5, 6] {
+            let c = chain(tag, if tag == 6 { 90 } else { 0 }, 100);
+            w.keep_foreign(7, c.len(), &kept(&c), 1, 0);
+        }
+        let c = chain(9, 0, 100);
+        w.keep_foreign(8, c.len(), &kept(&c), 1, 0);
+        // A prompt that brings nothing is not kept.
+        w.keep_foreign(8, c.len(), &kept(&c), 1, 100);
+        assert_eq!(w.foreign_prompts(), 4);
+        let rider = chain(2, 90, 120);
+        let ready = |w: &Waiting| {
+            let mut matched = [0, 90, 0];
+            w.ready(&mut matched, 4, &rider);
+            matched[1]
+        };
+        // VM 7 still accounts 150 blocks there: its two newest are not prefilled.
+        w.settle(|vm, b| if (vm, b) == (7, 1) { 150 } else { 0 });
+        assert_eq!(w.foreign_prompts(), 2);
+        assert_eq!(ready(&w), 0);
+        // Its newest is being prefilled alone; then nothing.
+        w.settle(|vm, b| if (vm, b) == (7, 1) { 60 } else { 0 });
+        assert_eq!(w.foreign_prompts(), 1);
+        assert_eq!(ready(&w), 0);
+        w.settle(|_, _| 0);
+        assert_eq!((w.foreign_prompts(), w.blocks()), (0, 0));
+        assert_eq!(ready(&w), 90);
+    }
+
     #[test]
     fn waiting_prompts_stay_bounded() {
         let mut w = Waiting::default();
         let chain: Vec<u64> = (0..12).collect();
-        let first = w.keep(&chain, 0).unwrap();
+        let first = w.keep(&chain, 0, 0).unwrap();
         let n = w.blocks;
         w.blocks = MAX_WAITING_BLOCKS - n + 1;
-        let second = w.keep(&chain, 0).unwrap();
+        let second = w.keep(&chain, 0, 0).unwrap();
         // The oldest made room; its ticket closes nothing, the kept one empties the lists.
         assert_eq!((w.prompts(), w.blocks), (1, MAX_WAITING_BLOCKS - n + 1));
         w.blocks = n;
@@ -179,14 +436,14 @@ mod tests {
         assert_eq!(w.prompts(), 1);
         w.close(second);
         assert_eq!((w.prompts(), w.blocks), (0, 0));
-        assert!(w.keep(&vec![1; MAX_WAITING_BLOCKS + 1], 0).is_none());
+        assert!(w.keep(&vec![1; MAX_WAITING_BLOCKS + 1], 0, 0).is_none());
     }
 
     #[test]
     fn a_changed_slot_forgets_what_waited_on_it() {
         let mut w = Waiting::default();
-        let kept = w.keep(&[1, 2, 3], 1).unwrap();
-        w.keep(&[4, 5], 0);
+        let kept = w.keep(&[1, 2, 3], 1, 0).unwrap();
+        w.keep(&[4, 5], 0, 0);
         w.forget(1);
         assert_eq!((w.prompts(), w.blocks), (1, 2));
         w.close(kept);
