@@ -1,7 +1,11 @@
 //! The backend's own cache report against what the index predicted.
 //!
 //! ```text
-//! predicted = matched_blocks                     (the index's claim for the pod chosen)
+//! predicted = matched_blocks                     (the index's claim for the pod chosen;
+//!                                                 none for a match lowered for blocks a
+//!                                                 pending prompt brings, [`crate::waiting`]:
+//!                                                 whether the pod has them when it admits
+//!                                                 this one depends on timing)
 //! reported  = cached_tokens / prompt_tokens · prompt_blocks
 //!             (usage.prompt_tokens_details.cached_tokens and usage.prompt_tokens:
 //!              vLLM, SGLang; as a share of the prompt, since the index counts

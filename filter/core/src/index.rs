@@ -392,6 +392,7 @@ impl Index {
             return None;
         };
         let mut first_new = None;
+        let ttl_ms = self.ttl_ms;
         // The map and the queue must agree on the time, which a record keeps in 48 bits.
         let now_ms = now_ms.min(TIME_MAX);
         for (i, h) in held {
@@ -400,7 +401,12 @@ impl Index {
             make_room(&mut self.map, &mut self.map_capacity);
             match self.map.entry(key) {
                 Entry::Occupied(mut e) => {
-                    if now_ms.saturating_sub(*e.get()) < REFRESH_MS {
+                    let idle = now_ms.saturating_sub(*e.get());
+                    if idle > ttl_ms {
+                        // Gone by the TTL, though not yet evicted: brought anew.
+                        first_new = first_new.or(Some(i));
+                    }
+                    if idle < REFRESH_MS {
                         continue;
                     }
                     e.insert(now_ms);
@@ -502,6 +508,7 @@ mod tests {
         assert_eq!(ix.record(&[1, 2, 7, 8, 9], 0, 0), 2);
         assert_eq!(ix.record(&[1, 2, 3], 0, 5000), 3, "held it all");
         assert_eq!(ix.record(&[1, 2, 3], 1, 0), 0, "another backend");
+        assert_eq!(ix.record(&[1, 2, 3, 4, 5], 0, 70_000), 0, "past the TTL");
         // A log event's form: the first new sampled position, to a stride.
         let c: Vec<u64> = (0..100).collect();
         let mut d = c.clone();

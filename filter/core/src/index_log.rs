@@ -16,11 +16,12 @@
 //! slots      = clamp(log_bytes / 16 KiB, 16, 1024)
 //! slot_bytes = log_bytes / slots
 //! event      = version u8 ‖ kind u8 ‖ seq u64 ‖ origin u64 ‖ backend u16
-//!              ‖ time_ms u64 ‖ len u32 ‖ n u32 ‖ n × block u64
+//!              ‖ time_ms u64 ‖ prefill u32 ‖ len u32 ‖ n u32 ‖ n × block u64
 //!              (little-endian, [`crate::codec`]; kind 0 received: a chain of
 //!               len blocks, as its hashes at the positions the index holds,
-//!               [`crate::index::kept_positions`]; kind 1 evicted: no blocks,
-//!               time_ms is the cut-off)
+//!               [`crate::index::kept_positions`], and the prefill blocks its
+//!               VM accounted for it ([`crate::waiting`] settles by them);
+//!               kind 1 evicted: no blocks, time_ms is the cut-off)
 //! ```
 //! The index holds a chain only at sampled positions, so the event carries
 //! only those: ~100 hashes for a 128 KB prompt instead of 512, and a slot of
@@ -41,6 +42,23 @@ pub enum Kind {
     Evicted = 1,
 }
 
+/// What an event says besides its chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    /// What the blocks are.
+    pub kind: Kind,
+    /// Position in the log.
+    pub seq: u64,
+    /// VM that appended it (it applied the event itself already).
+    pub origin: u64,
+    /// Backend index.
+    pub backend: u16,
+    /// Host time of the routing decision; for an eviction, the cut-off.
+    pub time_ms: u64,
+    /// Prompt blocks the origin accounted as waiting for prefill there (0 for an eviction).
+    pub prefill: u32,
+}
+
 /// One change to what `backend` holds, seen by VM `origin`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -54,14 +72,16 @@ pub struct Event {
     pub backend: u16,
     /// Host time of the routing decision; for an eviction, the cut-off.
     pub time_ms: u64,
+    /// Prompt blocks the origin accounted as waiting for prefill there (0 for an eviction).
+    pub prefill: u32,
     /// Length of the chain received (0 for an eviction).
     pub len: u32,
     /// The chain's hashes at [`crate::index::kept_positions`] of `len`, in order.
     pub blocks: Vec<u64>,
 }
 
-const EVENT_VERSION: u8 = 4;
-const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4;
+const EVENT_VERSION: u8 = 5;
+const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4 + 4;
 /// Slot size the ring aims for.
 const SLOT_TARGET: usize = 16 << 10;
 
@@ -94,15 +114,7 @@ impl Event {
     /// Encodes the event for one slot: of a received `chain`, its hashes at the
     /// positions the index holds; a list longer than `max_bytes` keeps its head
     /// (the part other requests are most likely to share).
-    pub fn encode(
-        kind: Kind,
-        seq: u64,
-        origin: u64,
-        backend: u16,
-        time_ms: u64,
-        chain: &[u64],
-        max_bytes: usize,
-    ) -> Vec<u8> {
+    pub fn encode(head: Head, chain: &[u64], max_bytes: usize) -> Vec<u8> {
         let room = max_bytes.saturating_sub(EVENT_HEADER) / 8;
         // Positions past the chain's end cannot occur, so the count is the number written
         // (a mismatch would read back as no event, never a misread one).
@@ -110,11 +122,12 @@ impl Event {
         let n = kept.clone().count();
         let mut out = Vec::with_capacity(EVENT_HEADER + n * 8);
         put(&mut out, EVENT_VERSION);
-        put(&mut out, kind as u8);
-        put(&mut out, seq);
-        put(&mut out, origin);
-        put(&mut out, backend);
-        put(&mut out, time_ms);
+        put(&mut out, head.kind as u8);
+        put(&mut out, head.seq);
+        put(&mut out, head.origin);
+        put(&mut out, head.backend);
+        put(&mut out, head.time_ms);
+        put(&mut out, head.prefill);
         put(&mut out, u32::try_from(chain.len()).unwrap_or(u32::MAX));
         put(&mut out, n as u32);
         for h in kept.filter_map(|i| chain.get(i).copied()) {
@@ -135,8 +148,8 @@ impl Event {
             1 => Kind::Evicted,
             _ => return None,
         };
-        let (seq, origin, backend, time_ms, len) =
-            (r.get()?, r.get()?, r.get()?, r.get()?, r.get()?);
+        let (seq, origin, backend, time_ms, prefill, len) =
+            (r.get()?, r.get()?, r.get()?, r.get()?, r.get()?, r.get()?);
         let n = r.get::<u32>()? as usize;
         if r.rest().len() != n.checked_mul(8)? {
             return None;
@@ -147,6 +160,7 @@ impl Event {
             origin,
             backend,
             time_ms,
+            prefill,
             len,
             blocks: (0..n).map_while(|_| r.get()).collect(),
         })
@@ -159,9 +173,22 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// A head that accounts 7 prefill blocks for a received chain.
+    fn head(kind: Kind, seq: u64, origin: u64, backend: u16, time_ms: u64) -> Head {
+        let prefill = if kind == Kind::Received { 7 } else { 0 };
+        Head {
+            kind,
+            seq,
+            origin,
+            backend,
+            time_ms,
+            prefill,
+        }
+    }
+
     #[test]
     fn event_round_trip() {
-        let bytes = Event::encode(Kind::Evicted, 9, 7, 2, 1234, &[], 4096);
+        let bytes = Event::encode(head(Kind::Evicted, 9, 7, 2, 1234), &[], 4096);
         assert_eq!(
             Event::decode(&bytes),
             Some(Event {
@@ -170,6 +197,7 @@ mod tests {
                 origin: 7,
                 backend: 2,
                 time_ms: 1234,
+                prefill: 0,
                 len: 0,
                 blocks: vec![]
             })
@@ -179,7 +207,12 @@ mod tests {
     #[test]
     fn a_received_chain_travels_as_its_kept_positions() {
         let chain: Vec<u64> = (100..100 + 600).collect();
-        let ev = Event::decode(&Event::encode(Kind::Received, 1, 1, 0, 0, &chain, 16384)).unwrap();
+        let ev = Event::decode(&Event::encode(
+            head(Kind::Received, 1, 1, 0, 0),
+            &chain,
+            16384,
+        ))
+        .unwrap();
         assert_eq!(ev.len, 600);
         let kept: Vec<u64> = kept_positions(600).map(|i| chain[i]).collect();
         assert_eq!(ev.blocks, kept);
@@ -192,7 +225,7 @@ mod tests {
     #[test]
     fn oversized_event_keeps_its_head() {
         let blocks: Vec<u64> = (0..1_000_000).collect();
-        let bytes = Event::encode(Kind::Received, 1, 1, 0, 0, &blocks, 512);
+        let bytes = Event::encode(head(Kind::Received, 1, 1, 0, 0), &blocks, 512);
         assert!(bytes.len() <= 512);
         let ev = Event::decode(&bytes).unwrap();
         assert_eq!(ev.len, 1_000_000);
@@ -203,7 +236,7 @@ mod tests {
     #[test]
     fn garbage_slots_read_as_no_event() {
         for junk in [vec![], vec![9u8; 40], vec![2u8, 0, 0], {
-            let mut v = Event::encode(Kind::Received, 1, 1, 0, 0, &[1, 2, 3], 4096);
+            let mut v = Event::encode(head(Kind::Received, 1, 1, 0, 0), &[1, 2, 3], 4096);
             v.truncate(v.len() - 3);
             v
         }] {
@@ -247,14 +280,15 @@ mod tests {
                 max_bytes in 64usize..4096,
             ) {
                 let kind = if evicted { Kind::Evicted } else { Kind::Received };
-                let bytes = Event::encode(kind, seq, origin, backend, time_ms, &blocks, max_bytes);
+                let bytes = Event::encode(head(kind, seq, origin, backend, time_ms), &blocks, max_bytes);
                 prop_assert!(bytes.len() <= max_bytes.max(EVENT_HEADER));
                 let ev = Event::decode(&bytes).unwrap();
                 // The chain's kept positions, their head when they outgrow the slot.
                 let room = (max_bytes - EVENT_HEADER) / 8;
                 let kept: Vec<u64> = kept_positions(blocks.len()).take(room).map(|i| blocks[i]).collect();
                 let len = blocks.len() as u32;
-                prop_assert_eq!(ev, Event { kind, seq, origin, backend, time_ms, len, blocks: kept });
+                let prefill = if evicted { 0 } else { 7 };
+                prop_assert_eq!(ev, Event { kind, seq, origin, backend, time_ms, prefill, len, blocks: kept });
             }
 
             #[test]
@@ -264,7 +298,7 @@ mod tests {
             ) {
                 // The writer records the whole chain; another VM records the event.
                 let chain: Vec<u64> = (0..len as u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).collect();
-                let ev = Event::decode(&Event::encode(Kind::Received, 0, 0, backend as u16, 5, &chain, 16384)).unwrap();
+                let ev = Event::decode(&Event::encode(head(Kind::Received, 0, 0, backend as u16, 5), &chain, 16384)).unwrap();
                 let mut writer = crate::index::Index::new(2, 1 << 16, 60_000);
                 let mut reader = crate::index::Index::new(2, 1 << 16, 60_000);
                 writer.record(&chain, backend, 5);

@@ -41,7 +41,7 @@ use crate::hash::{address_id, mix, session_hash};
 use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
 use crate::index::Index;
-use crate::index_log::Kind;
+use crate::index_log::{Head, Kind};
 use crate::inflight::{Delta, InFlight};
 use crate::load::{backend_loads, BackendLoad, Standing};
 use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
@@ -125,6 +125,9 @@ pub struct Router {
     applied_seq: u64,
     requests: u64,
     matched: Vec<u32>,
+    /// Per backend, for the request being decided: the index's match, before
+    /// what pending prompts bring was taken off `matched`.
+    indexed: Vec<u32>,
     /// Per backend, for the request being decided: another request this VM sent
     /// there waits for its first token and shares its prompt up to the last
     /// block of that backend's match.
@@ -287,6 +290,7 @@ impl Router {
             applied_seq,
             requests: 0,
             matched: Vec::with_capacity(n),
+            indexed: Vec::with_capacity(n),
             shared: Vec::with_capacity(n),
             waiting: Waiting::default(),
             health: Vec::new(),
@@ -478,8 +482,7 @@ impl Router {
                                 let (len, b) = (ev.len as usize, ev.backend as usize);
                                 let from = self.index.record_kept(len, &ev.blocks, b, ev.time_ms);
                                 if self.cfg.strategy == Strategy::CacheAware {
-                                    self.waiting
-                                        .keep_foreign(ev.origin, len, &ev.blocks, b, from);
+                                    self.waiting.keep_foreign(&ev, from);
                                 }
                             }
                             Kind::Evicted => self
@@ -515,7 +518,7 @@ impl Router {
         let mut redecided = 0;
         loop {
             let last = redecided >= MAX_REDECISIONS || !self.decides_on_load();
-            let host_errors = seen.host_errors;
+            let (host_errors, log_gap) = (seen.host_errors, seen.log_gap);
             match self.decide_and_commit(host, req, seen, last) {
                 Some(routed) => {
                     return Routed {
@@ -529,6 +532,7 @@ impl Router {
                     redecided += 1;
                     seen = self.observe(host, req.key.is_some());
                     seen.host_errors += host_errors;
+                    seen.log_gap |= log_gap;
                 }
             }
         }
@@ -574,10 +578,14 @@ impl Router {
             }
         }
         let (decision, blocks) = self.decide(host, req, &mut seen);
-        // Only a predicted hit whose answer carries usage is checked against it.
+        // Only a predicted hit whose answer carries usage is checked against it, and
+        // not one lowered for what a pending prompt brings (see `crate::feedback`).
         let last_use_ms = match (req.key, decision.order.first()) {
             (Some(k), Some(&b))
-                if self.cfg.feedback.enabled && k.reports_usage && decision.matched > 0 =>
+                if self.cfg.feedback.enabled
+                    && k.reports_usage
+                    && decision.matched > 0
+                    && self.indexed.get(b) == self.matched.get(b) =>
             {
                 self.index.last_use(&k.blocks, decision.matched, b)
             }
@@ -688,14 +696,7 @@ impl Router {
                 };
                 if with_prompt && self.cfg.strategy == Strategy::CacheAware {
                     // What the other workers' prompts still bring ([`crate::waiting`]).
-                    let shares = &r.value.shares;
-                    self.waiting.settle(|vm, b| {
-                        let share = shares.iter().find(|s| s.vm == vm);
-                        share.map_or(0, |s| {
-                            let at = s.inflight.binary_search_by_key(&(b as u32), |&(b, _)| b);
-                            at.map_or(0, |i| s.inflight[i].1.prefill_blocks)
-                        })
-                    });
+                    self.waiting.settle(|vm, b| r.value.prefill_of(vm, b));
                 }
                 (r.value.inflight, Some(r.raw), log_gap)
             }
@@ -759,6 +760,7 @@ impl Router {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
                 let head_blocks = (key.anchor_offset / block) as u32;
+                self.indexed.clone_from(&self.matched);
                 if !key.continuation {
                     // Not what pending prompts still bring ([`crate::waiting`], ready).
                     self.waiting
@@ -872,9 +874,18 @@ impl Router {
         self.open_requests = self.open_requests.saturating_add(1);
         let held = match accounted {
             Ok(seq) => {
-                let event =
-                    (!chain.is_empty()).then_some((Kind::Received, primary, seen.now, chain));
-                host_errors += u32::from(!self.log(host, seq, event));
+                let origin = self.vm_id;
+                let head = |seq| Head {
+                    kind: Kind::Received,
+                    seq,
+                    origin,
+                    backend: primary as u16,
+                    time_ms: seen.now,
+                    prefill: held.prefill_blocks.unsigned_abs(),
+                };
+                if let Some(seq) = seq.filter(|_| !chain.is_empty()) {
+                    host_errors += u32::from(!self.log(host, head(seq), chain));
+                }
                 held
             }
             Err(_) => {
@@ -991,21 +1002,6 @@ impl Router {
     }
 
     /// One ledger write of the releases waiting for it (and this VM's
-    /// heartbeat), reserving a log slot for `event` and writing it there.
-    /// `Err`: the ledger write failed and nothing changed; `Ok(false)`: the
-    /// event's slot could not be written (other VMs miss it, a gap).
-    fn account_and_log<H: Host>(
-        &mut self,
-        host: &H,
-        seed: Option<Versioned>,
-        now: u64,
-        event: Option<(Kind, usize, u64, &[u64])>,
-    ) -> Result<bool, HostError> {
-        let seq = self.account(host, seed, now, event.is_some(), false)?;
-        Ok(self.log(host, seq, event))
-    }
-
-    /// One ledger write of the releases waiting for it (and this VM's
     /// heartbeat), reserving a log slot if `reserve`; `if_unchanged`: only if
     /// the ledger is still as `seed` read it (one CAS). Returns the slot.
     fn account<H: Host>(
@@ -1035,24 +1031,14 @@ impl Router {
         Ok(accounted.seq)
     }
 
-    /// Writes `event` to the log slot `seq` reserved; false if it could not
-    /// (other VMs miss it, a gap). Nothing to write is a success.
-    fn log<H: Host>(
-        &mut self,
-        host: &H,
-        seq: Option<u64>,
-        event: Option<(Kind, usize, u64, &[u64])>,
-    ) -> bool {
-        let (Some((kind, backend, time_ms, blocks)), Some(seq)) = (event, seq) else {
-            return true;
-        };
-        let written =
-            self.store(host)
-                .write_event(kind, seq, self.vm_id, backend as u16, time_ms, blocks);
+    /// Writes an event to the log slot `head.seq` (reserved by [`Router::account`]);
+    /// false if it could not (other VMs miss it, a gap).
+    fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
+        let written = self.store(host).write_event(head, blocks);
         self.split.lap(host, Step::Log);
         // Nothing in between to read: skip our own event instead of reading it back.
-        if seq == self.applied_seq {
-            self.applied_seq = seq + 1;
+        if head.seq == self.applied_seq {
+            self.applied_seq = head.seq + 1;
         }
         written.is_ok()
     }
@@ -1086,10 +1072,18 @@ impl Router {
             return verdict;
         }
         self.index.forget_used_before(backend, last_use_ms);
-        let event = Some((Kind::Evicted, backend, last_use_ms, &[][..]));
-        match self.account_and_log(host, None, host.now_ms(), event) {
-            Ok(true) => {}
-            Ok(false) => log::debug!("warmroute: eviction not written to the log"),
+        let origin = self.vm_id;
+        let head = |seq| Head {
+            kind: Kind::Evicted,
+            seq,
+            origin,
+            backend: backend as u16,
+            time_ms: last_use_ms,
+            prefill: 0,
+        };
+        match self.account(host, None, host.now_ms(), true, false) {
+            Ok(Some(seq)) if self.log(host, head(seq), &[]) => {}
+            Ok(_) => log::debug!("warmroute: eviction not written to the log"),
             Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
         }
         verdict
@@ -1608,7 +1602,7 @@ mod tests {
         let host = MemoryHost::default();
         let mut a = Router::new(cfg("cache_aware"), &host);
         let mut b = Router::new(cfg("cache_aware"), &host);
-        let doc = "x".repeat(6000);
+        let doc = "x".repeat(12_000); // past the index's dense head
         let ask = |q: &str| chat(&[("user", &format!("{doc} {}", q.repeat(2000)))]);
         // While the prompts that bring the document wait for their prefill, it is no
         // hit, whichever worker routes the next (B by A's ledger share, A by its

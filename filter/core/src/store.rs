@@ -64,7 +64,7 @@
 use crate::codec::{self, put, Reader};
 use crate::health::{decode_health, encode_health, Health};
 use crate::host::{Host, HostError, Versioned};
-use crate::index_log::{Event, Kind, LogShape};
+use crate::index_log::{Event, Head, LogShape};
 use crate::inflight::{
     apply_sparse, decode_sparse, encode_sparse, sparse_len, Delta, InFlight, Sparse,
 };
@@ -332,6 +332,17 @@ impl Ledger {
             next_seq,
             shares,
         }
+    }
+
+    /// The prefill blocks VM `vm` accounts on backend `b`.
+    pub fn prefill_of(&self, vm: u64, b: usize) -> u32 {
+        let Some(share) = self.shares.iter().find(|s| s.vm == vm) else {
+            return 0;
+        };
+        let at = share
+            .inflight
+            .binary_search_by_key(&b, |&(b, _)| b as usize);
+        at.map_or(0, |i| share.inflight[i].1.prefill_blocks)
     }
 
     /// Whether `writer` would take some other VM's share back.
@@ -707,27 +718,11 @@ impl<H: Host> Store<'_, H> {
         Ok(v.as_deref().and_then(Event::decode))
     }
 
-    /// Writes the event of a reserved `seq` into its slot (the seq is ours alone,
-    /// so unconditionally).
-    pub fn write_event(
-        &self,
-        kind: Kind,
-        seq: u64,
-        origin: u64,
-        backend: u16,
-        now: u64,
-        blocks: &[u64],
-    ) -> Result<(), HostError> {
-        let event = Event::encode(
-            kind,
-            seq,
-            origin,
-            backend,
-            now,
-            blocks,
-            self.keys.log_shape.slot_bytes,
-        );
-        self.host.set_shared(self.keys.slot(seq), &event, None)
+    /// Writes the event of a reserved `head.seq` into its slot (the seq is ours
+    /// alone, so unconditionally).
+    pub fn write_event(&self, head: Head, blocks: &[u64]) -> Result<(), HostError> {
+        let event = Event::encode(head, blocks, self.keys.log_shape.slot_bytes);
+        self.host.set_shared(self.keys.slot(head.seq), &event, None)
     }
 }
 
@@ -749,6 +744,7 @@ fn decode_served(bytes: &[u8], n: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index_log::Kind;
     use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -789,14 +785,15 @@ mod tests {
             .account(None, writer(s, 1), &[], true)?
             .seq
             .unwrap_or_default();
-        s.write_event(
-            Kind::Received,
+        let head = Head {
+            kind: Kind::Received,
             seq,
             origin,
             backend,
-            s.host.now_ms(),
-            blocks,
-        )?;
+            time_ms: s.host.now_ms(),
+            prefill: 1,
+        };
+        s.write_event(head, blocks)?;
         Ok(seq)
     }
 

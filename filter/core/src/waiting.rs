@@ -41,12 +41,12 @@
 //! still accounts there (`P_vb`, released at each first byte) are the ones
 //! not yet prefilled:
 //! ```text
-//! pending(w) = Σ (len_u − from_u) over v's prompts u on b newer than w  <  P_vb
+//! pending(w) = Σ prefill_u over v's prompts u on b newer than w  <  P_vb
 //! ```
-//! A prompt found prefilled is dropped, with every older one of v's on b.
-//! The other VM accounts a prompt `len − matched` as it decided; `from` is
-//! what this index held, close to it. A release v has not written yet keeps
-//! its prompts pending a little longer: the ledger is late, never early.
+//! (`prefill_u`: what v accounted for u, which its log event carries.) A
+//! prompt found prefilled is dropped, with every older one of v's on b. A
+//! release v has not written yet keeps its prompts pending a little longer:
+//! the ledger is late, never early.
 //!
 //! Lists rather than a map of hashes: routing pushes one copy and closing
 //! scans the few prompts waiting on that pod, where a map took an insert and
@@ -62,6 +62,7 @@
 use std::collections::VecDeque;
 
 use crate::index::kept_positions;
+use crate::index_log::Event;
 
 /// Most block hashes the waiting prompts a VM keeps hold in all: e.g. 1024
 /// waiting 128 KB prompts or tens of thousands of chat turns.
@@ -87,13 +88,20 @@ struct Foreign {
     vm: u64,
     /// Blocks in its chain.
     len: u32,
-    /// Its hashes at [`kept_positions`] of `len`.
+    /// Its hashes at [`kept_positions`] of `len`; none if it brings no block.
     kept: Vec<u64>,
     /// Blocks the pod held of it before it was routed (by this VM's index).
     from: u32,
+    /// Prefill blocks its VM accounted for it there.
+    prefill: u32,
 }
 
 impl Foreign {
+    /// What it counts against [`MAX_WAITING_BLOCKS`]: its hashes, at least one.
+    fn cost(&self) -> usize {
+        self.kept.len().max(1)
+    }
+
     /// Whether it agrees with `chain` at its last held position in `from..end`
     /// (so `chain` uses blocks it brings).
     fn brings_into(&self, chain: &[u64], end: u32) -> bool {
@@ -138,26 +146,26 @@ impl Waiting {
         }));
     }
 
-    /// Lowers each `matched` past the head to `ready` (formula above). Call
-    /// [`Waiting::settle`] first, so the others' prompts still kept are pending.
+    /// Lowers each `matched` past the head to `ready` (formula above), again
+    /// while it moves: what is left may be what another pending prompt brings.
+    /// Call [`Waiting::settle`] first, so the others' prompts still kept are pending.
     pub fn ready(&self, matched: &mut [u32], head_blocks: u32, chain: &[u64]) {
         if self.blocks == 0 {
             return;
         }
         for (b, m) in matched.iter_mut().enumerate() {
-            if *m <= head_blocks {
-                continue;
-            }
-            let end = *m;
-            let i = end as usize - 1;
-            let own = self.lists.get(b).into_iter().flatten().filter(|w| {
-                w.from < end && w.chain.get(i).is_some_and(|h| chain.get(i) == Some(h))
-            });
-            let others = self.foreign.get(b).into_iter().flatten();
-            let others = others.filter(|w| w.from < end && w.brings_into(chain, end));
-            let from = own.map(|w| w.from).chain(others.map(|w| w.from)).min();
-            if let Some(from) = from {
-                *m = from;
+            while *m > head_blocks {
+                let end = *m;
+                let i = end as usize - 1;
+                let own = self.lists.get(b).into_iter().flatten().filter(|w| {
+                    w.from < end && w.chain.get(i).is_some_and(|h| chain.get(i) == Some(h))
+                });
+                let others = self.foreign.get(b).into_iter().flatten();
+                let others = others.filter(|w| w.from < end && w.brings_into(chain, end));
+                match own.map(|w| w.from).chain(others.map(|w| w.from)).min() {
+                    Some(from) => *m = from,
+                    None => break,
+                }
             }
         }
     }
@@ -165,7 +173,7 @@ impl Waiting {
     /// Keeps `chain` as waiting on `backend`, which held its first `from`
     /// blocks, until [`Waiting::close`].
     pub fn keep(&mut self, chain: &[u64], backend: usize, from: u32) -> Option<WaitTicket> {
-        if chain.is_empty() || !self.make_room(chain.len()) {
+        if chain.is_empty() || !self.make_room(chain.len(), true) {
             return None;
         }
         if self.lists.len() <= backend {
@@ -182,23 +190,34 @@ impl Waiting {
         Some(WaitTicket { backend, id })
     }
 
-    /// Keeps a prompt VM `vm` routed to `backend` (a chain of `len` blocks,
-    /// its hashes at the kept positions), which held its first `from`, until
-    /// [`Waiting::settle`] finds it prefilled. One that brings nothing is not kept.
-    pub fn keep_foreign(&mut self, vm: u64, len: usize, kept: &[u64], backend: usize, from: u32) {
-        if from as usize >= len || kept.is_empty() || !self.make_room(kept.len()) {
+    /// Keeps a prompt another VM routed, as its log event `ev` says (a chain
+    /// of `ev.len` blocks, its hashes at the kept positions, `ev.prefill`
+    /// blocks accounted for it), of which its pod held the first `from`, until
+    /// [`Waiting::settle`] finds it prefilled. One accounted no prefill is not
+    /// kept; one that brings no block is kept without its hashes (the settling
+    /// counts it). This VM's own prompts are not dropped to make room.
+    pub fn keep_foreign(&mut self, ev: &Event, from: u32) {
+        let len = ev.len;
+        let w = Foreign {
+            vm: ev.origin,
+            len,
+            kept: if from < len {
+                ev.blocks.clone()
+            } else {
+                Vec::new()
+            },
+            from: from.min(len),
+            prefill: ev.prefill,
+        };
+        if w.prefill == 0 || !self.make_room(w.cost(), false) {
             return;
         }
+        let backend = usize::from(ev.backend);
         if self.foreign.len() <= backend {
             self.foreign.resize_with(backend + 1, VecDeque::new);
         }
-        self.foreign[backend].push_back(Foreign {
-            vm,
-            len: len as u32,
-            kept: kept.to_vec(),
-            from,
-        });
-        self.blocks += kept.len();
+        self.blocks += w.cost();
+        self.foreign[backend].push_back(w);
     }
 
     /// Drops the other VMs' prompts the ledger shows prefilled (formula above):
@@ -221,7 +240,7 @@ impl Waiting {
                 };
                 let pending = covered[i].1 < u64::from(prefill(w.vm, b));
                 covered[i].1 = match pending {
-                    true => covered[i].1 + u64::from(w.len - w.from),
+                    true => covered[i].1 + u64::from(w.prefill),
                     false => u64::MAX,
                 };
                 keep.push(pending);
@@ -230,7 +249,7 @@ impl Waiting {
             list.retain(|w| {
                 let kept = pending.next().copied().unwrap_or(true);
                 if !kept {
-                    self.blocks -= w.kept.len();
+                    self.blocks -= w.cost();
                 }
                 kept
             });
@@ -255,25 +274,29 @@ impl Waiting {
             list.clear();
         }
         if let Some(list) = self.foreign.get_mut(backend) {
-            self.blocks -= list.iter().map(|w| w.kept.len()).sum::<usize>();
+            self.blocks -= list.iter().map(Foreign::cost).sum::<usize>();
             list.clear();
         }
     }
 
     /// Makes room for `blocks` more hashes under the cap, dropping the oldest
-    /// kept prompts; false if that many can never fit.
-    fn make_room(&mut self, blocks: usize) -> bool {
+    /// kept prompts (this VM's too if `own`); false if they cannot fit.
+    fn make_room(&mut self, blocks: usize, own: bool) -> bool {
         if blocks > MAX_WAITING_BLOCKS {
             return false;
         }
         while self.blocks + blocks > MAX_WAITING_BLOCKS {
+            if !own && self.foreign.iter().all(VecDeque::is_empty) {
+                return false;
+            }
             self.drop_oldest();
         }
         true
     }
 
-    /// Drops the other VMs' oldest prompt, or if none, the longest-kept of this
-    /// VM's (the lowest id): the likeliest to be one whose exchange never closed it.
+    /// Drops the oldest of the other VMs' prompts on the pod where most are
+    /// kept, or if none, the longest-kept of this VM's (the lowest id): the
+    /// likeliest to be one whose exchange never closed it.
     fn drop_oldest(&mut self) {
         if let Some(list) = self
             .foreign
@@ -282,7 +305,7 @@ impl Waiting {
             .filter(|l| !l.is_empty())
         {
             if let Some(w) = list.pop_front() {
-                self.blocks -= w.kept.len();
+                self.blocks -= w.cost();
             }
             return;
         }
@@ -388,37 +411,77 @@ mod tests {
         assert_eq!(matched, [60, 0, 0]);
     }
 
+    /// VM `vm`'s log event: `c` routed to backend 1, `prefill` blocks accounted.
+    fn event(vm: u64, c: &[u64], prefill: u32) -> Event {
+        Event {
+            kind: crate::index_log::Kind::Received,
+            seq: 0,
+            origin: vm,
+            backend: 1,
+            time_ms: 0,
+            prefill,
+            len: c.len() as u32,
+            blocks: kept(c),
+        }
+    }
+
     #[test]
     fn another_workers_prompt_is_pending_while_its_prefill_is_in_the_ledger() {
         let mut w = Waiting::default();
-        // VM 7 sent three prompts to backend 1, each bringing 100 blocks (the last
-        // sharing the rider's first 90, the index-sampled positions only); VM 8 one.
-        for tag in [4, 5, 6] {
-            let c = chain(tag, if tag == 6 { 90 } else { 0 }, 100);
-            w.keep_foreign(7, c.len(), &kept(&c), 1, 0);
+        // VM 7 sent three prompts to backend 1, accounted 100, 100 and 90 blocks of
+        // prefill (the last brings blocks 10.. of a document the rider shares up to
+        // block 89, past the dense head: only the sampled positions travel); VM 8 one.
+        for (tag, shared, prefill) in [(4, 0, 100), (5, 0, 100), (6, 90, 90)] {
+            w.keep_foreign(&event(7, &chain(tag, shared, 100), prefill), 10);
         }
-        let c = chain(9, 0, 100);
-        w.keep_foreign(8, c.len(), &kept(&c), 1, 0);
-        // A prompt that brings nothing is not kept.
-        w.keep_foreign(8, c.len(), &kept(&c), 1, 100);
-        assert_eq!(w.foreign_prompts(), 4);
+        w.keep_foreign(&event(8, &chain(9, 0, 100), 100), 0);
+        // One accounted no prefill is not kept; one that brings no block is, bare.
+        w.keep_foreign(&event(8, &chain(9, 0, 100), 0), 0);
+        w.keep_foreign(&event(7, &chain(9, 0, 100), 3), 100);
+        assert_eq!(w.foreign_prompts(), 5);
         let rider = chain(2, 90, 120);
         let ready = |w: &Waiting| {
             let mut matched = [0, 90, 0];
             w.ready(&mut matched, 4, &rider);
             matched[1]
         };
-        // VM 7 still accounts 150 blocks there: its two newest are not prefilled.
+        // VM 7 still accounts 150 blocks there: the bare one (3) and the two before it
+        // (90, 100) start within them, the oldest does not.
         w.settle(|vm, b| if (vm, b) == (7, 1) { 150 } else { 0 });
-        assert_eq!(w.foreign_prompts(), 2);
-        assert_eq!(ready(&w), 0);
-        // Its newest is being prefilled alone; then nothing.
+        assert_eq!(w.foreign_prompts(), 3);
+        assert_eq!(ready(&w), 10);
+        // The document's prompt is being prefilled, alone with the bare one; then nothing.
         w.settle(|vm, b| if (vm, b) == (7, 1) { 60 } else { 0 });
-        assert_eq!(w.foreign_prompts(), 1);
-        assert_eq!(ready(&w), 0);
+        assert_eq!(w.foreign_prompts(), 2);
+        assert_eq!(ready(&w), 10);
         w.settle(|_, _| 0);
         assert_eq!((w.foreign_prompts(), w.blocks()), (0, 0));
         assert_eq!(ready(&w), 90);
+    }
+
+    #[test]
+    fn a_match_is_lowered_past_every_pending_prompt_it_uses() {
+        // One pending prompt brought the document (blocks 0..60), another its
+        // second part (60..100); the rider uses both.
+        let mut w = Waiting::default();
+        let doc = chain(1, 100, 100);
+        w.keep(&chain(2, 60, 80), 0, 0);
+        w.keep(&doc, 0, 60);
+        let mut matched = [100];
+        w.ready(&mut matched, 4, &chain(3, 100, 120));
+        assert_eq!(matched, [0]);
+    }
+
+    #[test]
+    fn the_other_workers_prompts_never_push_this_ones_out() {
+        let mut w = Waiting::default();
+        let mine = w.keep(&chain(1, 0, 12), 0, 0).unwrap();
+        w.blocks = MAX_WAITING_BLOCKS;
+        w.keep_foreign(&event(7, &chain(2, 0, 12), 12), 0);
+        assert_eq!((w.prompts(), w.foreign_prompts()), (1, 0));
+        w.blocks = 12;
+        w.close(mine);
+        assert_eq!(w.blocks(), 0);
     }
 
     #[test]
