@@ -59,21 +59,11 @@ pub struct Head {
     pub prefill: u32,
 }
 
-/// One change to what `backend` holds, seen by VM `origin`.
+/// One change to what `head.backend` holds, seen by VM `head.origin`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
-    /// What the blocks are.
-    pub kind: Kind,
-    /// Position in the log.
-    pub seq: u64,
-    /// VM that appended it (it applied the event itself already).
-    pub origin: u64,
-    /// Backend index.
-    pub backend: u16,
-    /// Host time of the routing decision; for an eviction, the cut-off.
-    pub time_ms: u64,
-    /// Prompt blocks the origin accounted as waiting for prefill there (0 for an eviction).
-    pub prefill: u32,
+    /// What it says besides the chain.
+    pub head: Head,
     /// Length of the chain received (0 for an eviction).
     pub len: u32,
     /// The chain's hashes at [`crate::index::kept_positions`] of `len`, in order.
@@ -155,12 +145,14 @@ impl Event {
             return None;
         }
         Some(Event {
-            kind,
-            seq,
-            origin,
-            backend,
-            time_ms,
-            prefill,
+            head: Head {
+                kind,
+                seq,
+                origin,
+                backend,
+                time_ms,
+                prefill,
+            },
             len,
             blocks: (0..n).map_while(|_| r.get()).collect(),
         })
@@ -192,12 +184,7 @@ mod tests {
         assert_eq!(
             Event::decode(&bytes),
             Some(Event {
-                kind: Kind::Evicted,
-                seq: 9,
-                origin: 7,
-                backend: 2,
-                time_ms: 1234,
-                prefill: 0,
+                head: head(Kind::Evicted, 9, 7, 2, 1234),
                 len: 0,
                 blocks: vec![]
             })
@@ -288,7 +275,7 @@ mod tests {
                 let kept: Vec<u64> = kept_positions(blocks.len()).take(room).map(|i| blocks[i]).collect();
                 let len = blocks.len() as u32;
                 let prefill = if evicted { 0 } else { 7 };
-                prop_assert_eq!(ev, Event { kind, seq, origin, backend, time_ms, prefill, len, blocks: kept });
+                prop_assert_eq!(ev, Event { head: Head { kind, seq, origin, backend, time_ms, prefill }, len, blocks: kept });
             }
 
             #[test]

@@ -472,26 +472,28 @@ impl Router {
         while self.applied_seq < next {
             let seq = self.applied_seq;
             match store.log_event(seq)? {
-                Some(ev) if ev.seq == seq => {
-                    if ev.origin != self.vm_id {
-                        match ev.kind {
+                Some(ev) if ev.head.seq == seq => {
+                    if ev.head.origin != self.vm_id {
+                        match ev.head.kind {
                             // Routed to the slot's previous pod: not this one's cache.
                             Kind::Received
-                                if ev.time_ms < self.slots.joined_ms(ev.backend as usize) => {}
+                                if ev.head.time_ms
+                                    < self.slots.joined_ms(ev.head.backend as usize) => {}
                             Kind::Received => {
-                                let (len, b) = (ev.len as usize, ev.backend as usize);
-                                let from = self.index.record_kept(len, &ev.blocks, b, ev.time_ms);
+                                let (len, b) = (ev.len as usize, ev.head.backend as usize);
+                                let from =
+                                    self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
                                 if self.cfg.strategy == Strategy::CacheAware {
                                     self.waiting.keep_foreign(&ev, from);
                                 }
                             }
                             Kind::Evicted => self
                                 .index
-                                .forget_used_before(ev.backend as usize, ev.time_ms),
+                                .forget_used_before(ev.head.backend as usize, ev.head.time_ms),
                         }
                     }
                 }
-                Some(ev) if ev.seq > seq => gap = true,
+                Some(ev) if ev.head.seq > seq => gap = true,
                 // Reserved but not written yet (its writer runs on another thread):
                 // read it next time, unless the ring is about to pass it by.
                 _ if next - seq < slots / 2 => break,
@@ -874,17 +876,10 @@ impl Router {
         self.open_requests = self.open_requests.saturating_add(1);
         let held = match accounted {
             Ok(seq) => {
-                let origin = self.vm_id;
-                let head = |seq| Head {
-                    kind: Kind::Received,
-                    seq,
-                    origin,
-                    backend: primary as u16,
-                    time_ms: seen.now,
-                    prefill: held.prefill_blocks.unsigned_abs(),
-                };
                 if let Some(seq) = seq.filter(|_| !chain.is_empty()) {
-                    host_errors += u32::from(!self.log(host, head(seq), chain));
+                    let prefill = held.prefill_blocks.unsigned_abs();
+                    let head = self.head(Kind::Received, seq, primary, seen.now, prefill);
+                    host_errors += u32::from(!self.log(host, head, chain));
                 }
                 held
             }
@@ -1031,6 +1026,18 @@ impl Router {
         Ok(accounted.seq)
     }
 
+    /// This VM's log event `seq` about `backend`.
+    fn head(&self, kind: Kind, seq: u64, backend: usize, time_ms: u64, prefill: u32) -> Head {
+        Head {
+            kind,
+            seq,
+            origin: self.vm_id,
+            backend: backend as u16,
+            time_ms,
+            prefill,
+        }
+    }
+
     /// Writes an event to the log slot `head.seq` (reserved by [`Router::account`]);
     /// false if it could not (other VMs miss it, a gap).
     fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
@@ -1072,17 +1079,13 @@ impl Router {
             return verdict;
         }
         self.index.forget_used_before(backend, last_use_ms);
-        let origin = self.vm_id;
-        let head = |seq| Head {
-            kind: Kind::Evicted,
-            seq,
-            origin,
-            backend: backend as u16,
-            time_ms: last_use_ms,
-            prefill: 0,
-        };
         match self.account(host, None, host.now_ms(), true, false) {
-            Ok(Some(seq)) if self.log(host, head(seq), &[]) => {}
+            Ok(Some(seq))
+                if self.log(
+                    host,
+                    self.head(Kind::Evicted, seq, backend, last_use_ms, 0),
+                    &[],
+                ) => {}
             Ok(_) => log::debug!("warmroute: eviction not written to the log"),
             Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
         }

@@ -1010,14 +1010,20 @@ mod tests {
         assert_eq!(s.log_next_seq().unwrap(), 2);
         let ev = s.log_event(1).unwrap().unwrap();
         assert_eq!(
-            (ev.seq, ev.origin, ev.backend, ev.len, ev.blocks),
+            (
+                ev.head.seq,
+                ev.head.origin,
+                ev.head.backend,
+                ev.len,
+                ev.blocks
+            ),
             (1, 8, 1, 1, vec![4])
         );
         // The ring wraps: seq 16 overwrites seq 0's slot.
         for i in 2..=16 {
             append_log(&s, 9, 0, &[i]).unwrap();
         }
-        assert_eq!(s.log_event(0).unwrap().map(|e| e.seq), Some(16));
+        assert_eq!(s.log_event(0).unwrap().map(|e| e.head.seq), Some(16));
     }
 
     #[test]

@@ -191,7 +191,7 @@ impl Waiting {
     }
 
     /// Keeps a prompt another VM routed, as its log event `ev` says (a chain
-    /// of `ev.len` blocks, its hashes at the kept positions, `ev.prefill`
+    /// of `ev.len` blocks, its hashes at the kept positions, `ev.head.prefill`
     /// blocks accounted for it), of which its pod held the first `from`, until
     /// [`Waiting::settle`] finds it prefilled. One accounted no prefill is not
     /// kept; one that brings no block is kept without its hashes (the settling
@@ -199,7 +199,7 @@ impl Waiting {
     pub fn keep_foreign(&mut self, ev: &Event, from: u32) {
         let len = ev.len;
         let w = Foreign {
-            vm: ev.origin,
+            vm: ev.head.origin,
             len,
             kept: if from < len {
                 ev.blocks.clone()
@@ -207,12 +207,12 @@ impl Waiting {
                 Vec::new()
             },
             from: from.min(len),
-            prefill: ev.prefill,
+            prefill: ev.head.prefill,
         };
         if w.prefill == 0 || !self.make_room(w.cost(), false) {
             return;
         }
-        let backend = usize::from(ev.backend);
+        let backend = usize::from(ev.head.backend);
         if self.foreign.len() <= backend {
             self.foreign.resize_with(backend + 1, VecDeque::new);
         }
@@ -413,13 +413,16 @@ mod tests {
 
     /// VM `vm`'s log event: `c` routed to backend 1, `prefill` blocks accounted.
     fn event(vm: u64, c: &[u64], prefill: u32) -> Event {
-        Event {
+        let head = crate::index_log::Head {
             kind: crate::index_log::Kind::Received,
             seq: 0,
             origin: vm,
             backend: 1,
             time_ms: 0,
             prefill,
+        };
+        Event {
+            head,
             len: c.len() as u32,
             blocks: kept(c),
         }
