@@ -168,6 +168,9 @@ def test_hot_prefix_spills_over_to_a_second_backend():
             return post(f.envoy.port, "/v1/chat/completions",
                         chat(MODEL, [system("sys", 50), {"role": "user", "content": words("hotdoc", 800) + f" ask {i}"}],
                              max_tokens=40))
+        # One first, answered: while its prefill is pending the document is no hit
+        # anywhere, and the others would be placed as new prompts, not spilled.
+        assert one(-1).status == 200
         with ThreadPoolExecutor(9) as ex:
             replies = list(ex.map(one, range(9)))
         assert all(r.status == 200 for r in replies)
