@@ -125,9 +125,9 @@ pub struct Router {
     applied_seq: u64,
     requests: u64,
     matched: Vec<u32>,
-    /// Per backend, for the request being decided: the index's match, before
-    /// what pending prompts bring was taken off `matched`.
-    indexed: Vec<u32>,
+    /// The backends whose match, for the request being decided, was lowered
+    /// for what pending prompts bring ([`Waiting::ready`]).
+    lowered: Vec<usize>,
     /// Per backend, for the request being decided: another request this VM sent
     /// there waits for its first token and shares its prompt up to the last
     /// block of that backend's match.
@@ -290,7 +290,7 @@ impl Router {
             applied_seq,
             requests: 0,
             matched: Vec::with_capacity(n),
-            indexed: Vec::with_capacity(n),
+            lowered: Vec::new(),
             shared: Vec::with_capacity(n),
             waiting: Waiting::default(),
             health: Vec::new(),
@@ -587,7 +587,7 @@ impl Router {
                 if self.cfg.feedback.enabled
                     && k.reports_usage
                     && decision.matched > 0
-                    && self.indexed.get(b) == self.matched.get(b) =>
+                    && !self.lowered.contains(&b) =>
             {
                 self.index.last_use(&k.blocks, decision.matched, b)
             }
@@ -762,11 +762,15 @@ impl Router {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
                 let head_blocks = (key.anchor_offset / block) as u32;
-                self.indexed.clone_from(&self.matched);
+                self.lowered.clear();
                 if !key.continuation {
                     // Not what pending prompts still bring ([`crate::waiting`], ready).
-                    self.waiting
-                        .ready(&mut self.matched, head_blocks, &key.blocks);
+                    self.waiting.ready(
+                        &mut self.matched,
+                        head_blocks,
+                        &key.blocks,
+                        &mut self.lowered,
+                    );
                 }
                 self.waiting
                     .shared(&self.matched, head_blocks, &key.blocks, &mut self.shared);

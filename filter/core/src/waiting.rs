@@ -148,12 +148,20 @@ impl Waiting {
 
     /// Lowers each `matched` past the head to `ready` (formula above), again
     /// while it moves: what is left may be what another pending prompt brings.
-    /// Call [`Waiting::settle`] first, so the others' prompts still kept are pending.
-    pub fn ready(&self, matched: &mut [u32], head_blocks: u32, chain: &[u64]) {
+    /// Adds the backends it lowered to `lowered`. Call [`Waiting::settle`]
+    /// first, so the others' prompts still kept are pending.
+    pub fn ready(
+        &self,
+        matched: &mut [u32],
+        head_blocks: u32,
+        chain: &[u64],
+        lowered: &mut Vec<usize>,
+    ) {
         if self.blocks == 0 {
             return;
         }
         for (b, m) in matched.iter_mut().enumerate() {
+            let indexed = *m;
             while *m > head_blocks {
                 let end = *m;
                 let i = end as usize - 1;
@@ -166,6 +174,9 @@ impl Waiting {
                     Some(from) => *m = from,
                     None => break,
                 }
+            }
+            if *m < indexed {
+                lowered.push(b);
             }
         }
     }
@@ -392,22 +403,22 @@ mod tests {
         let ticket = w.keep(&chain(1, 60, 80), 0, 10).unwrap();
         let rider = chain(2, 60, 80);
         let mut matched = [60, 60, 0];
-        w.ready(&mut matched, 4, &rider);
+        w.ready(&mut matched, 4, &rider, &mut Vec::new());
         assert_eq!(matched, [10, 60, 0]);
         // A match the pending prompt brought none of, or one within the head, stands.
         let mut matched = [10, 0, 0];
-        w.ready(&mut matched, 4, &rider);
+        w.ready(&mut matched, 4, &rider, &mut Vec::new());
         assert_eq!(matched, [10, 0, 0]);
         let mut matched = [60, 0, 0];
-        w.ready(&mut matched, 60, &rider);
+        w.ready(&mut matched, 60, &rider, &mut Vec::new());
         assert_eq!(matched, [60, 0, 0]);
         // A prompt that parts ways before the match's end brings nothing it uses.
         let mut matched = [60, 0, 0];
-        w.ready(&mut matched, 4, &chain(3, 30, 80));
+        w.ready(&mut matched, 4, &chain(3, 30, 80), &mut Vec::new());
         assert_eq!(matched, [60, 0, 0]);
         w.close(ticket);
         let mut matched = [60, 0, 0];
-        w.ready(&mut matched, 4, &rider);
+        w.ready(&mut matched, 4, &rider, &mut Vec::new());
         assert_eq!(matched, [60, 0, 0]);
     }
 
@@ -445,7 +456,7 @@ mod tests {
         let rider = chain(2, 90, 120);
         let ready = |w: &Waiting| {
             let mut matched = [0, 90, 0];
-            w.ready(&mut matched, 4, &rider);
+            w.ready(&mut matched, 4, &rider, &mut Vec::new());
             matched[1]
         };
         // VM 7 still accounts 150 blocks there: the bare one (3) and the two before it
@@ -471,7 +482,7 @@ mod tests {
         w.keep(&chain(2, 60, 80), 0, 0);
         w.keep(&doc, 0, 60);
         let mut matched = [100];
-        w.ready(&mut matched, 4, &chain(3, 100, 120));
+        w.ready(&mut matched, 4, &chain(3, 100, 120), &mut Vec::new());
         assert_eq!(matched, [0]);
     }
 
