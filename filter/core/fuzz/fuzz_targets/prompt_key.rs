@@ -27,6 +27,9 @@ fuzz_target!(|data: &[u8]| {
         // bodies this reader refuses: a struct given as an array of its
         // fields, a value it skips nested past json::MAX_DEPTH or holding
         // invalid UTF-8.)
-        assert_eq!(Ok(k), reference::prompt_key(endpoint, body, block, 2048).as_ref());
+        assert_eq!(
+            Ok(k),
+            reference::prompt_key(endpoint, body, block, 2048).as_ref()
+        );
     }
 });
