@@ -161,6 +161,66 @@ def test_least_request_avoids_a_slow_busy_backend():
         assert counts[slow.name] < min(counts[s.name] for s in f.sims[1:]) / 2, counts
 
 
+
+def test_a_document_another_worker_still_prefills_is_no_hit():
+    # Each worker VM knows its own prompts until their first byte and the other's from the
+    # shared index log. A prompt that shares a document with one the other worker sent and the
+    # pod still prefills gets no hit from it (the pod has not computed those blocks): it must
+    # be placed as a new prompt, not counted a hit on the busy pod (session 22's rider).
+    # eps 100 turns the load bound off: only the match and the prefill queue decide.
+    overrides = {"balance": {"eps": 100}, "metrics": {"period_ms": 100, "timeout_ms": 80}}
+    with Fleet(3, ["--time-scale", "0.5"], filter_overrides=overrides, concurrency=2) as f:
+        accepted_key = f"listener.127.0.0.1_{f.envoy.port}.worker_{{}}.downstream_cx_total"
+
+        def accepted() -> list[int]:
+            st = f.envoy.stats()
+            return [int(st.get(accepted_key.format(w), "0")) for w in (0, 1)]
+
+        def gauges(name: str, st: dict[str, str] | None = None) -> dict[str, int]:
+            st = st or f.envoy.stats()
+            return {s.name: int(st.get(f"wasmcustom.warmroute.backend.{s.name}.{name}", "0")) for s in f.sims}
+
+        def send(body: dict) -> tuple[http.client.HTTPConnection, int]:
+            """Sends `body` on a new connection; returns it and the worker that accepted it."""
+            before = accepted()
+            c = http.client.HTTPConnection("127.0.0.1", f.envoy.port, timeout=60)
+            c.request("POST", "/v1/chat/completions", json.dumps(body), {"content-type": "application/json"})
+            now = f.envoy.wait_for("the connection accepted", lambda: (a := accepted()) != before and a)
+            return c, next(w for w in (0, 1) if now[w] > before[w])
+
+        # ~20k tokens: ~2.5 s of prefill at time scale 0.5.
+        doc = words("doc", 20_000)
+        first, first_worker = send(chat(MODEL, [{"role": "user", "content": doc + " first"}], max_tokens=1))
+        busy, blocks = f.envoy.wait_for("the first prompt's prefill accounted",
+                                        lambda: next(((p, n) for p, n in gauges("prefill_blocks").items() if n > 100), None))
+        # Riders, each on a new connection, until the other worker has taken one. Connections
+        # are spread over the workers by the kernel's port hash: each lands on the other worker
+        # with probability ~1/2, so 20 all on one worker is ~1e-6.
+        riders = []
+        for i in range(20):
+            c, worker = send(chat(MODEL, [{"role": "user", "content": doc + f" rider {i}"}], max_tokens=1))
+            riders.append((c, worker))
+            if worker != first_worker:
+                break
+        assert riders[-1][1] != first_worker, "every rider went to the first prompt's worker"
+        # Every rider routed while the first still prefills, each accounted its whole prefill
+        # (about the first's), not the few blocks past the document a hit would leave.
+        st = f.envoy.wait_for("the riders routed",
+                              lambda: (st := f.envoy.stats()) and sum(gauges("inflight", st).values()) == 1 + len(riders) and st)
+        pending = gauges("prefill_blocks", st)
+        assert pending[busy] >= blocks, ("the first prompt answered before the riders were routed", pending)
+        assert sum(pending.values()) >= blocks * (1 + 0.9 * len(riders)), ("riders accounted as hits", blocks, pending)
+        replies = []
+        for c, worker in [(first, first_worker)] + riders:
+            r = c.getresponse()
+            replies.append((r.status, debug(r), worker))
+            r.read()
+            c.close()
+        assert all(status == 200 for status, _, _ in replies), replies
+        for _, d, worker in replies[1:]:
+            assert d["backend"] != busy, (busy, replies)
+            assert d["match"].startswith("0/") and d["reason"] == "placed", replies
+
 def test_hot_prefix_spills_over_to_a_second_backend():
     # Saturation at 3 in flight makes the bound bite with few requests.
     with Fleet(3, ["--time-scale", "2"], filter_overrides={"saturation": {"max_inflight": 3}}) as f:
