@@ -217,9 +217,10 @@ def test_a_document_another_worker_still_prefills_is_no_hit():
             r.read()
             c.close()
         assert all(status == 200 for status, _, _ in replies), replies
-        for _, d, worker in replies[1:]:
-            assert d["backend"] != busy, (busy, replies)
-            assert d["match"].startswith("0/") and d["reason"] == "placed", replies
+        assert all(d["match"].startswith("0/") and d["reason"] == "placed" for _, d, _ in replies[1:]), replies
+        # The first two riders always have an idle pod to take; from the third on, every pod
+        # may hold one prompt of the document, and the busy pod is as short a queue as any.
+        assert all(d["backend"] != busy for _, d, _ in replies[1:3]), (busy, replies)
 
 def test_hot_prefix_spills_over_to_a_second_backend():
     # Saturation at 3 in flight makes the bound bite with few requests.
