@@ -474,13 +474,16 @@ impl Router {
             match store.log_event(seq)? {
                 Some(ev) if ev.head.seq == seq => {
                     if ev.head.origin != self.vm_id {
+                        let b = usize::from(ev.head.backend);
                         match ev.head.kind {
-                            // Routed to the slot's previous pod: not this one's cache.
+                            // Routed to the slot's previous pod: not this one's cache. Or to
+                            // a slot this VM's fleet does not have (a VM configured with
+                            // another pool, or a corrupt slot): nothing to keep.
                             Kind::Received
-                                if ev.head.time_ms
-                                    < self.slots.joined_ms(ev.head.backend as usize) => {}
+                                if b >= self.fleet.len()
+                                    || ev.head.time_ms < self.slots.joined_ms(b) => {}
                             Kind::Received => {
-                                let (len, b) = (ev.len as usize, ev.head.backend as usize);
+                                let len = ev.len as usize;
                                 let from =
                                     self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
                                 if self.cfg.strategy == Strategy::CacheAware {
@@ -1312,6 +1315,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index_log::Event;
     use crate::openai::{prompt_key, Endpoint};
     use crate::scrape::Scrape;
     use crate::testing::MemoryHost;
@@ -1638,6 +1642,36 @@ mod tests {
         }
         // B dropped A's answered prompts; it keeps the one A just sent.
         assert_eq!(b.waiting.foreign_prompts(), 1);
+    }
+
+    #[test]
+    fn an_event_for_a_slot_this_fleet_lacks_is_not_kept() {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("cache_aware"), &host);
+        let mut b = Router::new(cfg("cache_aware"), &host);
+        let ask = chat(&[("user", &"x".repeat(12_000))]);
+        a.route(&host, &prompt(&ask));
+        // A's event, its backend rewritten past the fleet (another pool's VM, a corrupt slot):
+        // B must not keep lists for 60000 slots on it (scanned at every request after).
+        let mut rewritten = 0;
+        for key in host.shared_keys() {
+            let Ok((Some(mut v), _)) = host.get_shared(&key) else {
+                continue;
+            };
+            if Event::decode(&v).is_some_and(|ev| ev.head.kind == Kind::Received) {
+                v[18..20].copy_from_slice(&60_000u16.to_le_bytes());
+                host.set_shared(&key, &v, None).unwrap();
+                rewritten += 1;
+            }
+        }
+        assert_eq!(rewritten, 1);
+        b.route(&host, &prompt(&chat(&[("user", &"y".repeat(4000))])));
+        assert_eq!(b.waiting.foreign_prompts(), 0);
+        assert!(
+            b.waiting.foreign_pods() <= b.fleet.len(),
+            "{}",
+            b.waiting.foreign_pods()
+        );
     }
 
     #[test]

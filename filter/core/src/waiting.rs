@@ -344,6 +344,12 @@ impl Waiting {
         self.foreign.iter().map(VecDeque::len).sum()
     }
 
+    /// How many pods the other VMs' lists are kept for (tests).
+    #[cfg(test)]
+    pub(crate) fn foreign_pods(&self) -> usize {
+        self.foreign.len()
+    }
+
     /// Block hashes held in all (tests).
     #[cfg(test)]
     pub(crate) fn blocks(&self) -> usize {
