@@ -8,8 +8,9 @@
 //! shared_b               = matched_b > head_blocks
 //!                          ∧ ∃ w waiting on b: w.chain[matched_b − 1] = chain[matched_b − 1]
 //! ready_b                = min(matched_b, min { from_w : w pending on b, from_w < matched_b,
-//!                                                w agrees with chain at its last held
-//!                                                position p, from_w ≤ p < matched_b })
+//!                                                w agrees with chain at p })
+//!     p = matched_b − 1                                  for this VM's prompts (whole chains)
+//!     p = w's last kept position below matched_b, ≥ from_w   for the others' (sampled chains)
 //! ```
 //! `cache_aware` keeps a conversation's history on the only pod holding it
 //! whatever that pod's prefill queue, unless another request waiting there
@@ -53,7 +54,10 @@
 //! a removal per index-sampled block of every prompt (~96 at 128 KB).
 //!
 //! Memory: at most [`MAX_WAITING_BLOCKS`] hashes (4 MB) per VM, this VM's
-//! and the others' prompts together. Every exchange closes its ticket, and the
+//! and the others' prompts together, each prompt counting at least one (an
+//! entry's own 32 bytes on wasm32, 48 natively, are not: 2^19 bare entries
+//! would take 16 MB in a VM, but the ledger settles the others' prompts long
+//! before). Every exchange closes its ticket, and the
 //! ledger settles the others'; past the cap (an exchange that never did, or a
 //! burst of huge prompts) the oldest are dropped, and a longer prompt is not
 //! kept: the hold then applies unguarded for those, the rule without its
