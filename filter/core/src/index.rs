@@ -125,6 +125,51 @@ pub fn kept_positions(len: usize) -> impl Iterator<Item = usize> + Clone {
     (0..len).filter(move |&i| kept(i, last))
 }
 
+/// How many sampled positions lie below `end`: the first [`DENSE`], then 16 per
+/// doubling, the last of each stride (`end / stride` of them up to `end` in its doubling).
+fn sampled_below(end: usize) -> usize {
+    if end <= DENSE {
+        return end;
+    }
+    let octave = (end - 1).ilog2() as usize; // the doubling `end - 1` is in, ≥ 5
+    DENSE + 16 * (octave - 5) + (end >> (octave - 4)) - 16
+}
+
+/// The `k`-th sampled position (0-based), for `k` below [`sampled_below`] of a `usize`.
+fn sampled_at(k: usize) -> usize {
+    if k < DENSE {
+        return k;
+    }
+    let (octave, r) = (5 + (k - DENSE) / 16, (k - DENSE) % 16);
+    (1 << octave) + ((r + 1) << (octave - 4)) - 1
+}
+
+/// The last of the first `n` of [`kept_positions`]`(len)` that lies below `end`, as
+/// (its place in that list, its position): what an event cut to `n` hashes says of a
+/// prefix ending at `end`, in O(1) rather than a walk along the chain.
+pub fn last_kept_below(len: usize, end: usize, n: usize) -> Option<(usize, usize)> {
+    let last = len.checked_sub(1)?;
+    let sampled_len = sampled_below(len);
+    let k = if end > last && !sampled(last) {
+        sampled_len // the last block, kept after every sampled position
+    } else {
+        sampled_below(end.min(len)).checked_sub(1)?
+    };
+    if k < n {
+        Some((
+            k,
+            if k == sampled_len {
+                last
+            } else {
+                sampled_at(k)
+            },
+        ))
+    } else {
+        let k = n.checked_sub(1)?;
+        Some((k, sampled_at(k)))
+    }
+}
+
 /// Blocks an entry at position `i` counts against capacity: a sampled one
 /// its stride, a prompt's last block off the sample one (see "Sampled positions").
 fn span(i: usize) -> u32 {
@@ -520,6 +565,43 @@ mod tests {
 
     fn chain(tag: u64, n: usize) -> Vec<u64> {
         (0..n as u64).map(|i| tag << 32 | i).collect()
+    }
+
+    #[test]
+    fn last_kept_below_is_the_walk_along_the_chain() {
+        // Every end of short chains; around each doubling and the chain's end of long ones.
+        for len in (0..150).chain([255, 256, 257, 1000, 1024, 4097, 70_000]) {
+            let kept: Vec<usize> = kept_positions(len).collect();
+            let near = |e: usize| (e + 2).is_power_of_two() || e.is_power_of_two() || e + 3 > len;
+            for end in (0..len + 3).filter(|&e| len < 150 || near(e) || near(e + 1)) {
+                for n in [
+                    0,
+                    1,
+                    31,
+                    32,
+                    33,
+                    47,
+                    48,
+                    49,
+                    kept.len().saturating_sub(1),
+                    kept.len(),
+                    kept.len() + 5,
+                ] {
+                    let walk = kept
+                        .iter()
+                        .take(n)
+                        .enumerate()
+                        .take_while(|&(_, &i)| i < end)
+                        .last();
+                    let walk = walk.map(|(k, &i)| (k, i));
+                    assert_eq!(
+                        last_kept_below(len, end, n),
+                        walk,
+                        "len {len} end {end} n {n}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -65,7 +65,7 @@
 
 use std::collections::VecDeque;
 
-use crate::index::kept_positions;
+use crate::index::last_kept_below;
 use crate::index_log::Event;
 
 /// Most block hashes the waiting prompts a VM keeps hold in all: e.g. 1024
@@ -92,7 +92,7 @@ struct Foreign {
     vm: u64,
     /// Blocks in its chain.
     len: u32,
-    /// Its hashes at [`kept_positions`] of `len`; none if it brings no block.
+    /// Its hashes at [`crate::index::kept_positions`] of `len`; none if it brings no block.
     kept: Vec<u64>,
     /// Blocks the pod held of it before it was routed (by this VM's index).
     from: u32,
@@ -109,11 +109,8 @@ impl Foreign {
     /// Whether it agrees with `chain` at its last held position in `from..end`
     /// (so `chain` uses blocks it brings).
     fn brings_into(&self, chain: &[u64], end: u32) -> bool {
-        kept_positions(self.len as usize)
-            .zip(&self.kept)
-            .take_while(|&(i, _)| i < end as usize)
-            .last()
-            .is_some_and(|(i, h)| i >= self.from as usize && chain.get(i) == Some(h))
+        last_kept_below(self.len as usize, end as usize, self.kept.len())
+            .is_some_and(|(k, i)| i >= self.from as usize && chain.get(i) == self.kept.get(k))
     }
 }
 
@@ -364,6 +361,7 @@ impl Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::kept_positions;
 
     #[test]
     fn a_waiting_prompt_is_shared_up_to_the_last_block_of_the_match() {
