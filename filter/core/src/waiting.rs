@@ -504,6 +504,19 @@ mod tests {
         w.blocks = 12;
         w.close(mine);
         assert_eq!(w.blocks(), 0);
+        // At the cap, this VM's next prompt makes room by dropping the others' first.
+        let mine = w.keep(&chain(1, 0, 12), 0, 0).unwrap();
+        w.keep_foreign(&event(7, &chain(2, 0, 12), 12), 0);
+        assert_eq!((w.prompts(), w.foreign_prompts(), w.blocks()), (1, 1, 24));
+        w.blocks = MAX_WAITING_BLOCKS;
+        let next = w.keep(&chain(3, 0, 12), 2, 0);
+        assert!(next.is_some());
+        assert_eq!((w.prompts(), w.foreign_prompts()), (2, 0));
+        assert_eq!(w.blocks(), MAX_WAITING_BLOCKS);
+        w.blocks = 24;
+        w.close(mine);
+        w.close(next.unwrap());
+        assert_eq!(w.blocks(), 0);
     }
 
     #[test]
