@@ -179,15 +179,16 @@
 //!   output length) were re-sent to the pod that had just emptied, least
 //!   loaded, and shared one prefill step there.
 //!
-//! Placement (no eligible pod matches) also avoids a queue half as deep as
-//! the prompt itself, even within the slack: waiting behind it makes this
-//! prompt's time to first token half its own prefill longer than the shortest
-//! queue gives, 1.5x when that queue is empty (40 prefixes: new 3500-token prompts queued two or three deep on one pod,
-//! the TTFT tail). Half, not a whole prompt: in a burst of prompts of about
-//! one size the queues differ by whole prompts, and a bound of one prompt sat
-//! on that edge: a queue one prompt deeper, made of prompts a block or two
-//! shorter than this one, passed as not waiting (guidellm's opening burst of
-//! 8 prompts of 77-79 blocks put a third and a fourth on one pod).
+//! Placement (no eligible pod matches) also avoids a queue half as deep as the
+//! prompt itself, even within the slack: waiting behind it makes this prompt's
+//! time to first token half its own prefill longer than the shortest queue
+//! gives, 1.5x when that queue is empty (40 prefixes: new 3500-token prompts
+//! queued two or three deep on one pod, the TTFT tail). Half, not a whole
+//! prompt: in a burst of prompts of about one size the queues differ by whole
+//! prompts, and a bound of one prompt sat on that edge: a queue one prompt
+//! deeper, made of prompts a block or two shorter than this one, passed as not
+//! waiting (guidellm's opening burst of 8 prompts of 77-79 blocks put a third
+//! and a fourth on one pod).
 //!
 //! | parameter      | default | why |
 //! |----------------|---------|-----|

@@ -53,15 +53,15 @@
 //! scans the few prompts waiting on that pod, where a map took an insert and
 //! a removal per index-sampled block of every prompt (~96 at 128 KB).
 //!
-//! Memory: at most [`MAX_WAITING_BLOCKS`] hashes (4 MB) per VM, this VM's
-//! and the others' prompts together, each prompt counting at least one (an
-//! entry's own 32 bytes on wasm32, 48 natively, are not: 2^19 bare entries
-//! would take 16 MB in a VM, but the ledger settles the others' prompts long
-//! before). Every exchange closes its ticket, and the
-//! ledger settles the others'; past the cap (an exchange that never did, or a
-//! burst of huge prompts) the oldest are dropped, and a longer prompt is not
-//! kept: the hold then applies unguarded for those, the rule without its
-//! guard, and their blocks count as ready.
+//! Memory: at most [`MAX_WAITING_BLOCKS`] hashes (4 MB) per VM, this VM's and
+//! the others' prompts together, each prompt counting at least one (an entry's
+//! own 32 bytes on wasm32, 48 natively, are not: 2^19 bare entries would take
+//! 16 MB in a VM, but the ledger settles the others' prompts long before).
+//! Every exchange closes its ticket, and the ledger settles the others'; past
+//! the cap (an exchange that never did, or a burst of huge prompts) the oldest
+//! are dropped, and a longer prompt is not kept: the hold then applies
+//! unguarded for those, the rule without its guard, and their blocks count as
+//! ready.
 
 use std::collections::VecDeque;
 
