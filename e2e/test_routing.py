@@ -188,8 +188,9 @@ def test_a_document_another_worker_still_prefills_is_no_hit():
             now = f.envoy.wait_for("the connection accepted", lambda: (a := accepted()) != before and a)
             return c, next(w for w in (0, 1) if now[w] > before[w])
 
-        # ~20k tokens: ~2.5 s of prefill at time scale 0.5.
-        doc = words("doc", 20_000)
+        # ~40k tokens: ~5 s of prefill at time scale 0.5, while each rider takes a connection,
+        # an admin read or two (tens of ms) and, 1 in 2^k runs, k riders more.
+        doc = words("doc", 40_000)
         first, first_worker = send(chat(MODEL, [{"role": "user", "content": doc + " first"}], max_tokens=1))
         busy, blocks = f.envoy.wait_for("the first prompt's prefill accounted",
                                         lambda: next(((p, n) for p, n in gauges("prefill_blocks").items() if n > 100), None))
