@@ -67,7 +67,7 @@ def own_prefill_ms(uncached: int) -> float:
     return (steps * BASE_MS + uncached * PREFILL_MS) / SCALE
 
 
-def attribute(path: Path, lines: list[dict], reuse: list[int]) -> None:
+def attribute(path: Path, reuse: list[int]) -> None:
     recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     recs = [r for r in recs if r.get("ttft_ms") is not None and r.get("prompt_tokens")]
     p95 = pct([r["ttft_ms"] for r in recs], 0.95)
@@ -126,7 +126,7 @@ def main() -> None:
     lines = trace()
     reuse = ideal_reuse(lines)
     for path in a.records:
-        attribute(path, lines, reuse)
+        attribute(path, reuse)
     p95_home, hit_home = model(lines, 3, RATE, home)
     rr = sorted(model(lines, 3, RATE, round_robin(random.Random(s)))[0] for s in range(a.seeds))
     q = [pct(rr, p) for p in (0.1, 0.5, 0.9)]

@@ -161,7 +161,6 @@ def test_least_request_avoids_a_slow_busy_backend():
         assert counts[slow.name] < min(counts[s.name] for s in f.sims[1:]) / 2, counts
 
 
-
 def test_a_document_another_worker_still_prefills_is_no_hit():
     # Each worker VM knows its own prompts until their first byte and the other's from the
     # shared index log. A prompt that shares a document with one the other worker sent and the
@@ -222,6 +221,7 @@ def test_a_document_another_worker_still_prefills_is_no_hit():
         # The first two riders always have an idle pod to take; from the third on, every pod
         # may hold one prompt of the document, and the busy pod is as short a queue as any.
         assert all(d["backend"] != busy for _, d, _ in replies[1:3]), (busy, replies)
+
 
 def test_hot_prefix_spills_over_to_a_second_backend():
     # Saturation at 3 in flight makes the bound bite with few requests.
