@@ -5,7 +5,7 @@
 //!   mixed priority classes).
 //! - [`runner`]: drives sessions over a keep-alive HTTP/1.1 pool (TCP_NODELAY),
 //!   records TTFT (first SSE `data:` chunk), e2e, served-by replica and usage.
-//! - [`prom`]: backends' prefix-cache counters (via `warmroute_core::prometheus`)
+//! - [`prom`]: backends' prefix-cache counters (via `warmroute_core::fleet::prometheus`)
 //!   and the fleet hit rate.
 //! - [`report`]: statistics, human summary and the JSON report.
 //! - [`cli`]: the `warmroute-loadgen <workload> [flags]` command line.

@@ -14,13 +14,13 @@
 //! backwards (server restart) contributes its after-value, as Prometheus'
 //! `increase()` would.
 //!
-//! Parsing is `warmroute_core::prometheus`, the parser the filter scrapes
+//! Parsing is `warmroute_core::fleet::prometheus`, the parser the filter scrapes
 //! backends with, so loadgen and the router read a metrics page the same way.
 //! Malformed lines are skipped, never fatal: a metrics page is foreign input.
 
 use std::collections::BTreeMap;
 
-use warmroute_core::prometheus::parse;
+use warmroute_core::fleet::prometheus::parse;
 
 /// vLLM prefix-cache hit counter (tokens).
 pub const HITS: &str = "vllm:prefix_cache_hits_total";

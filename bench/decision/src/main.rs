@@ -23,10 +23,10 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use warmroute_core::config::Config;
-use warmroute_core::inflight::Delta;
-use warmroute_core::openai::{prompt_key, Endpoint};
+use warmroute_core::fleet::inflight::Delta;
 use warmroute_core::phases;
-use warmroute_core::router::{Request, Router, ANCHOR_BYTES};
+use warmroute_core::prompt::openai::{prompt_key, Endpoint};
+use warmroute_core::routing::router::{Request, Router, ANCHOR_BYTES};
 use warmroute_core::testing::MemoryHost;
 
 /// Worker VMs sharing the host.

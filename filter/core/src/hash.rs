@@ -6,7 +6,7 @@
 //! fold(seed, bytes)    = mix(... mix(mix(seed ^ b_0) ^ b_1) ... ^ b_n)
 //! rendezvous(key, ids) = backends by descending mix(key ^ id_b), ties by index
 //! ```
-//! - `murmur` chains the prompt's blocks ([`crate::prefix`]);
+//! - `murmur` chains the prompt's blocks ([`crate::prompt::prefix`]);
 //! - `fold` names a backend by its address (its rendezvous id), the fleet by
 //!   its backends (the shared-data key space), a session by its header value;
 //! - `rendezvous` (highest random weight, Thaler & Ravishankar 1998) orders

@@ -4,8 +4,8 @@
 
 use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
-use warmroute_core::prometheus;
-use warmroute_core::scrape::extract;
+use warmroute_core::fleet::prometheus;
+use warmroute_core::fleet::scrape::extract;
 
 fuzz_target!(|data: &[u8]| {
     let names = warmroute_core::testing::config(1).metrics.names;

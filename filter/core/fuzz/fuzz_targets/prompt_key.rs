@@ -6,7 +6,7 @@
 
 use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
-use warmroute_core::openai::{prompt_key, reference, Endpoint};
+use warmroute_core::prompt::openai::{prompt_key, reference, Endpoint};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&sel, body)) = data.split_first() else {

@@ -12,13 +12,13 @@
 
 use super::{Exchange, Step, Worker};
 use crate::codec::{put, Reader};
+use crate::fleet::store::update_after;
 use crate::gate::{mask, shed_body, Queue, Shed, Ticket};
 use crate::host::Host;
 use crate::phases::Laps;
-use crate::prefix::PromptKey;
-use crate::router::Request;
-use crate::stats::{Fallback, GateEvent};
-use crate::store::update_after;
+use crate::prompt::prefix::PromptKey;
+use crate::routing::router::Request;
+use crate::worker::stats::{Fallback, GateEvent};
 use std::collections::HashMap;
 
 /// What the gate does with a new request.
@@ -87,7 +87,7 @@ fn wake_message(vm: u64, context: u32) -> Vec<u8> {
 }
 
 impl Worker {
-    /// Releases between two that go to a lower class ([`crate::gate::GateConfig::lower_every`]).
+    /// Releases between two that go to a lower class ([`crate::config::GateConfig::lower_every`]).
     fn lower_every(&self) -> u64 {
         self.router
             .config()

@@ -3,7 +3,7 @@
 //! ```text
 //! predicted = matched_blocks                     (the index's claim for the pod chosen;
 //!                                                 none for a match lowered for blocks a
-//!                                                 pending prompt brings, [`crate::waiting`]:
+//!                                                 pending prompt brings, [`crate::routing::waiting`]:
 //!                                                 whether the pod has them when it admits
 //!                                                 this one depends on timing)
 //! reported  = cached_tokens / prompt_tokens · prompt_blocks
@@ -12,13 +12,13 @@
 //!              bytes and the pod tokens)
 //! evicted  ⇔ reported + 2 + predicted / 10 < predicted
 //! then      forget, on that pod, what it last used at or before t_last, oldest
-//!           first, at most 1/8 of its entries ([`crate::index::FORGET_SHARE`])
+//!           first, at most 1/8 of its entries ([`crate::routing::index::FORGET_SHARE`])
 //!           (t_last: when the deepest predicted block was last used, before this request)
 //! ```
 //! vLLM and SGLang evict least recently used blocks first: a pod that lost a
 //! block last used at `t_last` has lost whatever it last used before, too.
 //! So the index drops that pod's entries of that age, here at once and in
-//! every VM through the log ([`crate::index_log`], an *evicted* event): the
+//! every VM through the log ([`crate::routing::index_log`], an *evicted* event): the
 //! next request for any of those prefixes is not steered there for a cache
 //! that is gone. The prompt that revealed it is not among them: its request
 //! has just prefilled it again, and its entries were refreshed when it was

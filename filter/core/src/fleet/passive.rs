@@ -31,9 +31,9 @@
 //! Kept per worker VM, not written per request: a shared write per request
 //! would cost more than the signal is worth, and each worker sees its own
 //! share of a failing pod's errors within a few requests. Only `served_ms`
-//! leaves the VM, at its tick when it changed ([`crate::store`], `served`):
+//! leaves the VM, at its tick when it changed ([`crate::fleet::store`], `served`):
 //! the scraping VM (often the main thread's, which routes nothing) reads it to
-//! tell a pod that is slow to report from one that is gone ([`crate::health`]).
+//! tell a pod that is slow to report from one that is gone ([`crate::fleet::health`]).
 
 /// How a routed request ended, as far as its backend is to blame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

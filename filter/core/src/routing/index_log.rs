@@ -1,12 +1,12 @@
 //! The index's change log: how one VM's routing reaches every other worker's
-//! index replica ([`crate::index`]).
+//! index replica ([`crate::routing::index`]).
 //!
 //! A ring of `slots` shared-data values, each holding one [`Event`] ("backend
 //! b received this chain at time t, routed by VM v", or "backend b
 //! no longer holds what it last used at or before t", when its own cache
-//! report said so: [`crate::feedback`]). Event `seq`
+//! report said so: [`crate::routing::feedback`]). Event `seq`
 //! lives in slot `seq % slots`; the sequence counter lives in the ledger
-//! ([`crate::store`]), so the CAS that accounts a request also reserves its
+//! ([`crate::fleet::store`]), so the CAS that accounts a request also reserves its
 //! event's number, and an append costs one write of its own slot, whatever
 //! the log's size. A reader that falls more than `slots` events behind has
 //! lost the overwritten ones (a *gap*: its index misses prefixes routed
@@ -19,8 +19,8 @@
 //!              ‖ time_ms u64 ‖ prefill u32 ‖ len u32 ‖ n u32 ‖ n × block u64
 //!              (little-endian, [`crate::codec`]; kind 0 received: a chain of
 //!               len blocks, as its hashes at the positions the index holds,
-//!               [`crate::index::kept_positions`], and the prefill blocks its
-//!               VM accounted for it ([`crate::waiting`] settles by them);
+//!               [`crate::routing::index::kept_positions`], and the prefill blocks its
+//!               VM accounted for it ([`crate::routing::waiting`] settles by them);
 //!               kind 1 evicted: no blocks, time_ms is the cut-off)
 //! ```
 //! The index holds a chain only at sampled positions, so the event carries
@@ -30,7 +30,9 @@
 //! head, the part other requests most likely share.
 
 use crate::codec::{put, Reader};
-use crate::index::kept_positions;
+use crate::fleet::store::Store;
+use crate::host::{Host, HostError};
+use crate::routing::index::kept_positions;
 
 /// What an event says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,37 +68,36 @@ pub struct Event {
     pub head: Head,
     /// Length of the chain received (0 for an eviction).
     pub len: u32,
-    /// The chain's hashes at [`crate::index::kept_positions`] of `len`, in order.
+    /// The chain's hashes at [`crate::routing::index::kept_positions`] of `len`, in order.
     pub blocks: Vec<u64>,
 }
 
 const EVENT_VERSION: u8 = 5;
 const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4 + 4;
-/// Slot size the ring aims for.
-const SLOT_TARGET: usize = 16 << 10;
 
-/// Geometry of the shared change log for a `log_bytes` budget.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LogShape {
-    /// Number of slots in the ring.
-    pub slots: u64,
-    /// Largest encoded event a slot holds.
-    pub slot_bytes: usize,
-}
-
-impl LogShape {
-    /// Splits `log_bytes` into 16..1024 slots of about 16 KiB.
-    pub fn new(log_bytes: usize) -> LogShape {
-        let slots = (log_bytes / SLOT_TARGET).clamp(16, 1024);
-        LogShape {
-            slots: slots as u64,
-            slot_bytes: (log_bytes / slots).max(EVENT_HEADER + 8),
-        }
+/// The index log's slots in shared data.
+impl<H: Host> Store<'_, H> {
+    /// Sequence number the next index event gets.
+    pub fn log_next_seq(&self) -> Result<u64, HostError> {
+        self.read_ledger().map(|r| r.value.next_seq)
     }
 
-    /// The slot that event `seq` lives in.
-    pub fn slot(&self, seq: u64) -> u64 {
-        seq % self.slots.max(1)
+    /// The event in `seq`'s slot, whichever event that is now (or none).
+    pub fn log_event(&self, seq: u64) -> Result<Option<Event>, HostError> {
+        let v = self.host.get_shared(self.keys.log_slot(seq))?.0;
+        Ok(v.as_deref().and_then(Event::decode))
+    }
+
+    /// Writes the event of a reserved `head.seq` into its slot (the seq is ours
+    /// alone, so unconditionally).
+    pub fn write_event(&self, head: Head, blocks: &[u64]) -> Result<(), HostError> {
+        let event = Event::encode(
+            head,
+            blocks,
+            self.keys.log_shape().slot_bytes.max(EVENT_HEADER + 8),
+        );
+        self.host
+            .set_shared(self.keys.log_slot(head.seq), &event, None)
     }
 }
 
@@ -162,6 +163,9 @@ impl Event {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fleet::store::{Keys, Writer};
+    use crate::host::HostError;
+    use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -231,23 +235,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn log_shape_fits_the_budget() {
-        for bytes in [4096, 65_536, 262_144, 1 << 20, 64 << 20] {
-            let s = LogShape::new(bytes);
-            assert!((16..=1024).contains(&s.slots), "{s:?}");
-            assert!(s.slots as usize * s.slot_bytes <= bytes.max(16 * (EVENT_HEADER + 8)));
-        }
-        assert_eq!(
-            LogShape::new(1 << 20),
-            LogShape {
-                slots: 64,
-                slot_bytes: 16384
-            }
-        );
-        assert_eq!(LogShape::new(1 << 20).slot(130), 2);
-    }
-
     #[cfg(not(target_arch = "wasm32"))]
     mod properties {
         use super::*;
@@ -286,8 +273,8 @@ mod tests {
                 // The writer records the whole chain; another VM records the event.
                 let chain: Vec<u64> = (0..len as u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).collect();
                 let ev = Event::decode(&Event::encode(head(Kind::Received, 0, 0, backend as u16, 5), &chain, 16384)).unwrap();
-                let mut writer = crate::index::Index::new(2, 1 << 16, 60_000);
-                let mut reader = crate::index::Index::new(2, 1 << 16, 60_000);
+                let mut writer = crate::routing::index::Index::new(2, 1 << 16, 60_000);
+                let mut reader = crate::routing::index::Index::new(2, 1 << 16, 60_000);
                 writer.record(&chain, backend, 5);
                 reader.record_kept(ev.len as usize, &ev.blocks, backend, 5);
                 let (mut w, mut r) = (Vec::new(), Vec::new());
@@ -297,5 +284,72 @@ mod tests {
                 prop_assert_eq!(w[backend] as usize, len);
             }
         }
+    }
+
+    /// Appends an index event outside a request: reserves its seq, then writes its slot.
+    fn append_log(
+        s: &Store<'_, MemoryHost>,
+        origin: u64,
+        backend: u16,
+        blocks: &[u64],
+    ) -> Result<u64, HostError> {
+        let seq = s
+            .account(
+                None,
+                Writer {
+                    vm: 1,
+                    now_ms: s.host.now_ms(),
+                    lease_ms: 1500,
+                },
+                &[],
+                true,
+            )?
+            .seq
+            .unwrap_or_default();
+        let head = Head {
+            kind: Kind::Received,
+            seq,
+            origin,
+            backend,
+            time_ms: s.host.now_ms(),
+            prefill: 1,
+        };
+        s.write_event(head, blocks)?;
+        Ok(seq)
+    }
+
+    #[test]
+    fn log_append_and_read_back() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
+        let s = Store {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
+        assert_eq!(s.log_next_seq().unwrap(), 0);
+        assert_eq!(append_log(&s, 7, 2, &[1, 2, 3]).unwrap(), 0);
+        host.inject_conflicts.set(3);
+        assert_eq!(
+            append_log(&s, 8, 1, &[4]).unwrap(),
+            1,
+            "a lost CAS retries, never reuses a seq"
+        );
+        assert_eq!(s.log_next_seq().unwrap(), 2);
+        let ev = s.log_event(1).unwrap().unwrap();
+        assert_eq!(
+            (
+                ev.head.seq,
+                ev.head.origin,
+                ev.head.backend,
+                ev.len,
+                ev.blocks
+            ),
+            (1, 8, 1, 1, vec![4])
+        );
+        // The ring wraps: seq 16 overwrites seq 0's slot.
+        for i in 2..=16 {
+            append_log(&s, 9, 0, &[i]).unwrap();
+        }
+        assert_eq!(s.log_event(0).unwrap().map(|e| e.head.seq), Some(16));
     }
 }

@@ -15,7 +15,7 @@
 //! deadline   = arrival + min(deadline header, class.max_wait_ms)
 //! shed (429, Retry-After) ⇔ deadline passed ∨ the class already holds max_queue requests
 //! ```
-//! `load_b` and `work_b` are [`crate::load`]'s and [`crate::work`]'s: this
+//! `load_b` and `work_b` are [`crate::routing::load`]'s and [`crate::routing::work`]'s: this
 //! gateway's in-flight requests plus what a fresh scrape shows beyond them, so
 //! a request ending frees headroom at once, and a scrape's queue or KV usage
 //! holds a pod at its knee until the next scrape says otherwise.
@@ -53,99 +53,6 @@ use crate::codec::{put, Reader};
 
 /// A grant its VM has not routed within this long no longer reserves a pod.
 pub const GRANT_TTL_MS: u64 = 2000;
-
-/// Most classes one gate orders.
-pub const MAX_CLASSES: usize = 8;
-
-/// When a pod is past its knee; `None` fields are not checked.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Knee {
-    /// Requests on the pod (this gateway's in flight plus other gateways' seen in its scrape).
-    pub requests: Option<f64>,
-    /// Work on the pod, in typical requests ([`crate::work`]).
-    pub work: Option<f64>,
-    /// Requests the pod's scrape shows waiting.
-    pub waiting: Option<f64>,
-    /// KV cache usage, 0..1, in the pod's scrape.
-    pub kv_usage: Option<f64>,
-}
-
-impl Knee {
-    /// How many more typical requests the pod takes before its knee (`≤ 0`:
-    /// past it; `∞`: no count-like bound set). `waiting`/`kv_usage` are from
-    /// a fresh scrape, or `None`.
-    pub fn headroom(&self, load: f64, work: f64, waiting: Option<f64>, kv: Option<f64>) -> f64 {
-        let queued = matches!((self.waiting, waiting), (Some(k), Some(w)) if w >= k);
-        let full = matches!((self.kv_usage, kv), (Some(k), Some(u)) if u >= k);
-        if queued || full {
-            return 0.0;
-        }
-        let by_requests = self.requests.map_or(f64::INFINITY, |k| k - load);
-        let by_work = self.work.map_or(f64::INFINITY, |k| k - work);
-        by_requests.min(by_work)
-    }
-}
-
-/// One priority class, as configured (rank = position, 0 the highest).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Class {
-    /// Name (stats, the priority header's value).
-    pub name: String,
-    /// Other header values that mean this class (lower-case).
-    pub aliases: Vec<String>,
-    /// Longest a request of this class is held.
-    pub max_wait_ms: u64,
-    /// Most requests of this class held at once, gateway-wide.
-    pub max_queue: u32,
-}
-
-/// The validated `gate` configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GateConfig {
-    /// When a pod is past its knee.
-    pub knee: Knee,
-    /// Classes, highest first.
-    pub classes: Vec<Class>,
-    /// Rank of a request without a (known) class.
-    pub default_class: usize,
-    /// Headers naming the class, first present wins (lower-case).
-    pub class_headers: Vec<String>,
-    /// Header carrying the client's deadline, in milliseconds from arrival.
-    pub deadline_header: String,
-    /// Share of releases that go to a lower class while a higher one waits.
-    pub lower_share: f64,
-    /// Period of the gate's own check (expiry, missed wake-ups).
-    pub check_ms: u64,
-    /// `Retry-After` of a shed request, in seconds.
-    pub retry_after_s: u32,
-}
-
-impl GateConfig {
-    /// The class rank of a request whose class headers read `value` (the
-    /// first one present), and its deadline relative to arrival.
-    pub fn classify(&self, value: Option<&str>, deadline: Option<&str>) -> (usize, u64) {
-        let rank = value
-            .map(|v| v.trim().to_ascii_lowercase())
-            .and_then(|v| {
-                self.classes
-                    .iter()
-                    .position(|c| c.name == v || c.aliases.contains(&v))
-            })
-            .unwrap_or(self.default_class);
-        let max_wait = self.classes.get(rank).map_or(0, |c| c.max_wait_ms);
-        let asked = deadline.and_then(|d| d.trim().parse::<u64>().ok());
-        (rank, asked.map_or(max_wait, |d| d.min(max_wait)))
-    }
-
-    /// Releases between two that go to a lower class (0: never).
-    pub fn lower_every(&self) -> u64 {
-        if self.lower_share <= 0.0 {
-            0
-        } else {
-            (1.0 / self.lower_share).round().max(1.0) as u64
-        }
-    }
-}
 
 /// One held request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -431,6 +338,7 @@ impl Shed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Class, GateConfig, Knee};
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -1,5 +1,5 @@
 //! What this gateway has sent each backend and not seen answered, as every
-//! worker VM accounts it in the ledger ([`crate::store`]).
+//! worker VM accounts it in the ledger ([`crate::fleet::store`]).
 //!
 //! ```text
 //! route:       requests += 1, prefill_blocks += prompt blocks − matched blocks,

@@ -11,39 +11,40 @@
 //! on_response_body    first streamed byte: the prompt is prefilled (queue released);
 //!                     a predicted hit's answer: the pod's own cache report
 //! on_log              the request ends: its in-flight share is released, and how
-//!                     it ended feeds Envoy's own view of its pod ([`crate::passive`])
+//!                     it ended feeds Envoy's own view of its pod ([`crate::fleet::passive`])
 //! tick                flush stats and releases, heartbeat, take back silent VMs'
 //!                     in-flight, sweep gone fleets, expire the index, re-read the
 //!                     slot table, health and LoRA state; the lease holder reads
 //!                     a discovered pool's endpoints and dispatches due scrapes
 //! on_scrape           a scrape reply (or failure) → health, shared with every VM;
 //!                     or, for a discovered pool, Envoy's list of its endpoints
-//!                     → the slot table ([`crate::membership`])
+//!                     → the slot table ([`crate::fleet::membership`])
 //! ```
 //! A body that cannot be read (too large, compressed, not JSON, another
 //! shape) is still routed, by the load-only fallback, and proxied unchanged.
 //! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
 
 use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
-use crate::feedback::{report, TAIL_BYTES};
-use crate::health::Outcome;
+use crate::fleet::health::Outcome;
+use crate::fleet::inflight::Delta;
+use crate::fleet::membership::{admin_path, MAX_REPLY_BYTES};
+use crate::fleet::passive::Answer;
+use crate::fleet::scrape::extract_with_lora;
+use crate::fleet::scrape_schedule::Scheduler;
 use crate::host::{Callout, Host};
-use crate::inflight::Delta;
-use crate::load::Standing;
-use crate::membership::{admin_path, MAX_REPLY_BYTES};
-use crate::openai::{prompt_key, Endpoint, ParseError};
-use crate::passive::Answer;
 use crate::phases::{Laps, Phase};
-use crate::prefix::PromptKey;
-use crate::router::{Request, Router, ANCHOR_BYTES};
-use crate::scheduler::Scheduler;
-use crate::scrape::extract_with_lora;
-use crate::stats::{Fallback, Stats};
-use crate::steering;
-use crate::waiting::WaitTicket;
+use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
+use crate::prompt::prefix::PromptKey;
+use crate::routing::feedback::{report, TAIL_BYTES};
+use crate::routing::load::Standing;
+use crate::routing::router::{Request, Router, ANCHOR_BYTES};
+use crate::routing::waiting::WaitTicket;
+use crate::worker::stats::{Fallback, Stats};
 use admission::{Admission, Holding};
 
 mod admission;
+pub mod stats;
+pub mod steering;
 
 /// Response header carrying the decision when `debug_header` is on.
 pub const DEBUG_HEADER: &str = "x-warmroute";
@@ -1270,7 +1271,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         let host = MemoryHost::default();
         host.now.set(1000);
         let mut w = worker(&host);
-        let fresh = w.config().metrics.stale_after_ms / crate::passive::SERVED_SLACK;
+        let fresh = w.config().metrics.stale_after_ms / crate::fleet::passive::SERVED_SLACK;
         // Ends a request for the same prompt (so the same chosen pod) as Envoy
         // reports it: served by `upstream`, or by the pod chosen; true when the
         // filter asked which upstream served.
@@ -1641,7 +1642,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
         let fleet_keys = |host: &MemoryHost| -> Vec<(String, usize)> {
             host.shared_sizes()
                 .into_iter()
-                .filter(|(k, _)| k != crate::store::FLEETS_KEY)
+                .filter(|(k, _)| k != crate::fleet::store::FLEETS_KEY)
                 .collect()
         };
         let old_keys = fleet_keys(&host);
@@ -1667,7 +1668,7 @@ vllm:kv_cache_usage_perc 0.1\nvllm:cache_config_info{block_size=\"16\",num_gpu_b
                 .sum()
         };
         assert!(kept(&host) > 0, "swept while still fresh");
-        host.now.set(1000 + crate::store::FLEET_IDLE_MS + 1);
+        host.now.set(1000 + crate::fleet::store::FLEET_IDLE_MS + 1);
         new.tick(&host);
         assert_eq!(kept(&host), 0, "{:?}", fleet_keys(&host));
         // The fleet in use keeps its values.

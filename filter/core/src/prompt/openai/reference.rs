@@ -1,5 +1,5 @@
 //! The same canonical stream read with serde_json: the reference the
-//! filter's own reader ([`crate::json`]) is tested against (the differential
+//! filter's own reader ([`crate::prompt::json`]) is tested against (the differential
 //! property test in `openai` and the `prompt_key` fuzz target). Not used to
 //! route: serde decodes every escaped string into a copy before it is hashed.
 
@@ -7,7 +7,7 @@ use super::{
     can_ask_usage, feed_escaped, feed_tag, hasher, reports_usage, tokens, Endpoint, ParseError,
     GROUP,
 };
-use crate::prefix::{PrefixHasher, PromptKey};
+use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;

@@ -9,9 +9,9 @@
 //! ```
 //! `tokens_b` is GPU time in prefilled-token equivalents: the prompt tokens
 //! this gateway sent `b` and has not seen answered (its prefill queue, see
-//! [`crate::load`]), plus the output tokens its requests there may still
+//! [`crate::routing::load`]), plus the output tokens its requests there may still
 //! generate (their `max_tokens`, or `default_output_tokens`, held until each
-//! ends: [`crate::inflight`]). Dividing by a typical request keeps the bounded
+//! ends: [`crate::fleet::inflight`]). Dividing by a typical request keeps the bounded
 //! load's `cap` and `eps` in the units they were tuned in, and lets requests
 //! seen only in a pod's scrape (other gateways') count as typical ones.
 //!
@@ -32,7 +32,7 @@
 //!   context, even with a request's weight capped at a few typical ones.
 //!   `cache_aware` weighs the prefill queue in its score instead, against the
 //!   cache that leaving would lose: a short prompt already flees a pod
-//!   prefilling a huge one ([`crate::policy`]).
+//!   prefilling a huge one ([`crate::routing::policy`]).
 //! - the decode part alone moved nothing on `cache_aware` and cost
 //!   `prefix_hash` conversation hit rate. In the simulator a decode step barely
 //!   slows with the batch (0.15 ms per sequence on a 12 ms step), so a long
@@ -40,7 +40,7 @@
 //!   where it does would be needed to argue for it.
 
 use crate::config::PolicyConfig;
-use crate::inflight::InFlight;
+use crate::fleet::inflight::InFlight;
 
 /// Largest output budget one request holds on its pod.
 pub const MAX_OUTPUT_TOKENS: u32 = 131_072;

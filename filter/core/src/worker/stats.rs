@@ -9,12 +9,12 @@
 //! routing decision itself on a short prompt.
 
 use crate::config::Config;
-use crate::feedback::Verdict;
+use crate::fleet::health::Outcome;
+use crate::fleet::inflight::InFlight;
 use crate::gate::Shed;
-use crate::health::Outcome;
 use crate::host::{Host, MetricKind};
-use crate::inflight::InFlight;
-use crate::policy::Reason;
+use crate::routing::feedback::Verdict;
+use crate::routing::policy::Reason;
 
 /// Why a request was routed without reading its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! OpenAI-style request bodies → canonical prompt bytes → [`PromptKey`].
 //!
-//! The body is read with [`crate::json`]'s reader, which validates it and
+//! The body is read with [`crate::prompt::json`]'s reader, which validates it and
 //! borrows every value from it: a prompt string's text is fed to the hasher
 //! in the runs between its escapes, straight from the body, so a 128 KB
 //! prompt is never copied before it is hashed. Fields the endpoint does not
@@ -23,12 +23,12 @@
 //! Reading, as a backend would: a field of the wrong type, or a field named
 //! twice (which copy would the backend read?), is [`ParseError::Shape`];
 //! `null` is an absent optional field. An error of shape is told from one of
-//! syntax by checking the whole body ([`crate::json::validate`]), so a body
+//! syntax by checking the whole body ([`crate::prompt::json::validate`]), so a body
 //! that is not JSON is always `NotJson`, wherever its first problem is.
 //! `reference` reads the same stream with serde_json, for the tests.
 
-use crate::json::{self, Piece, Reader, Str};
-use crate::prefix::{PrefixHasher, PromptKey};
+use crate::prompt::json::{self, Piece, Reader, Str};
+use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use std::borrow::Cow;
 
 #[cfg(any(test, feature = "reference"))]

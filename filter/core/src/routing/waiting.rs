@@ -15,7 +15,7 @@
 //! `cache_aware` keeps a conversation's history on the only pod holding it
 //! whatever that pod's prefill queue, unless another request waiting there
 //! shares the prompt up to the pod's match: then it is a prefix many requests
-//! send together, not one conversation's ([`crate::policy`], the sole holder).
+//! send together, not one conversation's ([`crate::routing::policy`], the sole holder).
 //! Block hashes are chained, so one comparison at the match's last block says
 //! the two prompts agree up to it. Only a pod matching past the head can be the
 //! sole holder, so only those are probed.
@@ -36,7 +36,7 @@
 //!
 //! Pending: this VM's own prompts until their first byte (their ticket). The
 //! other workers' prompts come with their index-log events (the positions the
-//! log carries, [`crate::index::kept_positions`]) and are pending by the
+//! log carries, [`crate::routing::index::kept_positions`]) and are pending by the
 //! ledger: a pod prefills in arrival order, so of VM v's prompts on b, those
 //! whose prefill, counted from the newest back, starts within the prefill v
 //! still accounts there (`P_vb`, released at each first byte) are the ones
@@ -65,8 +65,8 @@
 
 use std::collections::VecDeque;
 
-use crate::index::last_kept_below;
-use crate::index_log::Event;
+use crate::routing::index::last_kept_below;
+use crate::routing::index_log::Event;
 
 /// Most block hashes the waiting prompts a VM keeps hold in all: e.g. 1024
 /// waiting 128 KB prompts or tens of thousands of chat turns.
@@ -92,7 +92,7 @@ struct Foreign {
     vm: u64,
     /// Blocks in its chain.
     len: u32,
-    /// Its hashes at [`crate::index::kept_positions`] of `len`; none if it brings no block.
+    /// Its hashes at [`crate::routing::index::kept_positions`] of `len`; none if it brings no block.
     kept: Vec<u64>,
     /// Blocks the pod held of it before it was routed (by this VM's index).
     from: u32,
@@ -361,7 +361,7 @@ impl Waiting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::kept_positions;
+    use crate::routing::index::kept_positions;
 
     #[test]
     fn a_waiting_prompt_is_shared_up_to_the_last_block_of_the_match() {
@@ -432,8 +432,8 @@ mod tests {
 
     /// VM `vm`'s log event: `c` routed to backend 1, `prefill` blocks accounted.
     fn event(vm: u64, c: &[u64], prefill: u32) -> Event {
-        let head = crate::index_log::Head {
-            kind: crate::index_log::Kind::Received,
+        let head = crate::routing::index_log::Head {
+            kind: crate::routing::index_log::Kind::Received,
             seq: 0,
             origin: vm,
             backend: 1,

@@ -47,11 +47,11 @@
 //!
 //! | parameter | value | why |
 //! |-----------|-------|-----|
-//! | lease | `max(3 × metrics.period_ms, 1 s)` ([`crate::router::lease_ms`]) | a live VM ticks every period; three leave room for a late tick, and the floor for a short period on a loaded worker |
+//! | lease | `max(3 × metrics.period_ms, 1 s)` ([`crate::routing::router::lease_ms`]) | a live VM ticks every period; three leave room for a late tick, and the floor for a short period on a loaded worker |
 //!
 //! Cost: the record holds 12 bytes, then 28 per VM holding requests (Envoy
 //! runs a VM per worker thread) and 16 per backend that VM holds something
-//! on: a share is sparse ([`crate::inflight::encode_sparse`]). Each routed
+//! on: a share is sparse ([`crate::fleet::inflight::encode_sparse`]). Each routed
 //! request reads, decodes and re-encodes it, so that work grows with the
 //! pods in flight, not with the fleet (a dense share of every backend made a
 //! request at 1024 pods copy and decode 24 KB for two VMs; the decision
@@ -62,14 +62,42 @@
 //! ledger instead of wiping this one.
 
 use crate::codec::{self, put, Reader};
-use crate::health::{decode_health, encode_health, Health};
-use crate::host::{Host, HostError, Versioned};
-use crate::index_log::{Event, Head, LogShape};
-use crate::inflight::{
+use crate::fleet::health::{decode_health, encode_health, Health};
+use crate::fleet::inflight::{
     apply_sparse, decode_sparse, encode_sparse, sparse_len, Delta, InFlight, Sparse,
 };
-use crate::membership::Slots;
-use crate::models::{decode_lora, encode_lora, Lora};
+use crate::fleet::lora::{decode_lora, encode_lora, Lora};
+use crate::fleet::membership::Slots;
+use crate::host::{Host, HostError, Versioned};
+
+/// Slot size the index log's ring aims for.
+const SLOT_TARGET: usize = 16 << 10;
+
+/// Geometry of the index log's ring of slots ([`crate::routing::index_log`])
+/// for a `log_bytes` budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogShape {
+    /// Number of slots in the ring.
+    pub slots: u64,
+    /// Bytes of one slot.
+    pub slot_bytes: usize,
+}
+
+impl LogShape {
+    /// Splits `log_bytes` into 16..1024 slots of about 16 KiB.
+    pub fn new(log_bytes: usize) -> LogShape {
+        let slots = (log_bytes / SLOT_TARGET).clamp(16, 1024);
+        LogShape {
+            slots: slots as u64,
+            slot_bytes: log_bytes / slots,
+        }
+    }
+
+    /// The slot that event `seq` lives in.
+    pub fn slot(&self, seq: u64) -> u64 {
+        seq % self.slots.max(1)
+    }
+}
 
 /// CAS attempts before an update is abandoned.
 pub const MAX_CAS_RETRIES: u32 = 32;
@@ -160,7 +188,8 @@ impl Keys {
         .map(String::as_str)
     }
 
-    fn slot(&self, seq: u64) -> &str {
+    /// The key of the log slot event `seq` lives in.
+    pub fn log_slot(&self, seq: u64) -> &str {
         self.log_slots
             .get(self.log_shape.slot(seq) as usize)
             .map_or("", String::as_str)
@@ -706,24 +735,6 @@ impl<H: Host> Store<'_, H> {
             }
         })
     }
-
-    /// Sequence number the next index event gets.
-    pub fn log_next_seq(&self) -> Result<u64, HostError> {
-        self.read_ledger().map(|r| r.value.next_seq)
-    }
-
-    /// The event in `seq`'s slot, whichever event that is now (or none).
-    pub fn log_event(&self, seq: u64) -> Result<Option<Event>, HostError> {
-        let v = self.host.get_shared(self.keys.slot(seq))?.0;
-        Ok(v.as_deref().and_then(Event::decode))
-    }
-
-    /// Writes the event of a reserved `head.seq` into its slot (the seq is ours
-    /// alone, so unconditionally).
-    pub fn write_event(&self, head: Head, blocks: &[u64]) -> Result<(), HostError> {
-        let event = Event::encode(head, blocks, self.keys.log_shape.slot_bytes);
-        self.host.set_shared(self.keys.slot(head.seq), &event, None)
-    }
 }
 
 /// Encodes every slot's last-answered time.
@@ -744,7 +755,6 @@ fn decode_served(bytes: &[u8], n: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index_log::Kind;
     use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -774,27 +784,10 @@ mod tests {
         }
     }
 
-    /// Appends an index event outside a request: reserves its seq, then writes its slot.
-    fn append_log(
-        s: &Store<'_, MemoryHost>,
-        origin: u64,
-        backend: u16,
-        blocks: &[u64],
-    ) -> Result<u64, HostError> {
-        let seq = s
-            .account(None, writer(s, 1), &[], true)?
-            .seq
-            .unwrap_or_default();
-        let head = Head {
-            kind: Kind::Received,
-            seq,
-            origin,
-            backend,
-            time_ms: s.host.now_ms(),
-            prefill: 1,
-        };
-        s.write_event(head, blocks)?;
-        Ok(seq)
+    /// Reserves an index event's seq outside a request, as a request's write does.
+    fn reserve_log_seq(s: &Store<'_, MemoryHost>) -> Result<u64, HostError> {
+        s.account(None, writer(s, 1), &[], true)
+            .map(|a| a.seq.unwrap_or_default())
     }
 
     fn requests_of(c: Vec<InFlight>) -> Vec<u32> {
@@ -880,12 +873,12 @@ mod tests {
         // A seed of a key that does not exist yet carries no CAS token: never trusted.
         let absent = s.read_ledger().unwrap();
         add_inflight(&s, 2, Delta::requests(1)).unwrap();
-        append_log(&s, 9, 0, &[1]).unwrap();
+        reserve_log_seq(&s).unwrap();
         assert_eq!(one_more_after(&s, absent.raw, 0), (vec![1, 0, 1], 1));
         let seed = s.read_ledger().unwrap();
         // Another worker moves the ledger between this worker's read and write.
         add_inflight(&s, 0, Delta::requests(1)).unwrap();
-        append_log(&s, 9, 0, &[3]).unwrap();
+        reserve_log_seq(&s).unwrap();
         assert_eq!(one_more_after(&s, seed.raw, 0), (vec![3, 0, 1], 3));
         // A current seed applies directly.
         let seed = s.read_ledger().unwrap();
@@ -893,7 +886,7 @@ mod tests {
         assert_eq!(one_more_after(&s, seed.raw, 1), (vec![3, 1, 1], 4));
         // Releases never move the log.
         add_inflight(&s, 1, -Delta::requests(1)).unwrap();
-        assert_eq!(s.log_next_seq().unwrap(), 5);
+        assert_eq!(s.read_ledger().unwrap().value.next_seq, 5);
     }
 
     #[test]
@@ -996,34 +989,20 @@ mod tests {
     }
 
     #[test]
-    fn log_append_and_read_back() {
-        let (host, keys) = (MemoryHost::default(), Keys::new(1, 4096));
-        let s = shared(&host, &keys);
-        assert_eq!(s.log_next_seq().unwrap(), 0);
-        assert_eq!(append_log(&s, 7, 2, &[1, 2, 3]).unwrap(), 0);
-        host.inject_conflicts.set(3);
-        assert_eq!(
-            append_log(&s, 8, 1, &[4]).unwrap(),
-            1,
-            "a lost CAS retries, never reuses a seq"
-        );
-        assert_eq!(s.log_next_seq().unwrap(), 2);
-        let ev = s.log_event(1).unwrap().unwrap();
-        assert_eq!(
-            (
-                ev.head.seq,
-                ev.head.origin,
-                ev.head.backend,
-                ev.len,
-                ev.blocks
-            ),
-            (1, 8, 1, 1, vec![4])
-        );
-        // The ring wraps: seq 16 overwrites seq 0's slot.
-        for i in 2..=16 {
-            append_log(&s, 9, 0, &[i]).unwrap();
+    fn log_shape_fits_the_budget() {
+        for bytes in [4096, 65_536, 262_144, 1 << 20, 64 << 20] {
+            let s = LogShape::new(bytes);
+            assert!((16..=1024).contains(&s.slots), "{s:?}");
+            assert!(s.slots as usize * s.slot_bytes <= bytes);
         }
-        assert_eq!(s.log_event(0).unwrap().map(|e| e.head.seq), Some(16));
+        assert_eq!(
+            LogShape::new(1 << 20),
+            LogShape {
+                slots: 64,
+                slot_bytes: 16384
+            }
+        );
+        assert_eq!(LogShape::new(1 << 20).slot(130), 2);
     }
 
     #[test]

@@ -92,7 +92,7 @@
 //!   streaming; none still waiting for its first token). The waiting requests
 //!   are the ones this worker VM routed and has not seen a response byte of
 //!   (their prompts' block hashes are kept per pod, see
-//!   [`crate::waiting`]); another worker's are not seen, which only leaves the
+//!   [`crate::routing::waiting`]); another worker's are not seen, which only leaves the
 //!   hold in place. "Shares" is checked at the last block of the pod's match
 //!   (one comparison per prompt waiting there). A request stops waiting at its
 //!   first response byte, or, answered in one piece (not streamed), at its end;
@@ -113,7 +113,7 @@
 //!   saturated pod: there the hold has no index entry to go on.
 //! - the match of a prompt that is not a continuation leaves out the blocks a
 //!   prompt still waiting for its prefill on that pod brings
-//!   ([`crate::waiting`], ready): the pod has not computed them, and a prompt
+//!   ([`crate::routing::waiting`], ready): the pod has not computed them, and a prompt
 //!   admitted with it gets no hit from them. Counted, a request sharing a
 //!   prefix with one sent just before stayed on a pod deep in prefill and was
 //!   accounted a few blocks where it cost a whole prompt, so the next new
@@ -204,7 +204,7 @@
 //! - `prefix_hash`: rendezvous order on the anchor; first eligible (bounded-load
 //!   spillover), the bound over requests: over work, one agent step's prompt
 //!   still prefilling pushed that agent's next steps off their pod and cost
-//!   agent hit rate, even with a request's weight capped (see [`crate::work`]).
+//!   agent hit rate, even with a request's weight capped (see [`crate::routing::work`]).
 //! - `least_request`: least work in flight among non-saturated healthy
 //!   backends; ties random. Work, not request count: a pod prefilling one huge
 //!   prompt is busier than one serving a short chat.
@@ -226,11 +226,11 @@
 //! the whole set. About 7 µs at 256 pods, 25 µs at 1024 natively (`bench/decision`).
 //! The sole holder's guard costs one comparison per prompt waiting on a pod
 //! that matches past the head, and one copy of each routed prompt's chain
-//! ([`crate::waiting`]).
+//! ([`crate::routing::waiting`]).
 
 use crate::config::{PolicyConfig, Strategy};
 use crate::hash::{rendezvous, rendezvous_top};
-use crate::load::BackendLoad;
+use crate::routing::load::BackendLoad;
 
 /// Weight of load against cache share in `cache_aware` scores.
 pub const LOAD_WEIGHT: f64 = 0.5;
@@ -671,7 +671,7 @@ impl Chooser<'_> {
             })?;
         let extra = matched(chosen) - matched(c);
         let p = self.cfg;
-        let cost = extra * p.block_tokens / crate::work::unit(p);
+        let cost = extra * p.block_tokens / crate::routing::work::unit(p);
         let mean = eligible.iter().map(|&b| self.loads[b].load).sum::<f64>()
             / eligible.len().max(1) as f64;
         let spare = self.loads[c].load;

@@ -18,9 +18,9 @@
 //!
 //! A *failed* scrape is a callout Envoy refused or failed early (connection
 //! refused, no such endpoint in the scrape cluster), or a status other than
-//! 200. A *slow* one timed out or never came back ([`crate::scheduler`]): a
+//! 200. A *slow* one timed out or never came back ([`crate::fleet::scrape_schedule`]): a
 //! `/metrics` handler that is slow under load says little while the pod keeps
-//! answering requests, which is Envoy's own view of it ([`crate::passive`]).
+//! answering requests, which is Envoy's own view of it ([`crate::fleet::passive`]).
 //!
 //! The record every VM reads at its tick is all backends' [`Health`] in one
 //! shared-data value, fixed-width fields ([`crate::codec`]); a value of
@@ -29,7 +29,7 @@
 
 use crate::codec::{put, Reader};
 use crate::config::MetricsConfig;
-use crate::scrape::Scrape;
+use crate::fleet::scrape::Scrape;
 
 /// How one scrape ended.
 #[derive(Debug, Clone, Copy, PartialEq)]

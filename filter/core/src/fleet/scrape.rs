@@ -1,5 +1,5 @@
 //! One backend's `/metrics` reply → a [`Scrape`]: the gauges the load formula
-//! ([`crate::load`]) and the index's sizing use.
+//! ([`crate::routing::load`]) and the index's sizing use.
 //!
 //! For each quantity the configured names are tried in order and the first
 //! one present wins (vLLM's current name before its older one, then
@@ -9,11 +9,11 @@
 //! broken `/metrics` can make a pod look busy or idle, never break routing.
 //! KV capacity comes from `vllm:cache_config_info`'s labels
 //! (`num_gpu_blocks × block_size` tokens); LoRA adapters from
-//! `vllm:lora_requests_info` ([`crate::models`]).
+//! `vllm:lora_requests_info` ([`crate::fleet::lora`]).
 
 use crate::config::MetricNames;
-use crate::models::Lora;
-use crate::prometheus::{self, Sample};
+use crate::fleet::lora::Lora;
+use crate::fleet::prometheus::{self, Sample};
 
 /// What one scrape of a backend said.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

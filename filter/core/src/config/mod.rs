@@ -5,7 +5,9 @@
 //! checks every value and names the offending field in the error, so
 //! `on_configure` can log one precise line and refuse to start.
 
-use crate::gate::{Class, GateConfig, Knee, MAX_CLASSES};
+mod gate;
+
+pub use gate::{Class, GateConfig, Knee, MAX_CLASSES};
 use serde::Deserialize;
 use std::net::SocketAddr;
 
@@ -355,7 +357,7 @@ impl Default for WireGate {
     }
 }
 
-/// The pods' own cache reports ([`crate::feedback`]).
+/// The pods' own cache reports ([`crate::routing::feedback`]).
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 struct WireFeedback {
@@ -506,9 +508,9 @@ pub struct PolicyConfig {
     pub max_kv_usage: f64,
     /// In-flight requests per backend at which it is saturated and full (0 = off).
     pub max_inflight: u32,
-    /// Output tokens assumed for a request that sets no limit ([`crate::work`]).
+    /// Output tokens assumed for a request that sets no limit ([`crate::routing::work`]).
     pub default_output_tokens: u32,
-    /// GPU time of one decoded token, in prefilled tokens ([`crate::work`]).
+    /// GPU time of one decoded token, in prefilled tokens ([`crate::routing::work`]).
     pub decode_cost: f64,
     /// Prompt tokens per index block (`block_bytes / index.bytes_per_token`).
     pub block_tokens: f64,
@@ -526,7 +528,7 @@ pub struct IndexConfig {
     /// Prompt bytes per KV-cache token, to size the index from a backend's capacity in
     /// tokens (≈4 for English BPE tokenizers; the simulator's word tokens are ≈7).
     pub bytes_per_token: f64,
-    /// Start from `bytes_per_token` and follow the pods' usage reports ([`crate::feedback`]).
+    /// Start from `bytes_per_token` and follow the pods' usage reports ([`crate::routing::feedback`]).
     pub learn_bytes_per_token: bool,
 }
 
@@ -578,7 +580,7 @@ pub struct PoolConfig {
     pub clusters: Vec<PoolCluster>,
     /// An Envoy cluster pointing at Envoy's own admin interface; no route may name it.
     pub admin_cluster: String,
-    /// Slots: most pods the fleet holds at once ([`crate::membership`]).
+    /// Slots: most pods the fleet holds at once ([`crate::fleet::membership`]).
     pub max_backends: usize,
 }
 

@@ -5,7 +5,7 @@
 //! up after `timeout + period` and counted as slow, so the backend is scraped
 //! again on a later tick. One VM per Envoy holds a lease in shared
 //! data and is the only one that scrapes; the others only read the snapshot.
-//! What a reply does to health is [`crate::health`]'s job.
+//! What a reply does to health is [`crate::fleet::health`]'s job.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Pending {

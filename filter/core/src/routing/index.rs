@@ -3,7 +3,7 @@
 //! ## Shape
 //! Every Envoy worker runs its own VM, so the index lives twice:
 //! - **the truth that all workers share** is a *change log* in proxy-wasm
-//!   shared data ([`crate::index_log`]): a ring of events "backend b
+//!   shared data ([`crate::routing::index_log`]): a ring of events "backend b
 //!   received these block hashes at time t", appended at one slot write per
 //!   routed request;
 //! - **each VM's replica** ([`Index`]) applies the events it has not seen.
@@ -27,7 +27,7 @@
 //! |--------------|---------|-----|
 //! | `max_blocks` | 262 144 | × 256 B blocks ≈ 64 MB of prompt ≈ 16M tokens: more than 3 H100 replicas hold |
 //! | `ttl_ms`     | 600 000 | an idle conversation's blocks are likely evicted within minutes on a busy pod |
-//! | `log_bytes`  | 1 MiB   | shared-data budget of the log ([`crate::index_log`]): the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt |
+//! | `log_bytes`  | 1 MiB   | shared-data budget of the log ([`crate::routing::index_log`]): the ring must hold the events appended between two requests of the slowest worker, and a slot the chain of a long prompt |
 //!
 //! ## Sampled positions
 //! A chain's hash at block `i` names the whole prefix up to `i`, so the index
@@ -119,7 +119,7 @@ fn kept(i: usize, last: usize) -> bool {
 }
 
 /// The positions of a chain of `len` blocks the index holds, in order: all an
-/// index log event needs to carry of the chain ([`crate::index_log`]).
+/// index log event needs to carry of the chain ([`crate::routing::index_log`]).
 pub fn kept_positions(len: usize) -> impl Iterator<Item = usize> + Clone {
     let last = len.saturating_sub(1);
     (0..len).filter(move |&i| kept(i, last))
@@ -496,7 +496,7 @@ impl Index {
     /// Forgets what `backend` last used at or before `before_ms`, at most a
     /// [`FORGET_SHARE`] of what it holds: its own report showed a block of
     /// that age gone, and a pod evicts least recently used first
-    /// ([`crate::feedback`]).
+    /// ([`crate::routing::feedback`]).
     pub fn forget_used_before(&mut self, backend: usize, before_ms: u64) {
         let (Some(&salt), Some(lru)) = (self.salts.get(backend), self.lru.get_mut(backend)) else {
             return;

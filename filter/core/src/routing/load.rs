@@ -1,6 +1,6 @@
 //! Per-backend load: scraped metrics, health, and the filter's own in-flight count.
 //!
-//! ## How load is weighed (the bounds of `cache_aware` and `prefix_hash`; `least_request` weighs work: [`crate::work`])
+//! ## How load is weighed (the bounds of `cache_aware` and `prefix_hash`; `least_request` weighs work: [`crate::routing::work`])
 //! ```text
 //! load_b      = inflight_b + max(0, running_b + waiting_b − own_b)   (scrape fresh)
 //!             = inflight_b                                          (no fresh scrape)
@@ -28,11 +28,11 @@
 //! be worth (see `policy`). A snapshot older than `stale_after_ms` is
 //! ignored: no metrics degrades to in-flight accounting, never to an outage.
 
+use crate::config::Knee;
 use crate::config::PolicyConfig;
-use crate::gate::Knee;
-use crate::health::Health;
-use crate::inflight::InFlight;
-use crate::work::work;
+use crate::fleet::health::Health;
+use crate::fleet::inflight::InFlight;
+use crate::routing::work::work;
 
 /// Where a slot stands in the fleet at decision time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ pub struct BackendLoad {
     pub full: bool,
     /// Prompt blocks queued for prefill ahead of a new request.
     pub prefill: f64,
-    /// Work in flight, in typical requests ([`crate::work`]).
+    /// Work in flight, in typical requests ([`crate::routing::work`]).
     pub work: f64,
     /// Typical requests it takes before its knee ([`crate::gate`]); ∞ without a gate.
     pub headroom: f64,
@@ -123,7 +123,7 @@ pub fn backend_loads(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scrape::Scrape;
+    use crate::fleet::scrape::Scrape;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -3,7 +3,7 @@
 //! and in unit tests that put several "VMs" on one in-memory host.
 //!
 //! Per routed request the host calls are: read the ledger (in-flight records
-//! and the index log's head, see [`crate::store`]), read the slots of events
+//! and the index log's head, see [`crate::fleet::store`]), read the slots of events
 //! other VMs appended since, one CAS write of the ledger (the chosen
 //! backend's request count, prefill blocks and output tokens, and the
 //! reservation of this request's log event) and one slot write — none of them per block, none of
@@ -14,7 +14,7 @@
 //! other requests open: they wait for the next ledger write (see
 //! [`Router::release`]). Every ledger write carries this VM's heartbeat; the
 //! tick writes one while the VM holds requests, and takes back the in-flight
-//! share of VMs silent past their lease ([`crate::store`], "Self-healing").
+//! share of VMs silent past their lease ([`crate::fleet::store`], "Self-healing").
 //!
 //! A decision is written only on the ledger it was made on. Two workers
 //! deciding at once would otherwise each choose on a ledger without the
@@ -31,27 +31,28 @@
 //! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
 //! writes at once ([`Router::record_scrape`]). Another VM sees a scrape at most
 //! one tick late, on top of the scrape period it already waits. Each VM also
-//! keeps Envoy's own view of how its requests ended ([`crate::passive`]); a
+//! keeps Envoy's own view of how its requests ended ([`crate::fleet::passive`]); a
 //! backend is in rotation when Envoy would route to it (a discovered pool's
-//! endpoint health, [`crate::membership`]) and neither view keeps it out.
+//! endpoint health, [`crate::fleet::membership`]) and neither view keeps it out.
 
 use crate::config::{Backend, Config, PolicyConfig, Strategy};
-use crate::feedback::{Report, Surplus, TokenRatio, Verdict};
+use crate::fleet::health::{Health, Outcome};
+use crate::fleet::inflight::{Delta, InFlight};
+use crate::fleet::lora::Lora;
+use crate::fleet::membership::{parse_endpoints, Changes, ReplyError, Slots};
+use crate::fleet::passive::{recent, Answer, Passive, SERVED_SLACK};
+use crate::fleet::store::{Keys, Store, Writer};
 use crate::hash::{address_id, mix, session_hash};
-use crate::health::{Health, Outcome};
 use crate::host::{Host, HostError, Versioned};
-use crate::index::Index;
-use crate::index_log::{Head, Kind};
-use crate::inflight::{Delta, InFlight};
-use crate::load::{backend_loads, BackendLoad, Standing};
-use crate::membership::{parse_endpoints, Changes, ReplyError, Slots};
-use crate::models::{narrow, Fit, Lora};
-use crate::passive::{recent, Answer, Passive, SERVED_SLACK};
 use crate::phases::{Split, Step};
-use crate::policy::{Chooser, Decision, Reason, RequestKey};
-use crate::prefix::PromptKey;
-use crate::store::{Keys, Store, Writer};
-use crate::waiting::{WaitTicket, Waiting};
+use crate::prompt::prefix::PromptKey;
+use crate::routing::feedback::{Report, Surplus, TokenRatio, Verdict};
+use crate::routing::index::Index;
+use crate::routing::index_log::{Head, Kind};
+use crate::routing::load::{backend_loads, BackendLoad, Standing};
+use crate::routing::models::{narrow, Fit};
+use crate::routing::policy::{Chooser, Decision, Reason, RequestKey};
+use crate::routing::waiting::{WaitTicket, Waiting};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
@@ -60,7 +61,7 @@ pub const ANCHOR_BYTES: usize = 2048;
 /// under it; past them its write goes in on the ledger as it then is.
 const MAX_REDECISIONS: u32 = 2;
 
-/// A VM's lease on its in-flight share (see [`crate::store`], "Self-healing"):
+/// A VM's lease on its in-flight share (see [`crate::fleet::store`], "Self-healing"):
 /// three tick periods, at least one second.
 pub fn lease_ms(period_ms: u64) -> u64 {
     period_ms.saturating_mul(3).max(1000)
@@ -93,7 +94,7 @@ pub struct Routed {
     /// No pod serves the request's model (and every pod says what it serves).
     pub unknown_model: bool,
     /// When the chosen pod last used the deepest block of its match, before
-    /// this request (for its cache report to check, [`crate::feedback`]).
+    /// this request (for its cache report to check, [`crate::routing::feedback`]).
     pub last_use_ms: Option<u64>,
     /// The request's prompt waits on the primary until its first response byte
     /// or its end ([`Router::close`]); `None`: nothing kept (not `cache_aware`, no prompt).
@@ -107,11 +108,11 @@ pub struct Routed {
 pub struct Router {
     cfg: Config,
     keys: Keys,
-    /// Who holds each slot ([`crate::membership`]).
+    /// Who holds each slot ([`crate::fleet::membership`]).
     slots: Slots,
     /// Each slot's pod as a backend (name, address, scrape target); `None`: empty.
     fleet: Vec<Option<Backend>>,
-    /// Each slot's LoRA adapters as last scraped ([`crate::models`]).
+    /// Each slot's LoRA adapters as last scraped ([`crate::fleet::lora`]).
     lora: Vec<Option<Lora>>,
     /// Some pod declares what it serves or reported an adapter ([`Router::note_models`]).
     model_aware: bool,
@@ -134,7 +135,7 @@ pub struct Router {
     shared: Vec<bool>,
     /// The prompts this VM routed and has seen no response byte of, and the
     /// other workers' the ledger shows not yet prefilled, per pod (`cache_aware`
-    /// only): the sole holder's guard and what a match has ready ([`crate::waiting`]).
+    /// only): the sole holder's guard and what a match has ready ([`crate::routing::waiting`]).
     waiting: Waiting,
     /// Every backend's health as of this VM's last tick (or its own last scrape).
     health: Vec<Health>,
@@ -239,13 +240,13 @@ fn fleet_id(cfg: &Config) -> u64 {
 }
 
 /// The output tokens a request holds on its pod until it ends: its limit, or
-/// the configured default; at most [`crate::work::MAX_OUTPUT_TOKENS`], so no
+/// the configured default; at most [`crate::routing::work::MAX_OUTPUT_TOKENS`], so no
 /// client can make a pod look busier than a context window's worth.
 fn output_budget(key: Option<&PromptKey>, policy: &PolicyConfig) -> i32 {
     let limit = key
         .and_then(|k| k.max_output_tokens)
         .unwrap_or(policy.default_output_tokens);
-    limit.min(crate::work::MAX_OUTPUT_TOKENS) as i32
+    limit.min(crate::routing::work::MAX_OUTPUT_TOKENS) as i32
 }
 
 impl Router {
@@ -584,7 +585,7 @@ impl Router {
         }
         let (decision, blocks) = self.decide(host, req, &mut seen);
         // Only a predicted hit whose answer carries usage is checked against it, and
-        // not one lowered for what a pending prompt brings (see `crate::feedback`).
+        // not one lowered for what a pending prompt brings (see `crate::routing::feedback`).
         let last_use_ms = match (req.key, decision.order.first()) {
             (Some(k), Some(&b))
                 if self.cfg.feedback.enabled
@@ -657,7 +658,7 @@ impl Router {
     }
 
     /// Keeps only the pods that serve `model` (and, for an adapter, those to
-    /// prefer) in `loads` ([`crate::models`]). Free when no pod says what it
+    /// prefer) in `loads` ([`crate::routing::models`]). Free when no pod says what it
     /// serves and none reported an adapter.
     fn narrow_to_model(&self, model: &str, loads: &mut [BackendLoad]) -> Fit {
         if !self.model_aware {
@@ -700,7 +701,7 @@ impl Router {
                     false
                 };
                 if with_prompt && self.cfg.strategy == Strategy::CacheAware {
-                    // What the other workers' prompts still bring ([`crate::waiting`]).
+                    // What the other workers' prompts still bring ([`crate::routing::waiting`]).
                     self.waiting.settle(|vm, b| r.value.prefill_of(vm, b));
                 }
                 (r.value.inflight, Some(r.raw), log_gap)
@@ -767,7 +768,7 @@ impl Router {
                 let head_blocks = (key.anchor_offset / block) as u32;
                 self.lowered.clear();
                 if !key.continuation {
-                    // Not what pending prompts still bring ([`crate::waiting`], ready).
+                    // Not what pending prompts still bring ([`crate::routing::waiting`], ready).
                     self.waiting.ready(
                         &mut self.matched,
                         head_blocks,
@@ -1062,7 +1063,7 @@ impl Router {
     /// credited `backend` with, what it last used at or before
     /// `last_use_ms` (the deepest predicted block's last use, before this
     /// request) is forgotten there, here and, through the log, in every VM
-    /// ([`crate::feedback`]), unless one of this VM's recent reports showed
+    /// ([`crate::routing::feedback`]), unless one of this VM's recent reports showed
     /// a pod holding more than this index credited it with (then this index's
     /// order of uses is not the pods'). Returns what the report showed.
     pub fn reported<H: Host>(
@@ -1147,9 +1148,10 @@ impl Router {
     }
 
     /// Heartbeats this fleet and empties the values of fleets gone silent
-    /// (from the tick; see [`crate::store`], "Fleets that are gone").
+    /// (from the tick; see [`crate::fleet::store`], "Fleets that are gone").
     pub fn sweep_fleets<H: Host>(&self, host: &H, now: u64) -> Result<Vec<u64>, HostError> {
-        let idle = crate::store::FLEET_IDLE_MS.max(10 * lease_ms(self.cfg.metrics.period_ms));
+        let idle =
+            crate::fleet::store::FLEET_IDLE_MS.max(10 * lease_ms(self.cfg.metrics.period_ms));
         self.store(host).sweep_fleets(now, idle)
     }
 
@@ -1242,7 +1244,7 @@ impl Router {
     }
 
     /// Whether a success on `backend` would change nothing in this worker's
-    /// passive view (see [`crate::passive`], `settled`).
+    /// passive view (see [`crate::fleet::passive`], `settled`).
     pub fn settled(&self, backend: usize, now_ms: u64) -> bool {
         self.passive.settled(
             backend,
@@ -1315,9 +1317,9 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index_log::Event;
-    use crate::openai::{prompt_key, Endpoint};
-    use crate::scrape::Scrape;
+    use crate::fleet::scrape::Scrape;
+    use crate::prompt::openai::{prompt_key, Endpoint};
+    use crate::routing::index_log::Event;
     use crate::testing::MemoryHost;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -1446,7 +1448,7 @@ mod tests {
         // Every CAS of the next request's ledger write loses: the one try of
         // each decision, then every retry of the last.
         host.inject_conflicts
-            .set(MAX_REDECISIONS + crate::store::MAX_CAS_RETRIES);
+            .set(MAX_REDECISIONS + crate::fleet::store::MAX_CAS_RETRIES);
         let lost = a.route(&host, &Request::default());
         assert_eq!(
             (lost.held, lost.host_errors, lost.redecided),
