@@ -1,0 +1,492 @@
+//! OpenAI-style request bodies → canonical prompt bytes → [`PromptKey`].
+//!
+//! The body is read with [`crate::prompt::json`]'s reader, which validates it and
+//! borrows every value from it: a prompt string's text is fed to the hasher
+//! in the runs between its escapes, straight from the body, so a 128 KB
+//! prompt is never copied before it is hashed. Fields the endpoint does not
+//! name are skipped (checked, not read).
+//!
+//! Canonical stream, fed in order: `tools` (raw JSON), then per message
+//! `0x1e role 0x1f content [0x1d tool_calls]`, where separator bytes inside a
+//! role or content are escaped (`0x1b b`). Escaping, unlike a length prefix,
+//! is prefix-preserving: a conversation's turn N+1 extends turn N's stream,
+//! *and* a message extended with more text (a document followed by different
+//! questions) extends the shorter message's stream — while no content can
+//! forge a boundary. Strings are fed as their text, whatever the encoding
+//! (escaped or not); arrays and `tools` as their raw JSON.
+//!
+//! JSON cannot carry a raw byte below 0x20 inside a string, so the
+//! separators can only appear in text decoded from an escape: raw JSON and
+//! the runs between escapes are fed as they are, and only decoded escapes
+//! are checked for a separator.
+//!
+//! Reading, as a backend would: a field of the wrong type, or a field named
+//! twice (which copy would the backend read?), is [`ParseError::Shape`];
+//! `null` is an absent optional field. An error of shape is told from one of
+//! syntax by checking the whole body ([`crate::prompt::json::validate`]), so a body
+//! that is not JSON is always `NotJson`, wherever its first problem is.
+//! `reference` reads the same stream with serde_json, for the tests.
+
+use crate::prompt::json::{self, Piece, Reader, Str};
+use crate::prompt::prefix::{PrefixHasher, PromptKey};
+use std::borrow::Cow;
+
+#[cfg(any(test, feature = "reference"))]
+pub mod reference;
+
+/// The OpenAI endpoints whose bodies carry a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/responses`.
+    Responses,
+}
+
+impl Endpoint {
+    /// Recognises the path (query string ignored).
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        match path.trim_end_matches('/') {
+            "/v1/chat/completions" => Some(Endpoint::Chat),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/responses" => Some(Endpoint::Responses),
+            _ => None,
+        }
+    }
+}
+
+/// Why a body yielded no prompt key (each is counted as a fallback reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParseError {
+    /// Not valid JSON (or truncated, or nested too deeply).
+    NotJson,
+    /// Valid JSON without the fields this endpoint needs.
+    Shape,
+}
+
+impl From<json::Syntax> for ParseError {
+    fn from(_: json::Syntax) -> ParseError {
+        ParseError::NotJson
+    }
+}
+
+const RECORD: u8 = 0x1e;
+const UNIT: u8 = 0x1f;
+const GROUP: u8 = 0x1d;
+const ESCAPE: u8 = 0x1b;
+
+fn is_separator(b: u8) -> bool {
+    matches!(b, RECORD | UNIT | GROUP | ESCAPE)
+}
+
+/// Feeds `bytes` with separator bytes escaped, in runs (no copy of the text).
+fn feed_escaped(h: &mut PrefixHasher, mut bytes: &[u8]) {
+    while let Some(i) = bytes.iter().position(|&b| is_separator(b)) {
+        h.feed(&bytes[..i]);
+        h.feed(&[ESCAPE, bytes[i]]);
+        bytes = &bytes[i + 1..];
+    }
+    h.feed(bytes);
+}
+
+/// Starts a piece of the stream: `0x1e tag 0x1f`.
+fn feed_tag(h: &mut PrefixHasher, tag: &[u8]) {
+    h.feed(&[RECORD]);
+    feed_escaped(h, tag);
+    h.feed(&[UNIT]);
+}
+
+/// A JSON value as canonical bytes: a string's text, or raw JSON (arrays:
+/// content parts, a list of prompts, token ids; `tools`).
+enum Text<'a> {
+    /// A string, fed as its text.
+    Str(Str<'a>),
+    /// Raw JSON of an array's elements, fed as `[e1,e2,...]` without the
+    /// whitespace between them.
+    Parts(Vec<&'a [u8]>),
+}
+
+impl Text<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Text::Str(s) => s.raw.is_empty(),
+            Text::Parts(p) => p.is_empty(),
+        }
+    }
+
+    fn feed(&self, h: &mut PrefixHasher, offsets: &[u32]) {
+        match self {
+            Text::Str(s) => s.decode(offsets, |piece| match piece {
+                // Raw runs hold no byte below 0x20, so no separator.
+                Piece::Run(run) => h.feed(run),
+                Piece::Char(c) => match u8::try_from(c) {
+                    Ok(b) if b.is_ascii() && !is_separator(b) => h.feed_byte(b),
+                    _ => feed_escaped(h, c.encode_utf8(&mut [0; 4]).as_bytes()),
+                },
+            }),
+            Text::Parts(parts) => {
+                h.feed(b"[");
+                for (i, p) in parts.iter().enumerate() {
+                    if i > 0 {
+                        h.feed(b",");
+                    }
+                    h.feed(p);
+                }
+                h.feed(b"]");
+            }
+        }
+    }
+}
+
+fn hasher(model: Option<&str>, salt: Option<&str>, block: usize, anchor: usize) -> PrefixHasher {
+    PrefixHasher::new(
+        block,
+        anchor,
+        model.unwrap_or_default().as_bytes(),
+        salt.map(str::as_bytes),
+    )
+}
+
+/// A token limit as a count. Read raw, so a limit of the wrong type (the
+/// backend will reject it) still leaves the prompt routable; anything but a
+/// non-negative number is no limit.
+fn tokens(v: Option<&[u8]>) -> Option<u32> {
+    let t: f64 = std::str::from_utf8(v?).ok()?.parse().ok()?;
+    (t.is_finite() && t >= 0.0).then(|| t.min(f64::from(u32::MAX)) as u32)
+}
+
+/// A stream whose request sets no `stream_options` at all.
+fn can_ask_usage(stream: Option<&[u8]>, options: Option<&[u8]>) -> bool {
+    stream == Some(b"true") && options.is_none()
+}
+
+/// Whether the answer will carry `usage`: a non-streamed one always, a stream
+/// only when asked (`stream_options.include_usage`). Read raw, like `tokens`.
+fn reports_usage(stream: Option<&[u8]>, options: Option<&[u8]>) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Options {
+        #[serde(default)]
+        include_usage: bool,
+    }
+    if stream != Some(b"true") {
+        return true;
+    }
+    options
+        .and_then(|o| serde_json::from_slice::<Options>(o).ok())
+        .is_some_and(|o| o.include_usage)
+}
+
+/// Reads an object's fields named in `names`, each once, by its index in
+/// `names` (`read`); others are skipped. Not an object, or a name twice: Shape.
+fn fields<'a>(
+    r: &mut Reader<'a>,
+    names: &[&str],
+    mut read: impl FnMut(&mut Reader<'a>, usize) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
+    if r.peek() != Some(b'{') {
+        return Err(ParseError::Shape);
+    }
+    r.object()?;
+    let mut seen = 0u32;
+    let mut first = true;
+    while let Some(key) = r.key(first)? {
+        first = false;
+        let name = key.text(r.offsets());
+        match names.iter().position(|n| *n == name) {
+            Some(i) if seen & (1 << i) != 0 => return Err(ParseError::Shape),
+            Some(i) => {
+                seen |= 1 << i;
+                read(r, i)?;
+            }
+            None => {
+                r.value()?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A string; another type is Shape.
+fn string<'a>(r: &mut Reader<'a>) -> Result<Str<'a>, ParseError> {
+    match r.peek() {
+        Some(b'"') => Ok(r.string()?),
+        _ => Err(ParseError::Shape),
+    }
+}
+
+/// A string, or `None` for null; another type is Shape.
+fn optional_string<'a>(r: &mut Reader<'a>) -> Result<Option<Str<'a>>, ParseError> {
+    if r.null()? {
+        return Ok(None);
+    }
+    string(r).map(Some)
+}
+
+/// Any value's raw JSON, or `None` for null.
+fn optional_raw<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, ParseError> {
+    if r.null()? {
+        return Ok(None);
+    }
+    Ok(Some(r.value()?))
+}
+
+/// A string or an array; another type is Shape.
+fn text<'a>(r: &mut Reader<'a>) -> Result<Text<'a>, ParseError> {
+    match r.peek() {
+        Some(b'"') => Ok(Text::Str(r.string()?)),
+        Some(b'[') => {
+            r.array()?;
+            let mut parts = Vec::new();
+            while r.element(parts.is_empty())? {
+                parts.push(r.value()?);
+            }
+            Ok(Text::Parts(parts))
+        }
+        _ => Err(ParseError::Shape),
+    }
+}
+
+fn optional_text<'a>(r: &mut Reader<'a>) -> Result<Option<Text<'a>>, ParseError> {
+    if r.null()? {
+        return Ok(None);
+    }
+    text(r).map(Some)
+}
+
+/// One chat message.
+struct Message<'a> {
+    role: Cow<'a, str>,
+    content: Option<Text<'a>>,
+    tool_calls: Option<&'a [u8]>,
+}
+
+fn message<'a>(r: &mut Reader<'a>) -> Result<Message<'a>, ParseError> {
+    let (mut role, mut content, mut tool_calls) = (None, None, None);
+    fields(r, &["role", "content", "tool_calls"], |r, i| {
+        match i {
+            0 => role = Some(string(r)?),
+            1 => content = optional_text(r)?,
+            _ => tool_calls = optional_raw(r)?,
+        }
+        Ok(())
+    })?;
+    Ok(Message {
+        role: role.ok_or(ParseError::Shape)?.text(r.offsets()),
+        content,
+        tool_calls,
+    })
+}
+
+fn messages<'a>(r: &mut Reader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
+    if r.peek() != Some(b'[') {
+        return Err(ParseError::Shape);
+    }
+    r.array()?;
+    let mut all = Vec::new();
+    while r.element(all.is_empty())? {
+        all.push(message(r)?);
+    }
+    Ok(all)
+}
+
+/// The fields every endpoint reads besides its prompt.
+#[derive(Default)]
+struct Common<'a> {
+    model: Option<Str<'a>>,
+    cache_salt: Option<Str<'a>>,
+    max_tokens: Option<&'a [u8]>,
+    stream: Option<&'a [u8]>,
+    stream_options: Option<&'a [u8]>,
+}
+
+/// Turns a request body into its routing key.
+pub fn prompt_key(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_bytes: usize,
+    anchor_bytes: usize,
+) -> Result<PromptKey, ParseError> {
+    match read(endpoint, body, block_bytes, anchor_bytes) {
+        // A body that is not JSON at all is NotJson, wherever its first problem is.
+        Err(ParseError::Shape) if json::validate(body).is_err() => Err(ParseError::NotJson),
+        result => result,
+    }
+}
+
+/// `Common`'s field `i`: model, cache_salt and the output limit are the first
+/// three names of every endpoint's list; Chat's and Completions' go on with
+/// stream and stream_options.
+fn common<'a>(c: &mut Common<'a>, r: &mut Reader<'a>, i: usize) -> Result<(), ParseError> {
+    match i {
+        0 => c.model = optional_string(r)?,
+        1 => c.cache_salt = optional_string(r)?,
+        2 => c.max_tokens = optional_raw(r)?,
+        3 => c.stream = optional_raw(r)?,
+        _ => c.stream_options = optional_raw(r)?,
+    }
+    Ok(())
+}
+
+impl<'a> Common<'a> {
+    fn hasher(&self, offsets: &[u32], block: usize, anchor: usize) -> PrefixHasher {
+        let model = self.model.map(|m| m.text(offsets));
+        let salt = self.cache_salt.map(|s| s.text(offsets));
+        hasher(model.as_deref(), salt.as_deref(), block, anchor)
+    }
+
+    /// The key's fields read from these.
+    fn key(&self, offsets: &[u32], limit: Option<&[u8]>, h: PrefixHasher) -> PromptKey {
+        PromptKey {
+            model: self.model.map(|m| m.text(offsets).into_owned()),
+            max_output_tokens: tokens(limit.or(self.max_tokens)),
+            reports_usage: reports_usage(self.stream, self.stream_options),
+            can_ask_usage: can_ask_usage(self.stream, self.stream_options),
+            ..h.finish()
+        }
+    }
+}
+
+fn read(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_bytes: usize,
+    anchor_bytes: usize,
+) -> Result<PromptKey, ParseError> {
+    let mut r = Reader::new(body);
+    let mut c = Common::default();
+    match endpoint {
+        Endpoint::Chat => {
+            let (mut completion_limit, mut tools, mut all) = (None, None, Vec::new());
+            let names = [
+                "model",
+                "cache_salt",
+                "max_tokens",
+                "stream",
+                "stream_options",
+                "max_completion_tokens",
+                "tools",
+                "messages",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    5 => completion_limit = optional_raw(r)?,
+                    6 => tools = optional_raw(r)?,
+                    7 => all = messages(r)?,
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            if all.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            if let Some(tools) = tools {
+                feed_tag(&mut h, b"tools");
+                h.feed(tools);
+            }
+            let (mut continuation, mut last_start) = (false, 0);
+            for m in &all {
+                last_start = h.len();
+                continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
+                let turn = !matches!(m.role.as_ref(), "system" | "developer");
+                if turn {
+                    h.begin_conversation();
+                }
+                feed_tag(&mut h, m.role.as_bytes());
+                if let Some(content) = &m.content {
+                    content.feed(&mut h, offsets);
+                }
+                if let Some(calls) = m.tool_calls {
+                    h.feed(&[GROUP]);
+                    h.feed(calls);
+                }
+                // The first turn that is not instructions anchors the conversation.
+                if turn {
+                    h.mark_anchor();
+                }
+            }
+            Ok(PromptKey {
+                continuation,
+                history_bytes: if continuation { last_start } else { 0 },
+                ..c.key(offsets, completion_limit, h)
+            })
+        }
+        Endpoint::Completions => {
+            let mut prompt = None;
+            let names = [
+                "model",
+                "cache_salt",
+                "max_tokens",
+                "stream",
+                "stream_options",
+                "prompt",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    5 => prompt = Some(text(r)?),
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            let prompt = prompt.ok_or(ParseError::Shape)?;
+            if prompt.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            h.begin_conversation();
+            prompt.feed(&mut h, offsets);
+            Ok(c.key(offsets, None, h))
+        }
+        Endpoint::Responses => {
+            let (mut instructions, mut tools, mut input) = (None, None, None);
+            let names = [
+                "model",
+                "cache_salt",
+                "max_output_tokens",
+                "instructions",
+                "tools",
+                "input",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    3 => instructions = optional_string(r)?,
+                    4 => tools = optional_raw(r)?,
+                    5 => input = Some(text(r)?),
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            let input = input.ok_or(ParseError::Shape)?;
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            if let Some(tools) = tools {
+                feed_tag(&mut h, b"tools");
+                h.feed(tools);
+            }
+            if let Some(instructions) = instructions {
+                feed_tag(&mut h, b"system");
+                Text::Str(instructions).feed(&mut h, offsets);
+            }
+            h.begin_conversation();
+            feed_tag(&mut h, b"input");
+            input.feed(&mut h, offsets);
+            // Feedback reads `prompt_tokens`; the Responses API reports `input_tokens`.
+            Ok(PromptKey {
+                reports_usage: false,
+                can_ask_usage: false,
+                ..c.key(offsets, None, h)
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,482 @@
+
+use super::*;
+use crate::fleet::scrape::Scrape;
+use crate::prompt::openai::{prompt_key, Endpoint};
+use crate::routing::index_log::Event;
+use crate::testing::MemoryHost;
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+fn cfg(strategy: &str) -> Config {
+    Config::parse(
+            format!(
+                r#"{{"strategy":"{strategy}","backends":[{{"name":"a","address":"127.0.0.1:1"}},{{"name":"b","address":"127.0.0.1:2"}},{{"name":"c","address":"127.0.0.1:3"}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+}
+
+/// What a request without an output limit holds once its prefill is done.
+fn one() -> Delta {
+    Delta {
+        requests: 1,
+        prefill_blocks: 0,
+        decode_tokens: crate::testing::config(1).policy.default_output_tokens as i32,
+    }
+}
+
+/// Nothing in flight anywhere, by the ledger.
+fn assert_idle(a: &Router, host: &MemoryHost) {
+    assert_eq!(
+        a.store(host).inflight().unwrap(),
+        vec![InFlight::default(); 3]
+    );
+}
+
+/// A request with this prompt and no session.
+fn prompt(key: &PromptKey) -> Request<'_> {
+    Request {
+        key: Some(key),
+        session: None,
+    }
+}
+
+fn chat(turns: &[(&str, &str)]) -> PromptKey {
+    let messages: Vec<String> = turns
+        .iter()
+        .map(|(role, content)| format!(r#"{{"role":"{role}","content":"{content}"}}"#))
+        .collect();
+    let body = format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","));
+    prompt_key(Endpoint::Chat, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
+}
+
+#[test]
+fn a_prefix_learned_by_one_vm_is_matched_by_another() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    assert_ne!(a.vm_id(), b.vm_id());
+    let sys = "x".repeat(4000);
+    let answer = "y".repeat(3000);
+    let turn1 = chat(&[("system", &sys), ("user", "q1")]);
+    let turn2 = chat(&[
+        ("system", &sys),
+        ("user", "q1"),
+        ("assistant", &answer),
+        ("user", "q2"),
+    ]);
+    let first = a.route(&host, &prompt(&turn1));
+    a.release(&host, first.decision.order[0], one()).unwrap();
+    // Turn 2 goes through the other VM: only the shared log can tell it where turn 1 went.
+    let second = b.route(&host, &prompt(&turn2));
+    assert_eq!(second.decision.order[0], first.decision.order[0]);
+    assert!(second.decision.matched >= 15, "{:?}", second.decision);
+    assert_eq!(second.host_errors, 0);
+}
+
+#[test]
+fn inflight_is_accounted_and_released() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("least_request"), &host);
+    let picks: Vec<usize> = (0..3)
+        .map(|_| a.route(&host, &Request::default()).decision.order[0])
+        .collect();
+    let mut sorted = picks.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        vec![0, 1, 2],
+        "least_request spreads in-flight work"
+    );
+    let requests = |a: &Router| -> Vec<u32> {
+        let inflight = a.store(&host).inflight().unwrap();
+        inflight.iter().map(|f| f.requests).collect()
+    };
+    // While others are open, a release waits for this VM's next ledger write...
+    a.release(&host, picks[0], one()).unwrap();
+    assert_eq!(requests(&a), vec![1, 1, 1]);
+    // ... though this VM counts it at once.
+    let mut own = vec![1, 1, 1];
+    own[picks[0]] = 0;
+    let seen: Vec<u32> = a
+        .inflight(&host)
+        .unwrap()
+        .iter()
+        .map(|f| f.requests)
+        .collect();
+    assert_eq!(seen, own);
+    let next = a.route(&host, &Request::default()).decision.order[0];
+    assert_eq!(next, picks[0], "this VM routes on its own release at once");
+    assert_eq!(requests(&a), vec![1, 1, 1]);
+    // ... or for the tick...
+    a.release(&host, picks[1], one()).unwrap();
+    a.flush_releases(&host).unwrap();
+    let mut left = vec![1, 1, 1];
+    left[picks[1]] = 0;
+    assert_eq!(requests(&a), left);
+    // ... and the last open request's end writes everything.
+    a.release(&host, picks[2], one()).unwrap();
+    assert_eq!(requests(&a), left);
+    a.release(&host, next, one()).unwrap();
+    assert_idle(&a, &host);
+}
+
+#[test]
+fn a_request_the_ledger_never_heard_of_releases_nothing() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("least_request"), &host);
+    let first = a.route(&host, &Request::default());
+    assert_eq!(first.held, one());
+    // Every CAS of the next request's ledger write loses: the one try of
+    // each decision, then every retry of the last.
+    host.inject_conflicts
+        .set(MAX_REDECISIONS + crate::fleet::store::MAX_CAS_RETRIES);
+    let lost = a.route(&host, &Request::default());
+    assert_eq!(
+        (lost.held, lost.host_errors, lost.redecided),
+        (Delta::default(), 1, MAX_REDECISIONS)
+    );
+    a.release(&host, lost.decision.order[0], lost.held).unwrap();
+    let inflight = a.store(&host).inflight().unwrap();
+    assert_eq!(
+        inflight[first.decision.order[0]].requests, 1,
+        "{inflight:?}"
+    );
+    a.release(&host, first.decision.order[0], first.held)
+        .unwrap();
+    assert_idle(&a, &host);
+}
+
+#[test]
+fn a_decision_is_made_again_when_another_worker_wrote_the_ledger_since_its_read() {
+    // Two new prompts that an idle fleet places on the same pod.
+    let ask = |i: usize| chat(&[("user", &format!("{i} {}", "y".repeat(4000)))]);
+    let alone = |key: &PromptKey| {
+        let host = MemoryHost::default();
+        Router::new(cfg("cache_aware"), &host)
+            .route(&host, &prompt(key))
+            .decision
+            .order[0]
+    };
+    let (k1, k2) = (0..64)
+        .flat_map(|i| (0..i).map(move |j| (j, i)))
+        .find(|&(j, i)| alone(&ask(j)) == alone(&ask(i)))
+        .map(|(j, i)| (ask(j), ask(i)))
+        .unwrap();
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    // `a` reads the ledger (idle) for k2; `b` routes k1 before `a` writes.
+    a.admit(&host, &prompt(&k2));
+    let first = b.route(&host, &prompt(&k1));
+    assert_eq!(first.redecided, 0);
+    let second = a.route(&host, &prompt(&k2));
+    assert_eq!(second.redecided, 1, "{second:?}");
+    assert_ne!(second.decision.order[0], first.decision.order[0]);
+    let inflight = a.store(&host).inflight().unwrap();
+    assert_eq!(inflight.iter().map(|f| f.requests).sum::<u32>(), 2);
+}
+
+#[test]
+fn only_uncached_blocks_wait_for_prefill() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let long = "x".repeat(4000);
+    let turn1 = chat(&[("user", &long)]);
+    let turn2 = chat(&[("user", &long), ("assistant", "ok"), ("user", &long)]);
+    let route = |a: &mut Router, key: &PromptKey| a.route(&host, &prompt(key));
+    let first = route(&mut a, &turn1);
+    let b = first.decision.order[0];
+    assert_eq!(first.held.prefill_blocks as u32, first.blocks);
+    // Turn 1's answer started: its prefill no longer holds anyone up.
+    let mut held = first.held;
+    a.prefilled(b, &mut held);
+    assert_eq!(held, one());
+    // Open requests wait for a write: here the tick's.
+    a.flush_releases(&host).unwrap();
+    let held = a.store(&host).inflight().unwrap()[b];
+    assert_eq!((held.requests, held.prefill_blocks), (1, 0));
+    // Done (with 3 pods and 1 request in flight the load bound would move turn 2).
+    a.release(&host, b, one()).unwrap();
+    let second = route(&mut a, &turn2);
+    assert_eq!(second.decision.order[0], b);
+    assert!(second.decision.matched >= first.blocks, "{second:?}");
+    assert_eq!(
+        second.held.prefill_blocks as u32,
+        second.blocks - second.decision.matched
+    );
+    let held = a.store(&host).inflight().unwrap()[b];
+    assert_eq!(
+        (held.requests, held.prefill_blocks),
+        (1, second.held.prefill_blocks as u32)
+    );
+}
+
+#[test]
+fn a_prefix_is_shared_while_another_request_with_it_waits_on_its_pod() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let doc = "x".repeat(6000);
+    // Continuations (so their matches count in full, see the next test).
+    let ask = |q: &str| {
+        chat(&[
+            ("user", &doc),
+            ("assistant", "ok"),
+            ("user", &q.repeat(2000)),
+        ])
+    };
+    let first = a.route(&host, &prompt(&ask("a")));
+    let b = first.decision.order[0];
+    let second = a.route(&host, &prompt(&ask("b")));
+    assert!(
+        a.matched[b] > 0 && a.shared[b],
+        "{:?} {:?}",
+        a.matched,
+        a.shared
+    );
+    assert!(a.shared.iter().enumerate().all(|(c, &s)| c == b || !s));
+    // Both answers started: the document waits in no prefill, its next user holds it alone.
+    a.close(first.waiting.unwrap());
+    a.close(second.waiting.unwrap());
+    assert_eq!((a.waiting_prompts(), a.waiting.blocks()), (0, 0));
+    a.route(&host, &prompt(&ask("c")));
+    assert!(a.matched[b] > 0 && a.shared.iter().all(|&s| !s));
+}
+
+#[test]
+fn a_small_request_avoids_the_pod_busy_with_a_huge_prompt_or_a_long_answer() {
+    for busy_with in ["prompt", "answer"] {
+        let host = MemoryHost::default();
+        let mut a = Router::new(cfg("least_request"), &host);
+        let mut heavy = chat(&[(
+            "user",
+            &"w ".repeat(if busy_with == "prompt" { 200_000 } else { 10 }),
+        )]);
+        if busy_with == "answer" {
+            heavy.max_output_tokens = Some(32_000);
+        }
+        let busy = a.route(&host, &prompt(&heavy)).decision.order[0];
+        // One small request on each other pod: request counts are now equal.
+        for i in 0..2 {
+            let small = chat(&[("user", &format!("small {i}"))]);
+            assert_ne!(a.route(&host, &prompt(&small)).decision.order[0], busy);
+        }
+        for i in 0..30 {
+            let small = chat(&[("user", &format!("next {i}"))]);
+            let r = a.route(&host, &prompt(&small));
+            assert_ne!(r.decision.order[0], busy, "{busy_with}, request {i}");
+            a.release(&host, r.decision.order[0], r.held).unwrap();
+        }
+    }
+}
+
+#[test]
+fn forged_continuations_cannot_pile_onto_one_pod() {
+    // 50 requests in flight at once, all "continuations" of one conversation that
+    // this gateway never saw: without a bound they would all follow the anchor.
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    for i in 0..50 {
+        let key = chat(&[
+            ("user", "the same opening turn"),
+            ("assistant", "ok"),
+            ("user", &format!("forged {i}")),
+        ]);
+        assert!(key.continuation);
+        a.route(&host, &prompt(&key));
+    }
+    let inflight = a.store(&host).inflight().unwrap();
+    // The bound at the last decision: ceil((1 + eps) * (49 + 1) / 3) = 25.
+    let most = inflight.iter().map(|f| f.requests).max().unwrap();
+    assert!(most <= 25, "{inflight:?}");
+    assert_eq!(inflight.iter().map(|f| f.requests).sum::<u32>(), 50);
+}
+
+#[test]
+fn blocks_a_pending_prompt_brings_are_no_hit_on_any_worker() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    let doc = "x".repeat(12_000); // past the index's dense head
+    let ask = |q: &str| chat(&[("user", &format!("{doc} {}", q.repeat(2000)))]);
+    // While the prompts that bring the document wait for their prefill, it is no
+    // hit, whichever worker routes the next (B by A's ledger share, A by its
+    // ticket and B's share), and the next prompt's whole prefill is accounted.
+    let first = a.route(&host, &prompt(&ask("a")));
+    let second = b.route(&host, &prompt(&ask("b")));
+    let third = a.route(&host, &prompt(&ask("c")));
+    for next in [&second, &third] {
+        assert_eq!(next.decision.matched, 0, "{next:?}");
+        assert_eq!(next.held.prefill_blocks as u32, next.blocks);
+    }
+    // Their answers started: the document is a hit on their pods, for both workers.
+    let answered = |r: &mut Router, routed: &Routed| {
+        let mut held = routed.held;
+        r.prefilled(routed.decision.order[0], &mut held);
+        r.close(routed.waiting.unwrap());
+    };
+    answered(&mut a, &first);
+    answered(&mut b, &second);
+    answered(&mut a, &third);
+    a.flush_releases(&host).unwrap();
+    b.flush_releases(&host).unwrap();
+    for (r, q) in [(&mut a, "d"), (&mut b, "e")] {
+        let next = r.route(&host, &prompt(&ask(q)));
+        assert!(next.decision.matched * 2 > next.blocks, "{next:?}");
+    }
+    // B dropped A's answered prompts; it keeps the one A just sent.
+    assert_eq!(b.waiting.foreign_prompts(), 1);
+}
+
+#[test]
+fn an_event_for_a_slot_this_fleet_lacks_is_not_kept() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    let ask = chat(&[("user", &"x".repeat(12_000))]);
+    a.route(&host, &prompt(&ask));
+    // A's event, its backend rewritten past the fleet (another pool's VM, a corrupt slot):
+    // B must not keep lists for 60000 slots on it (scanned at every request after).
+    let mut rewritten = 0;
+    for key in host.shared_keys() {
+        let Ok((Some(mut v), _)) = host.get_shared(&key) else {
+            continue;
+        };
+        if Event::decode(&v).is_some_and(|ev| ev.head.kind == Kind::Received) {
+            v[18..20].copy_from_slice(&60_000u16.to_le_bytes());
+            host.set_shared(&key, &v, None).unwrap();
+            rewritten += 1;
+        }
+    }
+    assert_eq!(rewritten, 1);
+    b.route(&host, &prompt(&chat(&[("user", &"y".repeat(4000))])));
+    assert_eq!(b.waiting.foreign_prompts(), 0);
+    assert!(
+        b.waiting.foreign_pods() <= b.fleet.len(),
+        "{}",
+        b.waiting.foreign_pods()
+    );
+}
+
+#[test]
+fn a_restarted_log_is_followed_from_its_new_head() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    let long = "x".repeat(4000);
+    let key = chat(&[("user", &long)]);
+    let req = prompt(&key);
+    for _ in 0..3 {
+        a.route(&host, &req);
+        b.route(&host, &req);
+    }
+    // The ledger is gone (a restart of the key space, another release's layout).
+    for k in host.shared_keys().iter().filter(|k| k.contains("ledger")) {
+        host.remove_shared(k);
+    }
+    assert!(b.route(&host, &req).log_gap, "the restart is counted");
+    // A's events written from the new head reach B again.
+    let other = chat(&[("user", &"y".repeat(4000))]);
+    let placed = a.route(&host, &prompt(&other));
+    // Its answer started (else its blocks still wait for their prefill).
+    let mut held = placed.held;
+    a.prefilled(placed.decision.order[0], &mut held);
+    a.flush_releases(&host).unwrap();
+    let seen = b.route(&host, &prompt(&other));
+    assert!(!seen.log_gap);
+    assert_eq!(seen.decision.order[0], placed.decision.order[0]);
+    assert!(seen.decision.matched > 0, "{seen:?}");
+}
+
+#[test]
+fn round_robin_rotates_across_vms() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("round_robin"), &host);
+    let mut b = Router::new(cfg("round_robin"), &host);
+    let picks: Vec<usize> = (0..6)
+        .map(|i| {
+            let r = if i % 2 == 0 { &mut a } else { &mut b };
+            r.route(&host, &Request::default()).decision.order[0]
+        })
+        .collect();
+    assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+}
+
+#[test]
+fn a_vm_creates_the_shared_values_as_it_is_configured() {
+    // Were they created by the first request instead, two workers' first requests
+    // could both find them missing, and both take rotation number 0.
+    let host = MemoryHost::default();
+    let kept = |host: &MemoryHost, name: &str| {
+        host.shared_keys()
+            .into_iter()
+            .filter(|k| k.ends_with(name))
+            .count()
+    };
+    let r = Router::new(cfg("cache_aware"), &host);
+    assert_eq!(kept(&host, ".ledger.v4"), 1);
+    assert_eq!(
+        kept(&host, ".rotation"),
+        0,
+        "only strategies that rotate keep one"
+    );
+    // The ledger created empty reads as the missing one did.
+    assert!(r.inflight(&host).unwrap().iter().all(|f| f.requests == 0));
+    Router::new(cfg("round_robin"), &host);
+    assert_eq!(kept(&host, ".rotation"), 1);
+}
+
+#[test]
+fn index_sizes_to_backend_capacity() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    // This VM's own scrape applies at once.
+    let scrape = |tokens| Scrape {
+        capacity_tokens: Some(tokens),
+        ..Scrape::default()
+    };
+    a.record_scrape(&host, 0, Outcome::Answered(scrape(6400)), 1)
+        .unwrap();
+    assert_eq!(a.index.capacity(0), 100);
+    // Another VM's scrape reaches this one at its tick.
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    b.record_scrape(&host, 1, Outcome::Answered(scrape(12_800)), 1)
+        .unwrap();
+    assert_eq!(a.index.capacity(1), a.index.capacity(2));
+    a.refresh_health(&host).unwrap();
+    assert_eq!(a.index.capacity(1), 200);
+    assert_eq!(a.health()[0].scrape.capacity_tokens, Some(6400));
+}
+
+#[test]
+fn the_index_follows_the_ratio_the_pods_report() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let scrape = Scrape {
+        capacity_tokens: Some(6400),
+        ..Scrape::default()
+    };
+    a.record_scrape(&host, 0, Outcome::Answered(scrape), 1)
+        .unwrap();
+    assert_eq!(a.index.capacity(0), 100);
+    // The pods count 32 tokens per 256-byte block: 8 bytes per token, twice the default.
+    for _ in 0..300 {
+        a.learn_ratio(40, 40 * 32);
+    }
+    assert!(
+        (a.bytes_per_token() - 8.0).abs() < 0.5,
+        "{}",
+        a.bytes_per_token()
+    );
+    assert!(
+        (190..=200).contains(&a.index.capacity(0)),
+        "{}",
+        a.index.capacity(0)
+    );
+    let mut pinned = cfg("cache_aware");
+    pinned.index.learn_bytes_per_token = false;
+    let mut p = Router::new(pinned, &host);
+    p.learn_ratio(40, 40 * 32);
+    assert_eq!(p.bytes_per_token(), 4.0);
+}
