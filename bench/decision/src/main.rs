@@ -133,7 +133,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> Point {
                 },
             );
             if let Some(&b) = r.decision.order.first() {
-                let _ = vm.release(&host, b, r.held);
+                let _ = vm.fleet_mut().release(&host, b, r.held);
             }
         }
         bodies.push(body(&system, &user));
@@ -174,7 +174,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> Point {
         }
         if open[v].len() > OPEN {
             if let Some((b, held)) = open[v].pop_front() {
-                let _ = vm.release(&host, b, held);
+                let _ = vm.fleet_mut().release(&host, b, held);
             }
         }
         let t2 = Instant::now();

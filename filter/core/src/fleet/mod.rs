@@ -23,3 +23,4 @@ pub mod prometheus;
 pub mod scrape;
 pub mod scrape_schedule;
 pub mod store;
+pub mod view;

@@ -32,19 +32,8 @@ use crate::config::Knee;
 use crate::config::PolicyConfig;
 use crate::fleet::health::Health;
 use crate::fleet::inflight::InFlight;
+use crate::fleet::view::Standing;
 use crate::routing::work::work;
-
-/// Where a slot stands in the fleet at decision time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
-    /// No pod holds the slot: never routed to.
-    Absent,
-    /// A member that the health verdicts keep out of rotation (routed to
-    /// only when every member is out).
-    Out,
-    /// A member in rotation.
-    In,
-}
 
 /// The load picture of one backend at decision time.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

@@ -31,12 +31,12 @@ use crate::fleet::membership::{admin_path, MAX_REPLY_BYTES};
 use crate::fleet::passive::Answer;
 use crate::fleet::scrape::extract_with_lora;
 use crate::fleet::scrape_schedule::Scheduler;
+use crate::fleet::view::{FleetView, Standing};
 use crate::host::{Callout, Host};
 use crate::phases::{Laps, Phase};
 use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{report, TAIL_BYTES};
-use crate::routing::load::Standing;
 use crate::routing::router::{Request, Router, ANCHOR_BYTES};
 use crate::routing::waiting::WaitTicket;
 use crate::worker::stats::{Fallback, Stats};
@@ -168,13 +168,13 @@ impl Worker {
             );
         }
         let names: Vec<String> = (0..cfg.slot_count())
-            .map(|b| Router::slot_name(&cfg, b))
+            .map(|b| FleetView::slot_name(&cfg, b))
             .collect();
         let stats = Stats::define(&cfg, &names, host);
         let scheduler = Scheduler::new(cfg.slot_count());
         let gated = cfg.gate.is_some();
         let router = Router::new(cfg, host);
-        let holding = gated.then(|| Holding::new(host, router.vm_id()));
+        let holding = gated.then(|| Holding::new(host, router.fleet().vm_id()));
         Ok(Worker {
             router,
             stats,
@@ -473,7 +473,7 @@ impl Worker {
             .last_use_ms
             .zip(primary)
             .map(|(last_use_ms, b)| Predicted {
-                pod: self.router.pod_id(b),
+                pod: self.router.fleet().pod_id(b),
                 blocks: routed.decision.matched,
                 of: routed.blocks,
                 last_use_ms,
@@ -486,7 +486,7 @@ impl Worker {
         );
         let cfg = self.router.config();
         if let Some((name, value)) =
-            steering::route_header(cfg, self.router.fleet(), &routed.decision.order)
+            steering::route_header(cfg, self.router.fleet().backends(), &routed.decision.order)
         {
             if host.set_request_header(name, Some(&value)).is_err() {
                 log::warn!("warmroute: could not set {name}");
@@ -496,7 +496,7 @@ impl Worker {
         laps.done();
         if cfg.debug_header {
             let backend = primary
-                .and_then(|b| self.router.backend(b))
+                .and_then(|b| self.router.fleet().backend(b))
                 .map_or("", |b| b.name.as_str());
             // The match and the reason only on request: either tells whether anyone
             // sent this prefix lately (a cache hit is a match).
@@ -545,7 +545,7 @@ impl Worker {
         ex.response_done |= end_of_stream;
         if body_size > 0 && !end_of_stream {
             if let Some(b) = ex.chosen.filter(|_| ex.held.prefill_blocks > 0) {
-                self.router.prefilled(b, &mut ex.held);
+                self.router.fleet_mut().prefilled(b, &mut ex.held);
             }
             // Its prompt no longer waits on the pod: not a queue shared with it.
             if let Some(t) = ex.waiting.take() {
@@ -568,7 +568,7 @@ impl Worker {
         let (Some(p), Some(b)) = (ex.awaiting_report.take(), ex.chosen) else {
             return;
         };
-        if self.router.pod_id(b) != p.pod {
+        if self.router.fleet().pod_id(b) != p.pod {
             return;
         }
         self.router.learn_ratio(p.of, reported.prompt_tokens);
@@ -604,7 +604,7 @@ impl Worker {
             self.router.close(t);
         }
         let held = std::mem::take(&mut ex.held);
-        if let Err(e) = self.router.release(host, b, held) {
+        if let Err(e) = self.router.fleet_mut().release(host, b, held) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
         }
         self.answered(host, b, Answer::of(status, details.as_deref()));
@@ -617,18 +617,22 @@ impl Worker {
     fn answered<H: Host>(&mut self, host: &H, chosen: usize, answer: Option<Answer>) {
         let Some(answer) = answer else { return };
         let now = host.now_ms();
-        if answer == Answer::Served && self.router.settled(chosen, now) {
+        if answer == Answer::Served && self.router.fleet().settled(chosen, now) {
             return;
         }
         let Some(b) = host
             .upstream_address()
-            .and_then(|a| self.router.backend_at(&a))
+            .and_then(|a| self.router.fleet().backend_at(&a))
         else {
             return;
         };
-        if self.router.answered(b, answer, now) {
+        if self.router.fleet_mut().answered(b, answer, now) {
             self.stats.ejected();
-            let name = self.router.backend(b).map_or("", |x| x.name.as_str());
+            let name = self
+                .router
+                .fleet()
+                .backend(b)
+                .map_or("", |x| x.name.as_str());
             log::warn!(
                 "warmroute: backend {name} out of this worker's rotation after {} failed responses",
                 self.router.config().metrics.eject_after_errors
@@ -660,12 +664,16 @@ impl Worker {
 
     fn periodic<H: Host>(&mut self, host: &H, now: u64) {
         self.stats.flush(host);
-        let inflight = self.router.tick_ledger(host, now).unwrap_or_else(|e| {
-            log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
-            self.router.inflight(host).unwrap_or_default()
-        });
+        let inflight = self
+            .router
+            .fleet_mut()
+            .tick_ledger(host, now)
+            .unwrap_or_else(|e| {
+                log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
+                self.router.fleet().inflight(host).unwrap_or_default()
+            });
         self.router.expire(now);
-        match self.router.sweep_fleets(host, now) {
+        match self.router.fleet().sweep_fleets(host, now) {
             Ok(gone) => gone.iter().for_each(|id| {
                 log::info!(
                     "warmroute: emptied the shared data of fleet {id:016x}, silent since long"
@@ -673,7 +681,7 @@ impl Worker {
             }),
             Err(e) => log::debug!("warmroute: fleet registry not updated: {e:?}"),
         }
-        if let Err(e) = self.router.publish_served(host) {
+        if let Err(e) = self.router.fleet_mut().publish_served(host) {
             log::debug!("warmroute: answered-request times not shared: {e:?}");
         }
         match self.router.refresh_members(host) {
@@ -683,11 +691,12 @@ impl Worker {
         if let Err(e) = self.router.refresh_health(host) {
             log::debug!("warmroute: health not refreshed: {e:?}");
         }
-        if let Err(e) = self.router.refresh_lora(host) {
+        if let Err(e) = self.router.fleet_mut().refresh_lora(host) {
             log::debug!("warmroute: LoRA state not refreshed: {e:?}");
         }
         let in_rotation: Vec<bool> = self
             .router
+            .fleet()
             .standing(now)
             .into_iter()
             .map(|s| s == Standing::In)
@@ -697,9 +706,10 @@ impl Worker {
         if !cfg.metrics.enabled && cfg.pool.is_none() {
             return;
         }
-        let vm = self.router.vm_id();
+        let vm = self.router.fleet().vm_id();
         if !self
             .router
+            .fleet()
             .store(host)
             .try_lease(vm, 3 * cfg.metrics.period_ms)
             .unwrap_or(false)
@@ -772,7 +782,7 @@ impl Worker {
                     log::warn!(
                         "warmroute: {} pods left out: all {} slots are taken (pool.max_backends)",
                         changes.unplaced,
-                        self.router.slot_count()
+                        self.router.fleet().slot_count()
                     );
                 }
             }
@@ -800,7 +810,7 @@ impl Worker {
         }
         for b in due.scrape {
             let cfg = self.router.config();
-            let Some(backend) = self.router.backend(b) else {
+            let Some(backend) = self.router.fleet().backend(b) else {
                 continue;
             };
             let call = Callout {
@@ -856,7 +866,7 @@ impl Worker {
                     );
                     lora_seen = Some(lora);
                     // What the scrape counts of this gateway's own traffic (see `load`).
-                    let inflight = self.router.inflight(host).unwrap_or_default();
+                    let inflight = self.router.fleet().inflight(host).unwrap_or_default();
                     sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
                     Outcome::Answered(sc)
                 }),
@@ -871,7 +881,7 @@ impl Worker {
             _ => Outcome::Failed,
         };
         if let Some(lora) = lora_seen {
-            if let Err(e) = self.router.record_lora(host, b, lora) {
+            if let Err(e) = self.router.fleet_mut().record_lora(host, b, lora) {
                 log::debug!("warmroute: LoRA state not shared: {e:?}");
             }
         }
@@ -883,9 +893,13 @@ impl Worker {
     fn scraped<H: Host>(&mut self, host: &H, b: usize, outcome: Outcome, now: u64) {
         self.stats.scraped(&outcome);
         // This VM holds the scrape lease, so its own view is the last health written.
-        let was_down = self.router.health().get(b).map(|x| x.down);
+        let was_down = self.router.fleet().health().get(b).map(|x| x.down);
         let result = self.router.record_scrape(host, b, outcome, now);
-        let name = self.router.backend(b).map_or("", |x| x.name.as_str());
+        let name = self
+            .router
+            .fleet()
+            .backend(b)
+            .map_or("", |x| x.name.as_str());
         match result {
             Ok(h) if h.down && was_down == Some(false) => {
                 log::warn!(
@@ -908,7 +922,7 @@ impl Worker {
     pub fn on_done<H: Host>(&mut self, host: &H) {
         self.release_all(host);
         self.stats.flush(host);
-        if let Err(e) = self.router.flush_releases(host) {
+        if let Err(e) = self.router.fleet_mut().flush_releases(host) {
             log::warn!("warmroute: in-flight releases lost at shutdown: {e:?}");
         }
     }

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::testing::{MemoryHost, Reply, SentCallout, TestExchange};
 use std::collections::BTreeSet;
@@ -57,6 +56,7 @@ fn routed_to(host: &MemoryHost) -> Option<String> {
 
 fn inflight(w: &Worker, host: &MemoryHost) -> Vec<u32> {
     w.router
+        .fleet()
         .store(host)
         .inflight()
         .unwrap()
@@ -192,7 +192,7 @@ fn a_tick_scrapes_every_backend_and_sizes_the_index() {
     w.tick(&host);
     assert!(host.take_callouts().is_empty());
     deliver(&mut w, &host, &sent, |_| ok(METRICS));
-    let h = w.router.health();
+    let h = w.router.fleet().health();
     assert!(h
         .iter()
         .all(|h| h.scraped_ms == 1000 && h.scrape.running == 1.0));
@@ -224,7 +224,12 @@ fn a_pod_that_stops_answering_leaves_rotation_and_comes_back() {
         answer(&mut w, &host, down);
     }
     assert_eq!(
-        w.router.health().iter().map(|h| h.down).collect::<Vec<_>>(),
+        w.router
+            .fleet()
+            .health()
+            .iter()
+            .map(|h| h.down)
+            .collect::<Vec<_>>(),
         vec![false, true, false]
     );
     // No request goes to it while it is down.
@@ -239,7 +244,7 @@ fn a_pod_that_stops_answering_leaves_rotation_and_comes_back() {
         host.now.set(t * 500);
         w.tick(&host);
         answer(&mut w, &host, |_| ok(METRICS));
-        assert_eq!(w.router.health()[1].down, t == 3);
+        assert_eq!(w.router.fleet().health()[1].down, t == 3);
     }
     w.tick(&host);
     assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(1));
@@ -289,7 +294,11 @@ fn a_slow_metrics_endpoint_does_not_eject_a_pod_that_serves() {
                 }
             });
         }
-        assert_eq!(w.router.health()[1].down, !serving, "serving={serving}");
+        assert_eq!(
+            w.router.fleet().health()[1].down,
+            !serving,
+            "serving={serving}"
+        );
         w.tick(&host);
         assert_eq!(host.metric("warmroute.scrape.slow"), Some(4));
     }
@@ -304,7 +313,7 @@ fn a_pod_failing_its_requests_leaves_this_workers_rotation_for_a_while() {
     // request retried from b to c and served there counts for c.
     for i in 0..3 {
         assert_eq!(
-            w.router.standing(host.now.get())[1],
+            w.router.fleet().standing(host.now.get())[1],
             Standing::In,
             "after {i} errors"
         );
@@ -313,7 +322,7 @@ fn a_pod_failing_its_requests_leaves_this_workers_rotation_for_a_while() {
         let mut ex = send(&mut w, &host, &chat_headers(), &chat_body(&format!("f{i}")));
         end(&mut w, &host, &mut ex, "127.0.0.1:2", "503");
     }
-    assert_eq!(w.router.standing(host.now.get())[1], Standing::Out);
+    assert_eq!(w.router.fleet().standing(host.now.get())[1], Standing::Out);
     w.tick(&host);
     assert_eq!(host.metric("warmroute.ejections"), Some(1));
     assert_eq!(host.metric("warmroute.backend.b.healthy"), Some(0));
@@ -341,7 +350,7 @@ fn a_pod_failing_its_requests_leaves_this_workers_rotation_for_a_while() {
         drop(e);
         w.on_log(&host, &mut ex);
     }
-    assert_eq!(w.router.standing(host.now.get())[2], Standing::In);
+    assert_eq!(w.router.fleet().standing(host.now.get())[2], Standing::In);
 }
 
 #[test]
@@ -389,8 +398,8 @@ fn a_success_on_a_settled_pod_spares_the_upstream_read() {
     for i in 0..w.config().metrics.eject_after_errors {
         assert!(serve(&mut w, "503", None).0, "failure {i}");
     }
-    let b = w.router.backend_at(&chosen).unwrap();
-    assert_eq!(w.router.standing(host.now.get())[b], Standing::Out);
+    let b = w.router.fleet().backend_at(&chosen).unwrap();
+    assert_eq!(w.router.fleet().standing(host.now.get())[b], Standing::Out);
 }
 
 #[test]
@@ -404,7 +413,7 @@ fn a_scrape_that_never_returns_counts_as_slow_and_is_sent_again() {
     host.now.set(901);
     w.tick(&host);
     assert_eq!(host.take_callouts().len(), 3);
-    assert!(w.router.health().iter().all(|h| h.failures == 1));
+    assert!(w.router.fleet().health().iter().all(|h| h.failures == 1));
     w.tick(&host);
     assert_eq!(host.metric("warmroute.scrape.slow"), Some(3));
 }
@@ -437,7 +446,12 @@ fn the_scrape_lease_passes_to_another_worker() {
     deliver(&mut b, &host, &sent, |_| ok(METRICS));
     a.tick(&host);
     assert!(host.take_callouts().is_empty(), "A lost the lease");
-    assert!(a.router.health().iter().all(|h| h.scraped_ms == 1501));
+    assert!(a
+        .router
+        .fleet()
+        .health()
+        .iter()
+        .all(|h| h.scraped_ms == 1501));
 }
 
 #[test]
@@ -452,7 +466,7 @@ fn releases_wait_for_the_tick_while_others_are_open() {
     assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 2);
     w.tick(&host);
     assert_eq!(inflight(&w, &host).iter().sum::<u32>(), 1);
-    let open = w.router.inflight(&host).unwrap();
+    let open = w.router.fleet().inflight(&host).unwrap();
     let b = open.iter().position(|f| f.requests == 1).unwrap();
     let name = &w.config().backends[b].name;
     assert_eq!(
@@ -642,7 +656,7 @@ fn a_discovered_pool_follows_envoys_endpoints() {
     pool_tick(&mut a, &host, 1500, &joined);
     assert!(spread(&mut a, &host, "n", 40).contains("10.0.0.4:8000"));
     assert_eq!(
-        a.router.backend(3).map(|b| b.address.as_str()),
+        a.router.fleet().backend(3).map(|b| b.address.as_str()),
         Some("10.0.0.4:8000")
     );
     // An unusable answer (an Envoy that ignores `filter`) changes nothing.
@@ -662,7 +676,7 @@ fn a_discovered_pool_follows_envoys_endpoints() {
     // The pool emptied: nothing to route to, and no slot keeps a pod.
     pool_tick(&mut a, &host, 2500, &[]);
     assert!(spread(&mut a, &host, "e", 5).is_empty());
-    assert!(a.router.fleet().iter().all(Option::is_none));
+    assert!(a.router.fleet().backends().iter().all(Option::is_none));
 }
 
 #[test]

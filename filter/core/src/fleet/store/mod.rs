@@ -47,7 +47,7 @@
 //!
 //! | parameter | value | why |
 //! |-----------|-------|-----|
-//! | lease | `max(3 × metrics.period_ms, 1 s)` ([`crate::routing::router::lease_ms`]) | a live VM ticks every period; three leave room for a late tick, and the floor for a short period on a loaded worker |
+//! | lease | `max(3 × metrics.period_ms, 1 s)` ([`crate::fleet::view::lease_ms`]) | a live VM ticks every period; three leave room for a late tick, and the floor for a short period on a loaded worker |
 //!
 //! Cost: the record holds 12 bytes, then 28 per VM holding requests (Envoy
 //! runs a VM per worker thread) and 16 per backend that VM holds something

@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::testing::MemoryHost;
 #[cfg(target_arch = "wasm32")]

@@ -12,7 +12,7 @@
 //! on a 1 KB prompt. Releases (a request's end, a streamed response's first
 //! byte giving its prefill blocks back) make no host call while the VM has
 //! other requests open: they wait for the next ledger write (see
-//! [`Router::release`]). Every ledger write carries this VM's heartbeat; the
+//! [`FleetView::release`]). Every ledger write carries this VM's heartbeat; the
 //! tick writes one while the VM holds requests, and takes back the in-flight
 //! share of VMs silent past their lease ([`crate::fleet::store`], "Self-healing").
 //!
@@ -26,30 +26,25 @@
 //! This costs a read and a decision more, only when workers contend
 //! (`warmroute.redecided`); without it the lost CAS re-reads anyway.
 //!
-//! Health is not read per request: only scrapes change it, and they run in
-//! the tick of the VM holding the scrape lease, so each VM re-reads it at its
-//! own tick ([`Router::refresh_health`]) and the scraping VM applies its own
-//! writes at once ([`Router::record_scrape`]). Another VM sees a scrape at most
-//! one tick late, on top of the scrape period it already waits. Each VM also
-//! keeps Envoy's own view of how its requests ended ([`crate::fleet::passive`]); a
-//! backend is in rotation when Envoy would route to it (a discovered pool's
-//! endpoint health, [`crate::fleet::membership`]) and neither view keeps it out.
+//! The fleet is read through this VM's [`FleetView`]: the ledger once per
+//! request (a [`crate::fleet::view::Snapshot`]), the slot table, health and
+//! LoRA state as the view last mirrored them. What changes in the fleet
+//! reaches the index here: a slot whose pod changed starts cold, and each
+//! pod's share of the index follows the KV capacity its scrape reports.
 
-use crate::config::{Backend, Config, PolicyConfig, Strategy};
+use crate::config::{Config, PolicyConfig, Strategy};
 use crate::fleet::health::{Health, Outcome};
-use crate::fleet::inflight::{Delta, InFlight};
-use crate::fleet::lora::Lora;
-use crate::fleet::membership::{parse_endpoints, Changes, ReplyError, Slots};
-use crate::fleet::passive::{recent, Answer, Passive, SERVED_SLACK};
-use crate::fleet::store::{Keys, Store, Writer};
-use crate::hash::{address_id, mix, session_hash};
-use crate::host::{Host, HostError, Versioned};
+use crate::fleet::inflight::Delta;
+use crate::fleet::membership::{Changes, ReplyError};
+use crate::fleet::view::{FleetView, Snapshot};
+use crate::hash::{mix, session_hash};
+use crate::host::{Host, HostError};
 use crate::phases::{Split, Step};
 use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{Report, Surplus, TokenRatio, Verdict};
 use crate::routing::index::Index;
 use crate::routing::index_log::{Head, Kind};
-use crate::routing::load::{backend_loads, BackendLoad, Standing};
+use crate::routing::load::{backend_loads, BackendLoad};
 use crate::routing::models::{narrow, Fit};
 use crate::routing::policy::{Chooser, Decision, Reason, RequestKey};
 use crate::routing::waiting::{WaitTicket, Waiting};
@@ -60,12 +55,6 @@ pub const ANCHOR_BYTES: usize = 2048;
 /// Most times one request's decision is made again after the ledger changed
 /// under it; past them its write goes in on the ledger as it then is.
 const MAX_REDECISIONS: u32 = 2;
-
-/// A VM's lease on its in-flight share (see [`crate::fleet::store`], "Self-healing"):
-/// three tick periods, at least one second.
-pub fn lease_ms(period_ms: u64) -> u64 {
-    period_ms.saturating_mul(3).max(1000)
-}
 
 /// What the filter learned about one request.
 #[derive(Debug, Clone, Default)]
@@ -107,19 +96,8 @@ pub struct Routed {
 /// Per-VM routing state.
 pub struct Router {
     cfg: Config,
-    keys: Keys,
-    /// Who holds each slot ([`crate::fleet::membership`]).
-    slots: Slots,
-    /// Each slot's pod as a backend (name, address, scrape target); `None`: empty.
-    fleet: Vec<Option<Backend>>,
-    /// Each slot's LoRA adapters as last scraped ([`crate::fleet::lora`]).
-    lora: Vec<Option<Lora>>,
-    /// Some pod declares what it serves or reported an adapter ([`Router::note_models`]).
-    model_aware: bool,
-    /// Each backend's rendezvous id (its address, hashed).
-    ids: Vec<u64>,
-    /// Fleet-unique id of this VM.
-    vm_id: u64,
+    /// This VM's view of the fleet.
+    fleet: FleetView,
     /// This VM's replica of the prefix index.
     index: Index,
     /// Next log event this VM has not applied.
@@ -137,17 +115,6 @@ pub struct Router {
     /// other workers' the ledger shows not yet prefilled, per pod (`cache_aware`
     /// only): the sole holder's guard and what a match has ready ([`crate::routing::waiting`]).
     waiting: Waiting,
-    /// Every backend's health as of this VM's last tick (or its own last scrape).
-    health: Vec<Health>,
-    /// How the requests this VM routed ended, per backend.
-    passive: Passive,
-    /// What this VM's ended requests gave back, per backend, that the ledger
-    /// does not know yet: the next request's ledger write carries it (or the tick).
-    unreleased: Vec<Delta>,
-    /// Requests this VM routed that have not ended.
-    open_requests: u32,
-    /// Host time of this VM's last routed request or tick.
-    last_now: u64,
     /// Times the steps of a routed request (only with `phase-timing`).
     split: Split,
     /// Prompt bytes per pod token, as the pods' reports show it.
@@ -206,37 +173,10 @@ impl Capacity {
 struct Observed {
     loads: Vec<BackendLoad>,
     /// The ledger as read, to seed the accounting CAS.
-    ledger: Option<Versioned>,
+    ledger: Option<crate::host::Versioned>,
     log_gap: bool,
     host_errors: u32,
     now: u64,
-}
-
-fn note_reclaimed(vms: &[u64]) {
-    for vm in vms {
-        log::info!(
-            "warmroute: took back the in-flight share of worker VM {vm}, silent past its lease"
-        );
-    }
-}
-
-/// The fleet's identity: the shared-data key space of everything this
-/// configuration's VMs share: a fixed list's addresses, or a discovered pool's
-/// cluster and slot count (its members come and go within it). The block size
-/// and the log's geometry are part of it: VMs of another shape must not read
-/// each other's records.
-fn fleet_id(cfg: &Config) -> u64 {
-    let fleet = match &cfg.pool {
-        Some(p) => p
-            .clusters
-            .iter()
-            .fold(p.max_backends as u64, |h, c| mix(h ^ address_id(&c.name))),
-        None => cfg
-            .backends
-            .iter()
-            .fold(0, |h, b| mix(h ^ address_id(&b.address))),
-    };
-    mix(mix(fleet ^ cfg.block_bytes as u64) ^ cfg.index.log_bytes as u64)
 }
 
 /// The output tokens a request holds on its pod until it ends: its limit, or
@@ -252,53 +192,19 @@ fn output_budget(key: Option<&PromptKey>, policy: &PolicyConfig) -> i32 {
 impl Router {
     /// A router for `cfg`; takes a fleet-unique VM id from shared data.
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
-        let keys = Keys::new(fleet_id(&cfg), cfg.index.log_bytes);
-        let n = cfg.slot_count();
-        let store = Store {
-            host,
-            keys: &keys,
-            n,
-        };
-        let slots = match cfg.pool {
-            Some(_) => store
-                .members()
-                .ok()
-                .flatten()
-                .unwrap_or_else(|| Slots::empty(n)),
-            None => Slots::fixed(cfg.backends.iter().map(|b| b.address.as_str())),
-        };
-        // Without shared data an id from the clock still keeps VMs apart.
-        let vm_id = store.new_vm_id().unwrap_or_else(|_| mix(host.now_ms()));
-        let rotating = matches!(cfg.strategy, Strategy::RoundRobin | Strategy::StickySession);
-        if let Err(e) = store.create_shared(rotating) {
-            log::debug!("warmroute: shared values not created: {e:?}");
-        }
+        let fleet = FleetView::new(&cfg, host);
+        let n = fleet.slot_count();
         // Start reading the log where it is now: older events describe a past we cannot date.
-        let applied_seq = store.log_next_seq().unwrap_or(0);
-        let index = Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms);
-        let health = store
-            .health()
-            .unwrap_or_else(|_| vec![Health::default(); n]);
+        let applied_seq = fleet.store(host).log_next_seq().unwrap_or(0);
         let mut router = Router {
-            keys,
-            slots: Slots::empty(n),
-            fleet: vec![None; n],
-            lora: vec![None; n],
-            model_aware: false,
-            ids: vec![0; n],
-            vm_id,
-            index,
+            fleet,
+            index: Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms),
             applied_seq,
             requests: 0,
             matched: Vec::with_capacity(n),
             lowered: Vec::new(),
             shared: Vec::with_capacity(n),
             waiting: Waiting::default(),
-            health: Vec::new(),
-            passive: Passive::new(n),
-            unreleased: vec![Delta::default(); n],
-            open_requests: 0,
-            last_now: host.now_ms(),
             split: Split::default(),
             ratio: TokenRatio::new(cfg.index.bytes_per_token),
             surplus: Surplus::default(),
@@ -306,129 +212,8 @@ impl Router {
             admitted: None,
             cfg,
         };
-        router.set_all_health(health);
-        router.apply_slots(slots);
+        router.resize_index();
         router
-    }
-
-    /// Slots of per-pod state.
-    pub fn slot_count(&self) -> usize {
-        self.fleet.len()
-    }
-
-    /// The rendezvous id of slot `b`'s pod (its address, hashed; 0: empty).
-    pub fn pod_id(&self, b: usize) -> u64 {
-        self.ids.get(b).copied().unwrap_or(0)
-    }
-
-    /// The pod in slot `b`, if any.
-    pub fn backend(&self, b: usize) -> Option<&Backend> {
-        self.fleet.get(b).and_then(Option::as_ref)
-    }
-
-    /// Each slot's pod (`None`: empty).
-    pub fn fleet(&self) -> &[Option<Backend>] {
-        &self.fleet
-    }
-
-    /// The slot's name in stats and logs: the configured name, or `pod-<slot>`.
-    pub fn slot_name(cfg: &Config, b: usize) -> String {
-        match cfg.backends.get(b) {
-            Some(x) if cfg.pool.is_none() => x.name.clone(),
-            _ => format!("pod-{b}"),
-        }
-    }
-
-    /// Makes this VM's view hold `slots`: a slot whose pod changed starts
-    /// cold (no index entries, no passive record); returns the changed slots.
-    fn apply_slots(&mut self, slots: Slots) -> Vec<usize> {
-        let mut changed = Vec::new();
-        for (b, m) in slots.members.iter().enumerate() {
-            let before = self.slots.members.get(b).cloned().flatten();
-            if before.as_ref().map(|x| &x.address) != m.as_ref().map(|x| &x.address) {
-                changed.push(b);
-                self.index.forget(b);
-                self.passive.forget(b);
-                self.waiting.forget(b);
-                if let Some(l) = self.lora.get_mut(b) {
-                    *l = None;
-                }
-            }
-            let backend = m.as_ref().map(|m| match self.cfg.backends.get(b) {
-                Some(fixed) if self.cfg.pool.is_none() => fixed.clone(),
-                _ => Backend {
-                    name: Router::slot_name(&self.cfg, b),
-                    address: m.address.clone(),
-                    host: m.address.clone(),
-                    metrics_path: self.cfg.metrics.path.clone(),
-                    serves: self
-                        .cfg
-                        .pool
-                        .as_ref()
-                        .and_then(|p| p.clusters.get(usize::from(m.cluster)))
-                        .map(|c| c.serves.clone())
-                        .unwrap_or_default(),
-                },
-            });
-            if let Some(id) = self.ids.get_mut(b) {
-                *id = m.as_ref().map_or(0, |m| address_id(&m.address));
-            }
-            if let Some(f) = self.fleet.get_mut(b) {
-                *f = backend;
-            }
-        }
-        self.slots = slots;
-        self.note_models();
-        changed
-    }
-
-    /// Re-reads the slot table the scraping VM published (from the tick; a
-    /// fixed fleet has nothing to read). Returns the slots whose pod changed.
-    pub fn refresh_members<H: Host>(&mut self, host: &H) -> Result<Vec<usize>, HostError> {
-        if self.cfg.pool.is_none() {
-            return Ok(Vec::new());
-        }
-        match self.store(host).members()? {
-            Some(s) if s != self.slots => Ok(self.apply_slots(s)),
-            _ => Ok(Vec::new()),
-        }
-    }
-
-    /// Folds Envoy's list of the pool's endpoints (an admin reply) into the
-    /// shared slot table and this VM's view; what is shared per slot (health,
-    /// LoRA state, last answer) starts over for a slot whose pod changed.
-    pub fn members_reply<H: Host>(
-        &mut self,
-        host: &H,
-        body: &[u8],
-        now: u64,
-    ) -> Result<Result<Changes, ReplyError>, HostError> {
-        let Some(pool) = &self.cfg.pool else {
-            return Ok(Err(ReplyError::WrongClusters));
-        };
-        let names: Vec<&str> = pool.clusters.iter().map(|c| c.name.as_str()).collect();
-        let endpoints = match parse_endpoints(body, &names) {
-            Ok(e) => e,
-            Err(e) => return Ok(Err(e)),
-        };
-        let n = self.fleet.len();
-        let (slots, changes) = self.store(host).update_members(|current| {
-            let mut s = current.unwrap_or_else(|| Slots::empty(n));
-            let c = s.assign(&endpoints, now);
-            (s, c)
-        })?;
-        let changed = self.apply_slots(slots);
-        for &b in &changed {
-            if let Some(h) = self.health.get_mut(b) {
-                *h = Health::default();
-            }
-        }
-        self.resize_index();
-        if let Err(e) = self.store(host).reset_slots(&changed) {
-            // The table is written: other VMs follow it; the scrapes refill the rest.
-            log::debug!("warmroute: per-slot records of changed pods not reset: {e:?}");
-        }
-        Ok(Ok(changes))
     }
 
     /// The validated configuration.
@@ -436,30 +221,80 @@ impl Router {
         &self.cfg
     }
 
-    /// This VM's fleet-unique id.
-    pub fn vm_id(&self) -> u64 {
-        self.vm_id
+    /// This VM's view of the fleet.
+    pub fn fleet(&self) -> &FleetView {
+        &self.fleet
     }
 
-    /// Typed access to shared fleet state.
-    pub fn store<'h, H: Host>(&'h self, host: &'h H) -> Store<'h, H> {
-        Store {
-            host,
-            keys: &self.keys,
-            n: self.fleet.len(),
+    /// This VM's view of the fleet, for what changes nothing the index keeps:
+    /// releases, answers, LoRA state, the tick's ledger work. What changes
+    /// members or health goes through the router ([`Router::refresh_members`],
+    /// [`Router::members_reply`], [`Router::refresh_health`], [`Router::record_scrape`]).
+    pub fn fleet_mut(&mut self) -> &mut FleetView {
+        &mut self.fleet
+    }
+
+    /// A slot whose pod changed starts cold: no index entries, no waiting prompts.
+    fn forget_slots(&mut self, changed: &[usize]) {
+        for &b in changed {
+            self.index.forget(b);
+            self.waiting.forget(b);
         }
+    }
+
+    /// Re-reads the slot table the scraping VM published (from the tick; a
+    /// fixed fleet has nothing to read). Returns the slots whose pod changed.
+    pub fn refresh_members<H: Host>(&mut self, host: &H) -> Result<Vec<usize>, HostError> {
+        let changed = self.fleet.refresh_members(host)?;
+        self.forget_slots(&changed);
+        Ok(changed)
+    }
+
+    /// Folds Envoy's list of the pool's endpoints (an admin reply) into the
+    /// fleet ([`FleetView::members_reply`]); a slot whose pod changed starts cold.
+    pub fn members_reply<H: Host>(
+        &mut self,
+        host: &H,
+        body: &[u8],
+        now: u64,
+    ) -> Result<Result<Changes, ReplyError>, HostError> {
+        let (changes, changed) = match self.fleet.members_reply(host, body, now)? {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        self.forget_slots(&changed);
+        self.resize_index();
+        Ok(Ok(changes))
+    }
+
+    /// Re-reads every backend's health (from the tick); on a failed read the
+    /// last known health stays.
+    pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
+        self.fleet.refresh_health(host)?;
+        self.resize_index();
+        Ok(())
+    }
+
+    /// Records one scrape of `backend` ([`FleetView::record_scrape`]) and
+    /// sizes the index to the capacity it reported.
+    pub fn record_scrape<H: Host>(
+        &mut self,
+        host: &H,
+        backend: usize,
+        outcome: Outcome,
+        now: u64,
+    ) -> Result<Health, HostError> {
+        let health = self.fleet.record_scrape(host, backend, outcome, now)?;
+        self.resize_index();
+        Ok(health)
     }
 
     /// Applies index events other VMs appended before `next` (the log head as
     /// read with the ledger); true if some were lost (overwritten in the ring
     /// before this VM read them).
     fn sync_index<H: Host>(&mut self, host: &H, next: u64) -> Result<bool, HostError> {
-        let store = Store {
-            host,
-            keys: &self.keys,
-            n: self.fleet.len(),
-        };
-        let slots = self.keys.log_shape().slots;
+        let store = self.fleet.store(host);
+        let slots = store.keys.log_shape().slots;
         let mut gap = false;
         if next < self.applied_seq {
             // The log restarted (its record was lost or rewritten): follow it from here.
@@ -474,15 +309,15 @@ impl Router {
             let seq = self.applied_seq;
             match store.log_event(seq)? {
                 Some(ev) if ev.head.seq == seq => {
-                    if ev.head.origin != self.vm_id {
+                    if ev.head.origin != self.fleet.vm_id() {
                         let b = usize::from(ev.head.backend);
                         match ev.head.kind {
                             // Routed to the slot's previous pod: not this one's cache. Or to
                             // a slot this VM's fleet does not have (a VM configured with
                             // another pool, or a corrupt slot): nothing to keep.
                             Kind::Received
-                                if b >= self.fleet.len()
-                                    || ev.head.time_ms < self.slots.joined_ms(b) => {}
+                                if b >= self.fleet.slot_count()
+                                    || ev.head.time_ms < self.fleet.joined_ms(b) => {}
                             Kind::Received => {
                                 let len = ev.len as usize;
                                 let from =
@@ -647,50 +482,34 @@ impl Router {
         Capacity { headroom, eligible }
     }
 
-    /// Host time of this VM's last routed request, tick or look at the fleet.
-    pub fn last_now(&self) -> u64 {
-        self.last_now
-    }
-
-    /// The gate's id for this fleet's held requests.
-    pub fn gate_key(&self) -> &str {
-        self.keys.gate()
-    }
-
     /// Keeps only the pods that serve `model` (and, for an adapter, those to
     /// prefer) in `loads` ([`crate::routing::models`]). Free when no pod says what it
     /// serves and none reported an adapter.
     fn narrow_to_model(&self, model: &str, loads: &mut [BackendLoad]) -> Fit {
-        if !self.model_aware {
+        if !self.fleet.model_aware() {
             return Fit::Served;
         }
         narrow(
             model,
-            |b| self.backend(b).map(|x| &x.serves),
-            &self.lora,
+            |b| self.fleet.backend(b).map(|x| &x.serves),
+            self.fleet.lora(),
             loads,
         )
-    }
-
-    /// Whether any pod says what it serves or has reported an adapter: until
-    /// one does, every model may go anywhere and requests skip the narrowing.
-    fn note_models(&mut self) {
-        let declared = |b: &Backend| !b.serves.models.is_empty() || !b.serves.adapters.is_empty();
-        self.model_aware =
-            self.fleet.iter().flatten().any(declared) || self.lora.iter().any(Option::is_some);
     }
 
     /// Reads the ledger (and, for a request with a prompt, the index events
     /// other VMs appended since) into this request's load picture.
     fn observe<H: Host>(&mut self, host: &H, with_prompt: bool) -> Observed {
-        let now = host.now_ms();
-        self.last_now = now;
-        let n = self.fleet.len();
-        let mut host_errors = 0;
-        let read = self.store(host).read_ledger();
+        let Snapshot {
+            ledger,
+            inflight,
+            standing,
+            now,
+        } = self.fleet.snapshot(host, host.now_ms());
         self.split.lap(host, Step::Ledger);
-        let (mut inflight, ledger, log_gap) = match read {
-            Ok(r) => {
+        let mut host_errors = 0;
+        let (ledger, log_gap) = match ledger {
+            Some(r) => {
                 // Only a request with a prompt looks the index up: only it catches up.
                 let log_gap = if with_prompt {
                     self.sync_index(host, r.value.next_seq).unwrap_or_else(|_| {
@@ -704,19 +523,18 @@ impl Router {
                     // What the other workers' prompts still bring ([`crate::routing::waiting`]).
                     self.waiting.settle(|vm, b| r.value.prefill_of(vm, b));
                 }
-                (r.value.inflight, Some(r.raw), log_gap)
+                (Some(r.raw), log_gap)
             }
-            Err(_) => {
+            None => {
                 host_errors += 1;
-                (vec![InFlight::default(); n], None, false)
+                (None, false)
             }
         };
         self.split.lap(host, Step::Sync);
-        self.apply_unreleased(&mut inflight);
         let loads = backend_loads(
             &inflight,
-            &self.health,
-            &self.standing(now),
+            self.fleet.health(),
+            &standing,
             now,
             self.cfg.metrics.stale_after_ms,
             &self.cfg.policy,
@@ -740,14 +558,14 @@ impl Router {
         seen: &mut Observed,
     ) -> (Decision, u32) {
         self.requests = self.requests.wrapping_add(1);
-        let random = mix(seen.now ^ self.vm_id.rotate_left(32) ^ self.requests);
+        let random = mix(seen.now ^ self.fleet.vm_id().rotate_left(32) ^ self.requests);
         let needs_rotation = match self.cfg.strategy {
             Strategy::RoundRobin => true,
             Strategy::StickySession => req.session.is_none(),
             _ => false,
         };
         let rotation = if needs_rotation {
-            self.store(host).next_rotation().unwrap_or_else(|_| {
+            self.fleet.store(host).next_rotation().unwrap_or_else(|_| {
                 seen.host_errors += 1;
                 random
             })
@@ -757,7 +575,7 @@ impl Router {
         let chooser = Chooser {
             cfg: &self.cfg.policy,
             loads: &seen.loads,
-            ids: &self.ids,
+            ids: self.fleet.ids(),
             fallbacks: self.cfg.route.fallbacks,
         };
         let block = self.cfg.block_bytes.max(1);
@@ -857,16 +675,12 @@ impl Router {
             decode_tokens: output_budget(req.key, &self.cfg.policy),
         };
         let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
-        if let Some(d) = self.unreleased.get_mut(primary) {
-            *d += held;
-        }
+        self.fleet.hold(primary, held);
         // A read of a missing ledger has no CAS token to tell a change by.
         let if_unchanged = !last && seen.ledger.as_ref().is_some_and(|(_, cas)| cas.is_some());
         let accounted = self.account(host, seen.ledger, seen.now, !chain.is_empty(), if_unchanged);
         if if_unchanged && accounted == Err(HostError::CasMismatch) {
-            if let Some(d) = self.unreleased.get_mut(primary) {
-                *d += -held;
-            }
+            self.fleet.defer(primary, held);
             return None;
         }
         // Record the whole chain: it refreshes recency of the matched part
@@ -881,7 +695,7 @@ impl Router {
             None
         };
         self.split.lap(host, Step::Record);
-        self.open_requests = self.open_requests.saturating_add(1);
+        self.fleet.opened();
         let held = match accounted {
             Ok(seq) => {
                 if let Some(seq) = seq.filter(|_| !chain.is_empty()) {
@@ -893,7 +707,7 @@ impl Router {
             }
             Err(_) => {
                 host_errors += 1;
-                self.defer(primary, held);
+                self.fleet.defer(primary, held);
                 // A request the ledger never heard of holds nothing there: its release
                 // must not take back another request's share.
                 Delta::default()
@@ -924,114 +738,18 @@ impl Router {
         self.waiting.prompts()
     }
 
-    /// Takes back what a routed request still holds on `backend` when it ends.
-    ///
-    /// While this VM has other requests open, no host call: the next routed
-    /// request carries the release in the ledger write it makes anyway, or
-    /// the last open request's end, or the tick ([`Router::tick_ledger`]).
-    /// This VM routes on the release at once; the others see it that much
-    /// later, which over-counts load only while this worker is busy anyway.
-    /// An idle worker writes at once: at low load one phantom request is
-    /// enough to tip a bounded-load decision on another worker.
-    pub fn release<H: Host>(
-        &mut self,
-        host: &H,
-        backend: usize,
-        held: Delta,
-    ) -> Result<(), HostError> {
-        self.open_requests = self.open_requests.saturating_sub(1);
-        self.defer(backend, held);
-        if self.open_requests == 0 {
-            self.flush_releases(host)
-        } else {
-            Ok(())
-        }
-    }
-
-    /// The first response byte arrived, so the prompt is prefilled: takes its
-    /// prefill blocks out of `held`, and out of the queue others wait behind
-    /// (no host call: the request is still open, see [`Router::release`]).
-    pub fn prefilled(&mut self, backend: usize, held: &mut Delta) {
-        let blocks = std::mem::take(&mut held.prefill_blocks);
-        self.defer(backend, Delta::prefill(blocks));
-    }
-
-    /// What this gateway has in flight per backend: the ledger, less the
-    /// releases this VM has not written yet.
-    pub fn inflight<H: Host>(&self, host: &H) -> Result<Vec<InFlight>, HostError> {
-        let mut inflight = self.store(host).inflight()?;
-        self.apply_unreleased(&mut inflight);
-        Ok(inflight)
-    }
-
-    /// This VM's own ended requests are gone already, though the ledger has not heard.
-    fn apply_unreleased(&self, inflight: &mut [InFlight]) {
-        for (f, d) in inflight.iter_mut().zip(&self.unreleased) {
-            f.apply(*d);
-        }
-    }
-
-    fn defer(&mut self, backend: usize, held: Delta) {
-        if let Some(d) = self.unreleased.get_mut(backend) {
-            *d += -held;
-        }
-    }
-
-    /// Writes the releases no routed request has carried yet (the last open
-    /// request's end, and when the VM stops). The heartbeat it writes is as of
-    /// this VM's last routed request or tick: no clock read for it.
-    pub fn flush_releases<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
-        if self.unreleased.iter().all(|d| *d == Delta::default()) {
-            return Ok(());
-        }
-        self.write_ledger(host, None, self.last_now).map(|_| ())
-    }
-
-    /// The tick's ledger work at `now_ms`: writes the releases waiting for it,
-    /// this VM's heartbeat while it holds requests, and takes back the shares
-    /// of VMs silent past their lease. Returns what this gateway has in flight.
-    pub fn tick_ledger<H: Host>(
-        &mut self,
-        host: &H,
-        now_ms: u64,
-    ) -> Result<Vec<InFlight>, HostError> {
-        self.last_now = now_ms;
-        let read = self.store(host).read_ledger()?;
-        let pending = self.unreleased.iter().any(|d| *d != Delta::default());
-        if !pending && self.open_requests == 0 && !read.value.has_abandoned(&self.writer(now_ms)) {
-            return Ok(read.value.inflight);
-        }
-        self.write_ledger(host, Some(read.raw), now_ms)
-    }
-
-    /// One ledger write of the releases waiting for it (and this VM's
-    /// heartbeat), reserving a log slot if `reserve`; `if_unchanged`: only if
-    /// the ledger is still as `seed` read it (one CAS). Returns the slot.
+    /// One ledger write ([`FleetView::account`]), timed as its step.
     fn account<H: Host>(
         &mut self,
         host: &H,
-        seed: Option<Versioned>,
+        seed: Option<crate::host::Versioned>,
         now: u64,
         reserve: bool,
         if_unchanged: bool,
     ) -> Result<Option<u64>, HostError> {
-        let store = Store {
-            host,
-            keys: &self.keys,
-            n: self.fleet.len(),
-        };
-        let writer = self.writer(now);
-        let accounted = match seed {
-            Some(seed) if if_unchanged => {
-                store.account_if_unchanged(seed, writer, &self.unreleased, reserve)
-            }
-            seed => store.account(seed, writer, &self.unreleased, reserve),
-        };
+        let accounted = self.fleet.account(host, seed, now, reserve, if_unchanged);
         self.split.lap(host, Step::Account);
-        let accounted = accounted?;
-        self.unreleased.fill(Delta::default());
-        note_reclaimed(&accounted.reclaimed);
-        Ok(accounted.seq)
+        accounted
     }
 
     /// This VM's log event `seq` about `backend`.
@@ -1039,7 +757,7 @@ impl Router {
         Head {
             kind,
             seq,
-            origin: self.vm_id,
+            origin: self.fleet.vm_id(),
             backend: backend as u16,
             time_ms,
             prefill,
@@ -1049,7 +767,7 @@ impl Router {
     /// Writes an event to the log slot `head.seq` (reserved by [`Router::account`]);
     /// false if it could not (other VMs miss it, a gap).
     fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
-        let written = self.store(host).write_event(head, blocks);
+        let written = self.fleet.store(host).write_event(head, blocks);
         self.split.lap(host, Step::Log);
         // Nothing in between to read: skip our own event instead of reading it back.
         if head.seq == self.applied_seq {
@@ -1118,183 +836,9 @@ impl Router {
         self.sized_ratio
     }
 
-    /// Records the LoRA state a scrape of `backend` reported, in shared data
-    /// when it changed (from the scraping VM).
-    pub fn record_lora<H: Host>(
-        &mut self,
-        host: &H,
-        backend: usize,
-        lora: Option<Lora>,
-    ) -> Result<(), HostError> {
-        if self.lora.get(backend) == Some(&lora) {
-            return Ok(());
-        }
-        let n = self.fleet.len();
-        let all = self.store(host).update_lora(n, |all| {
-            if let Some(l) = all.get_mut(backend) {
-                *l = lora.clone();
-            }
-        })?;
-        self.lora = all;
-        self.note_models();
-        Ok(())
-    }
-
-    /// Re-reads every slot's LoRA state (from the tick).
-    pub fn refresh_lora<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
-        self.lora = self.store(host).lora()?;
-        self.note_models();
-        Ok(())
-    }
-
-    /// Heartbeats this fleet and empties the values of fleets gone silent
-    /// (from the tick; see [`crate::fleet::store`], "Fleets that are gone").
-    pub fn sweep_fleets<H: Host>(&self, host: &H, now: u64) -> Result<Vec<u64>, HostError> {
-        let idle =
-            crate::fleet::store::FLEET_IDLE_MS.max(10 * lease_ms(self.cfg.metrics.period_ms));
-        self.store(host).sweep_fleets(now, idle)
-    }
-
-    /// Shares when this VM last saw each backend answer, if that changed (from the tick).
-    pub fn publish_served<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
-        match self.passive.served_news() {
-            Some(mine) => self.store(host).publish_served(&mine),
-            None => Ok(()),
-        }
-    }
-
-    /// One ledger write of the waiting releases and this VM's heartbeat.
-    fn write_ledger<H: Host>(
-        &mut self,
-        host: &H,
-        seed: Option<Versioned>,
-        now_ms: u64,
-    ) -> Result<Vec<InFlight>, HostError> {
-        let writer = self.writer(now_ms);
-        let accounted = self
-            .store(host)
-            .account(seed, writer, &self.unreleased, false)?;
-        self.unreleased.fill(Delta::default());
-        note_reclaimed(&accounted.reclaimed);
-        Ok(accounted.ledger.inflight)
-    }
-
-    /// This VM as a ledger writer at `now_ms`.
-    fn writer(&self, now_ms: u64) -> Writer {
-        Writer {
-            vm: self.vm_id,
-            now_ms,
-            lease_ms: lease_ms(self.cfg.metrics.period_ms),
-        }
-    }
-
     /// Drops index entries idle past the TTL (from the tick).
     pub fn expire(&mut self, now_ms: u64) {
         self.index.expire(now_ms);
-    }
-
-    /// Every backend's health as this VM routes on it.
-    pub fn health(&self) -> &[Health] {
-        &self.health
-    }
-
-    /// Where each slot stands for this VM at `now_ms`: a member is in
-    /// rotation when Envoy would route to it and its scraped health and this
-    /// VM's own view of its answers both allow it.
-    pub fn standing(&self, now_ms: u64) -> Vec<Standing> {
-        let stale = self.cfg.metrics.stale_after_ms;
-        self.slots
-            .members
-            .iter()
-            .enumerate()
-            .map(|(b, m)| match m {
-                None => Standing::Absent,
-                Some(m) => {
-                    let scraped = self
-                        .health
-                        .get(b)
-                        .is_none_or(|h| h.in_rotation(now_ms, stale));
-                    if m.routable && scraped && !self.passive.ejected(b, now_ms) {
-                        Standing::In
-                    } else {
-                        Standing::Out
-                    }
-                }
-            })
-            .collect()
-    }
-
-    /// The backend at `address` (`ip:port`), if it is one of the fleet's.
-    pub fn backend_at(&self, address: &str) -> Option<usize> {
-        let id = address_id(address);
-        self.ids.iter().position(|&i| i == id)
-    }
-
-    /// Folds how one routed request ended into this VM's view of `backend`;
-    /// returns true when that took it out of this VM's rotation.
-    pub fn answered(&mut self, backend: usize, answer: Answer, now_ms: u64) -> bool {
-        let m = &self.cfg.metrics;
-        self.passive.record(
-            backend,
-            answer,
-            now_ms,
-            m.eject_after_errors,
-            m.stale_after_ms,
-        )
-    }
-
-    /// Whether a success on `backend` would change nothing in this worker's
-    /// passive view (see [`crate::fleet::passive`], `settled`).
-    pub fn settled(&self, backend: usize, now_ms: u64) -> bool {
-        self.passive.settled(
-            backend,
-            now_ms,
-            self.cfg.metrics.stale_after_ms / SERVED_SLACK,
-        )
-    }
-
-    /// Re-reads every backend's health from shared data (from the tick); on a
-    /// failed read the last known health stays.
-    pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
-        let health = self.store(host).health()?;
-        self.set_all_health(health);
-        Ok(())
-    }
-
-    /// Records one scrape of `backend` in shared data and, at once, in this
-    /// VM's view. Returns the backend's new health.
-    pub fn record_scrape<H: Host>(
-        &mut self,
-        host: &H,
-        backend: usize,
-        outcome: Outcome,
-        now: u64,
-    ) -> Result<Health, HostError> {
-        let m = &self.cfg.metrics;
-        // Only a slow scrape asks whether the pod still serves: then the
-        // shared view, since the scraping VM may route nothing itself.
-        // A settled pod's last answers are not read: its record may lag by the slack.
-        let window = m.stale_after_ms + m.stale_after_ms / SERVED_SLACK;
-        let serving = outcome == Outcome::Slow
-            && (self.passive.served_within(backend, now, window)
-                || self
-                    .store(host)
-                    .served()
-                    .is_ok_and(|all| all.get(backend).is_some_and(|&t| recent(t, now, window))));
-        let health = self
-            .store(host)
-            .update_health(backend, |h| h.record(outcome, now, m, serving))?;
-        if let Some(h) = self.health.get_mut(backend) {
-            *h = health;
-        }
-        self.resize_index();
-        Ok(health)
-    }
-
-    fn set_all_health(&mut self, mut health: Vec<Health>) {
-        health.resize(self.fleet.len(), Health::default());
-        self.health = health;
-        self.resize_index();
     }
 
     /// Sizes the index to each backend's real KV capacity, when known.
@@ -1302,7 +846,8 @@ impl Router {
         self.sized_ratio = self.ratio.bytes_per_token();
         let blocks_per_token = self.sized_ratio / self.cfg.block_bytes.max(1) as f64;
         let known: Vec<Option<usize>> = self
-            .health
+            .fleet
+            .health()
             .iter()
             .map(|h| {
                 h.scrape

@@ -1,5 +1,5 @@
-
 use super::*;
+use crate::fleet::inflight::InFlight;
 use crate::fleet::scrape::Scrape;
 use crate::prompt::openai::{prompt_key, Endpoint};
 use crate::routing::index_log::Event;
@@ -29,7 +29,7 @@ fn one() -> Delta {
 /// Nothing in flight anywhere, by the ledger.
 fn assert_idle(a: &Router, host: &MemoryHost) {
     assert_eq!(
-        a.store(host).inflight().unwrap(),
+        a.fleet().store(host).inflight().unwrap(),
         vec![InFlight::default(); 3]
     );
 }
@@ -56,7 +56,7 @@ fn a_prefix_learned_by_one_vm_is_matched_by_another() {
     let host = MemoryHost::default();
     let mut a = Router::new(cfg("cache_aware"), &host);
     let mut b = Router::new(cfg("cache_aware"), &host);
-    assert_ne!(a.vm_id(), b.vm_id());
+    assert_ne!(a.fleet().vm_id(), b.fleet().vm_id());
     let sys = "x".repeat(4000);
     let answer = "y".repeat(3000);
     let turn1 = chat(&[("system", &sys), ("user", "q1")]);
@@ -67,7 +67,9 @@ fn a_prefix_learned_by_one_vm_is_matched_by_another() {
         ("user", "q2"),
     ]);
     let first = a.route(&host, &prompt(&turn1));
-    a.release(&host, first.decision.order[0], one()).unwrap();
+    a.fleet_mut()
+        .release(&host, first.decision.order[0], one())
+        .unwrap();
     // Turn 2 goes through the other VM: only the shared log can tell it where turn 1 went.
     let second = b.route(&host, &prompt(&turn2));
     assert_eq!(second.decision.order[0], first.decision.order[0]);
@@ -90,16 +92,17 @@ fn inflight_is_accounted_and_released() {
         "least_request spreads in-flight work"
     );
     let requests = |a: &Router| -> Vec<u32> {
-        let inflight = a.store(&host).inflight().unwrap();
+        let inflight = a.fleet().store(&host).inflight().unwrap();
         inflight.iter().map(|f| f.requests).collect()
     };
     // While others are open, a release waits for this VM's next ledger write...
-    a.release(&host, picks[0], one()).unwrap();
+    a.fleet_mut().release(&host, picks[0], one()).unwrap();
     assert_eq!(requests(&a), vec![1, 1, 1]);
     // ... though this VM counts it at once.
     let mut own = vec![1, 1, 1];
     own[picks[0]] = 0;
     let seen: Vec<u32> = a
+        .fleet()
         .inflight(&host)
         .unwrap()
         .iter()
@@ -110,15 +113,15 @@ fn inflight_is_accounted_and_released() {
     assert_eq!(next, picks[0], "this VM routes on its own release at once");
     assert_eq!(requests(&a), vec![1, 1, 1]);
     // ... or for the tick...
-    a.release(&host, picks[1], one()).unwrap();
-    a.flush_releases(&host).unwrap();
+    a.fleet_mut().release(&host, picks[1], one()).unwrap();
+    a.fleet_mut().flush_releases(&host).unwrap();
     let mut left = vec![1, 1, 1];
     left[picks[1]] = 0;
     assert_eq!(requests(&a), left);
     // ... and the last open request's end writes everything.
-    a.release(&host, picks[2], one()).unwrap();
+    a.fleet_mut().release(&host, picks[2], one()).unwrap();
     assert_eq!(requests(&a), left);
-    a.release(&host, next, one()).unwrap();
+    a.fleet_mut().release(&host, next, one()).unwrap();
     assert_idle(&a, &host);
 }
 
@@ -137,13 +140,16 @@ fn a_request_the_ledger_never_heard_of_releases_nothing() {
         (lost.held, lost.host_errors, lost.redecided),
         (Delta::default(), 1, MAX_REDECISIONS)
     );
-    a.release(&host, lost.decision.order[0], lost.held).unwrap();
-    let inflight = a.store(&host).inflight().unwrap();
+    a.fleet_mut()
+        .release(&host, lost.decision.order[0], lost.held)
+        .unwrap();
+    let inflight = a.fleet().store(&host).inflight().unwrap();
     assert_eq!(
         inflight[first.decision.order[0]].requests, 1,
         "{inflight:?}"
     );
-    a.release(&host, first.decision.order[0], first.held)
+    a.fleet_mut()
+        .release(&host, first.decision.order[0], first.held)
         .unwrap();
     assert_idle(&a, &host);
 }
@@ -174,7 +180,7 @@ fn a_decision_is_made_again_when_another_worker_wrote_the_ledger_since_its_read(
     let second = a.route(&host, &prompt(&k2));
     assert_eq!(second.redecided, 1, "{second:?}");
     assert_ne!(second.decision.order[0], first.decision.order[0]);
-    let inflight = a.store(&host).inflight().unwrap();
+    let inflight = a.fleet().store(&host).inflight().unwrap();
     assert_eq!(inflight.iter().map(|f| f.requests).sum::<u32>(), 2);
 }
 
@@ -191,14 +197,14 @@ fn only_uncached_blocks_wait_for_prefill() {
     assert_eq!(first.held.prefill_blocks as u32, first.blocks);
     // Turn 1's answer started: its prefill no longer holds anyone up.
     let mut held = first.held;
-    a.prefilled(b, &mut held);
+    a.fleet_mut().prefilled(b, &mut held);
     assert_eq!(held, one());
     // Open requests wait for a write: here the tick's.
-    a.flush_releases(&host).unwrap();
-    let held = a.store(&host).inflight().unwrap()[b];
+    a.fleet_mut().flush_releases(&host).unwrap();
+    let held = a.fleet().store(&host).inflight().unwrap()[b];
     assert_eq!((held.requests, held.prefill_blocks), (1, 0));
     // Done (with 3 pods and 1 request in flight the load bound would move turn 2).
-    a.release(&host, b, one()).unwrap();
+    a.fleet_mut().release(&host, b, one()).unwrap();
     let second = route(&mut a, &turn2);
     assert_eq!(second.decision.order[0], b);
     assert!(second.decision.matched >= first.blocks, "{second:?}");
@@ -206,7 +212,7 @@ fn only_uncached_blocks_wait_for_prefill() {
         second.held.prefill_blocks as u32,
         second.blocks - second.decision.matched
     );
-    let held = a.store(&host).inflight().unwrap()[b];
+    let held = a.fleet().store(&host).inflight().unwrap()[b];
     assert_eq!(
         (held.requests, held.prefill_blocks),
         (1, second.held.prefill_blocks as u32)
@@ -266,7 +272,9 @@ fn a_small_request_avoids_the_pod_busy_with_a_huge_prompt_or_a_long_answer() {
             let small = chat(&[("user", &format!("next {i}"))]);
             let r = a.route(&host, &prompt(&small));
             assert_ne!(r.decision.order[0], busy, "{busy_with}, request {i}");
-            a.release(&host, r.decision.order[0], r.held).unwrap();
+            a.fleet_mut()
+                .release(&host, r.decision.order[0], r.held)
+                .unwrap();
         }
     }
 }
@@ -286,7 +294,7 @@ fn forged_continuations_cannot_pile_onto_one_pod() {
         assert!(key.continuation);
         a.route(&host, &prompt(&key));
     }
-    let inflight = a.store(&host).inflight().unwrap();
+    let inflight = a.fleet().store(&host).inflight().unwrap();
     // The bound at the last decision: ceil((1 + eps) * (49 + 1) / 3) = 25.
     let most = inflight.iter().map(|f| f.requests).max().unwrap();
     assert!(most <= 25, "{inflight:?}");
@@ -313,14 +321,14 @@ fn blocks_a_pending_prompt_brings_are_no_hit_on_any_worker() {
     // Their answers started: the document is a hit on their pods, for both workers.
     let answered = |r: &mut Router, routed: &Routed| {
         let mut held = routed.held;
-        r.prefilled(routed.decision.order[0], &mut held);
+        r.fleet_mut().prefilled(routed.decision.order[0], &mut held);
         r.close(routed.waiting.unwrap());
     };
     answered(&mut a, &first);
     answered(&mut b, &second);
     answered(&mut a, &third);
-    a.flush_releases(&host).unwrap();
-    b.flush_releases(&host).unwrap();
+    a.fleet_mut().flush_releases(&host).unwrap();
+    b.fleet_mut().flush_releases(&host).unwrap();
     for (r, q) in [(&mut a, "d"), (&mut b, "e")] {
         let next = r.route(&host, &prompt(&ask(q)));
         assert!(next.decision.matched * 2 > next.blocks, "{next:?}");
@@ -353,7 +361,7 @@ fn an_event_for_a_slot_this_fleet_lacks_is_not_kept() {
     b.route(&host, &prompt(&chat(&[("user", &"y".repeat(4000))])));
     assert_eq!(b.waiting.foreign_prompts(), 0);
     assert!(
-        b.waiting.foreign_pods() <= b.fleet.len(),
+        b.waiting.foreign_pods() <= b.fleet().slot_count(),
         "{}",
         b.waiting.foreign_pods()
     );
@@ -381,8 +389,8 @@ fn a_restarted_log_is_followed_from_its_new_head() {
     let placed = a.route(&host, &prompt(&other));
     // Its answer started (else its blocks still wait for their prefill).
     let mut held = placed.held;
-    a.prefilled(placed.decision.order[0], &mut held);
-    a.flush_releases(&host).unwrap();
+    a.fleet_mut().prefilled(placed.decision.order[0], &mut held);
+    a.fleet_mut().flush_releases(&host).unwrap();
     let seen = b.route(&host, &prompt(&other));
     assert!(!seen.log_gap);
     assert_eq!(seen.decision.order[0], placed.decision.order[0]);
@@ -422,7 +430,12 @@ fn a_vm_creates_the_shared_values_as_it_is_configured() {
         "only strategies that rotate keep one"
     );
     // The ledger created empty reads as the missing one did.
-    assert!(r.inflight(&host).unwrap().iter().all(|f| f.requests == 0));
+    assert!(r
+        .fleet()
+        .inflight(&host)
+        .unwrap()
+        .iter()
+        .all(|f| f.requests == 0));
     Router::new(cfg("round_robin"), &host);
     assert_eq!(kept(&host, ".rotation"), 1);
 }
@@ -446,7 +459,7 @@ fn index_sizes_to_backend_capacity() {
     assert_eq!(a.index.capacity(1), a.index.capacity(2));
     a.refresh_health(&host).unwrap();
     assert_eq!(a.index.capacity(1), 200);
-    assert_eq!(a.health()[0].scrape.capacity_tokens, Some(6400));
+    assert_eq!(a.fleet().health()[0].scrape.capacity_tokens, Some(6400));
 }
 
 #[test]

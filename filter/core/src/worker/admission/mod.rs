@@ -122,12 +122,12 @@ impl Worker {
             },
         );
         // The clock as the look at the fleet read it.
-        let (now, every) = (self.router.last_now(), self.lower_every());
+        let (now, every) = (self.router.fleet().last_now(), self.lower_every());
         // No pod in rotation serves it: the router's fallback decides, not the gate.
         if !cap.servable() {
             return Admission::Go;
         }
-        let gate_key = self.router.gate_key().to_string();
+        let gate_key = self.router.fleet().gate_key().to_string();
         let Ok(read) = host.get_shared(&gate_key) else {
             return Admission::Go;
         };
@@ -139,7 +139,7 @@ impl Worker {
         if ex.wait_ms == 0 {
             return Admission::Shed(Shed::Deadline);
         }
-        let vm = self.router.vm_id();
+        let vm = self.router.fleet().vm_id();
         let ticket = Ticket {
             vm,
             context: ex.context,
@@ -187,7 +187,7 @@ impl Worker {
     /// Wakes the VMs of other VMs' grants; keeps this VM's (but `current`'s,
     /// which its own callback routes) for [`Worker::release_granted`].
     fn deliver<H: Host>(&mut self, host: &H, grants: Vec<Ticket>, current: u32) {
-        let vm = self.router.vm_id();
+        let vm = self.router.fleet().vm_id();
         let Some(holding) = self.holding.as_mut() else {
             return;
         };
@@ -218,7 +218,7 @@ impl Worker {
         let Some(holding) = self.holding.as_mut() else {
             return Step::Continue;
         };
-        let since_ms = self.router.last_now();
+        let since_ms = self.router.fleet().last_now();
         let context = ex.context;
         let parked = Parked {
             since_ms,
@@ -331,8 +331,8 @@ impl Worker {
 
     /// Takes this VM's tickets of `contexts` out of the gate's record.
     fn remove_tickets<H: Host>(&self, host: &H, contexts: &[u32]) {
-        let vm = self.router.vm_id();
-        let r = update_after(host, self.router.gate_key(), None, |v| {
+        let vm = self.router.fleet().vm_id();
+        let r = update_after(host, self.router.fleet().gate_key(), None, |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
             let before = q.tickets.len();
             for &c in contexts {
@@ -351,7 +351,7 @@ impl Worker {
         if self.holding.is_none() {
             return;
         }
-        let gate_key = self.router.gate_key().to_string();
+        let gate_key = self.router.fleet().gate_key().to_string();
         let Ok(read) = host.get_shared(&gate_key) else {
             return;
         };
@@ -362,8 +362,8 @@ impl Worker {
         if slots.iter().all(|&s| s == 0) {
             return;
         }
-        let (now, every) = (self.router.last_now(), self.lower_every());
-        let vm = self.router.vm_id();
+        let (now, every) = (self.router.fleet().last_now(), self.lower_every());
+        let vm = self.router.fleet().vm_id();
         let grants = update_after(host, &gate_key, Some(read), |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
             q.sweep(now);
@@ -386,7 +386,7 @@ impl Worker {
     /// The root's `on_queue_ready`: other VMs granted some of this VM's held
     /// requests; routes them.
     pub fn on_wake<H: Host>(&mut self, host: &H, queue: u32) {
-        let vm = self.router.vm_id();
+        let vm = self.router.fleet().vm_id();
         let mut woken = Vec::new();
         while let Ok(Some(m)) = host.dequeue(queue) {
             let mut r = Reader::new(&m);
@@ -424,7 +424,7 @@ impl Worker {
     /// (a race on its first write, a damaged record, a grant swept from a
     /// stalled worker): they keep their class and deadline, not their place.
     fn requeue_lost<H: Host>(&self, host: &H, q: &Queue) {
-        let vm = self.router.vm_id();
+        let vm = self.router.fleet().vm_id();
         let Some(h) = self.holding.as_ref() else {
             return;
         };
@@ -438,7 +438,7 @@ impl Worker {
         if lost.is_empty() {
             return;
         }
-        let r = update_after(host, self.router.gate_key(), None, |v| {
+        let r = update_after(host, self.router.fleet().gate_key(), None, |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
             for t in &lost {
                 if !q
@@ -492,11 +492,11 @@ impl Worker {
                 }
             }
         }
-        let Ok((value, _)) = host.get_shared(self.router.gate_key()) else {
+        let Ok((value, _)) = host.get_shared(self.router.fleet().gate_key()) else {
             return;
         };
         let q = Queue::decode(value.as_deref().unwrap_or_default());
-        let vm = self.router.vm_id();
+        let vm = self.router.fleet().vm_id();
         self.requeue_lost(host, &q);
         if let Some(h) = self.holding.as_mut() {
             let lost: Vec<u32> = q

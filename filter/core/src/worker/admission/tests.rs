@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::config::ENDPOINT_HEADER;
 use crate::testing::{MemoryHost, TestExchange};
