@@ -23,16 +23,21 @@
 //! A body that cannot be read (too large, compressed, not JSON, another
 //! shape) is still routed, by the load-only fallback, and proxied unchanged.
 //! Per-request state lives in an [`Exchange`] the glue keeps per HTTP context.
+//!
+//! | file | verbs |
+//! |---|---|
+//! | `mod.rs` | the request path: headers, body, route, response, log |
+//! | `tick.rs` | the tick and the VM's end |
+//! | `callouts.rs` | the pool's endpoints and the scrapes: sent from the tick, and their replies |
+//! | `admission.rs` | the gate: admit, hold, release, shed |
+//! | [`stats`], [`steering`] | the filter's Envoy stats; the header that steers Envoy |
 
-use crate::config::{Config, ConfigError, ENDPOINT_HEADER};
-use crate::fleet::health::Outcome;
+use crate::config::{Config, ConfigError};
 use crate::fleet::inflight::Delta;
-use crate::fleet::membership::{admin_path, MAX_REPLY_BYTES};
 use crate::fleet::passive::Answer;
-use crate::fleet::scrape::extract_with_lora;
 use crate::fleet::scrape_schedule::Scheduler;
-use crate::fleet::view::{FleetView, Standing};
-use crate::host::{Callout, Host};
+use crate::fleet::view::FleetView;
+use crate::host::Host;
 use crate::phases::{Laps, Phase};
 use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
@@ -43,8 +48,10 @@ use crate::worker::stats::{Fallback, Stats};
 use admission::{Admission, Holding};
 
 mod admission;
+mod callouts;
 pub mod stats;
 pub mod steering;
+mod tick;
 
 /// Response header carrying the decision when `debug_header` is on.
 pub const DEBUG_HEADER: &str = "x-warmroute";
@@ -637,284 +644,6 @@ impl Worker {
                 "warmroute: backend {name} out of this worker's rotation after {} failed responses",
                 self.router.config().metrics.eject_after_errors
             );
-        }
-    }
-
-    /// The root context's tick: flushes stats; writes pending releases and this
-    /// VM's heartbeat, and takes back silent VMs' in-flight shares; ages the
-    /// index, re-reads the slot table and health, refreshes the gauges and, in
-    /// the VM holding the lease, reads the pool's endpoints from Envoy and
-    /// dispatches the scrapes that are due.
-    ///
-    /// With a gate, the tick runs every `gate.check_ms`: the rest of the work
-    /// every `metrics.period_ms` (within half a check), the gate's check
-    /// ([`Worker::check_gate`]) every time, last.
-    pub fn tick<H: Host>(&mut self, host: &H) {
-        let now = host.now_ms();
-        let half_check = self.router.config().gate.as_ref().map(|g| g.check_ms / 2);
-        let due = half_check.is_none_or(|half| now.saturating_add(half) >= self.next_tick_ms);
-        if due {
-            self.next_tick_ms = now.saturating_add(self.router.config().metrics.period_ms);
-            self.periodic(host, now);
-        }
-        if self.holding.is_some() {
-            self.check_gate(host, now);
-        }
-    }
-
-    fn periodic<H: Host>(&mut self, host: &H, now: u64) {
-        self.stats.flush(host);
-        let inflight = self
-            .router
-            .fleet_mut()
-            .tick_ledger(host, now)
-            .unwrap_or_else(|e| {
-                log::debug!("warmroute: in-flight releases wait for the next tick: {e:?}");
-                self.router.fleet().inflight(host).unwrap_or_default()
-            });
-        self.router.expire(now);
-        match self.router.fleet().sweep_fleets(host, now) {
-            Ok(gone) => gone.iter().for_each(|id| {
-                log::info!(
-                    "warmroute: emptied the shared data of fleet {id:016x}, silent since long"
-                )
-            }),
-            Err(e) => log::debug!("warmroute: fleet registry not updated: {e:?}"),
-        }
-        if let Err(e) = self.router.fleet_mut().publish_served(host) {
-            log::debug!("warmroute: answered-request times not shared: {e:?}");
-        }
-        match self.router.refresh_members(host) {
-            Ok(changed) => changed.into_iter().for_each(|b| self.scheduler.forget(b)),
-            Err(e) => log::debug!("warmroute: slot table not refreshed: {e:?}"),
-        }
-        if let Err(e) = self.router.refresh_health(host) {
-            log::debug!("warmroute: health not refreshed: {e:?}");
-        }
-        if let Err(e) = self.router.fleet_mut().refresh_lora(host) {
-            log::debug!("warmroute: LoRA state not refreshed: {e:?}");
-        }
-        let in_rotation: Vec<bool> = self
-            .router
-            .fleet()
-            .standing(now)
-            .into_iter()
-            .map(|s| s == Standing::In)
-            .collect();
-        self.stats.gauges(host, &inflight, &in_rotation);
-        let cfg = self.router.config();
-        if !cfg.metrics.enabled && cfg.pool.is_none() {
-            return;
-        }
-        let vm = self.router.fleet().vm_id();
-        if !self
-            .router
-            .fleet()
-            .store(host)
-            .try_lease(vm, 3 * cfg.metrics.period_ms)
-            .unwrap_or(false)
-        {
-            self.scheduler.reset();
-            self.members_call = None;
-            return;
-        }
-        self.read_members(host, now);
-        if self.router.config().metrics.enabled {
-            self.scrape(host, now);
-        }
-    }
-
-    /// Asks Envoy for the pool's endpoints, unless a read is under way.
-    fn read_members<H: Host>(&mut self, host: &H, now: u64) {
-        let cfg = self.router.config();
-        let Some(pool) = &cfg.pool else { return };
-        let lost_after = cfg.metrics.timeout_ms + cfg.metrics.period_ms;
-        if self
-            .members_call
-            .is_some_and(|(_, since)| now.saturating_sub(since) <= lost_after)
-        {
-            return;
-        }
-        let names: Vec<&str> = pool.clusters.iter().map(|c| c.name.as_str()).collect();
-        let path = admin_path(&names);
-        let call = Callout {
-            cluster: &pool.admin_cluster,
-            headers: vec![
-                (":method", "GET"),
-                (":path", &path),
-                (":authority", "envoy-admin"),
-            ],
-            timeout_ms: cfg.metrics.timeout_ms,
-        };
-        self.members_call = match host.dispatch(&call) {
-            Ok(token) => Some((token, now)),
-            Err(e) => {
-                self.members_failed(format_args!("not dispatched: {e:?}"));
-                None
-            }
-        };
-    }
-
-    /// Envoy's answer to [`Worker::read_members`].
-    fn on_members<H: Host>(&mut self, host: &H, num_headers: usize, body_size: usize) {
-        let status = (num_headers > 0).then(|| host.callout_status()).flatten();
-        if status.as_deref() != Some("200") {
-            let status = status.unwrap_or_else(|| "none".into());
-            return self.members_failed(format_args!("admin status {status}"));
-        }
-        // An Envoy that ignores `filter` answers with every cluster: not worth copying in.
-        if body_size > MAX_REPLY_BYTES {
-            return self.members_failed(format_args!("admin reply of {body_size} bytes"));
-        }
-        let body = host.callout_body(body_size).unwrap_or_default();
-        match self.router.members_reply(host, &body, host.now_ms()) {
-            Ok(Ok(changes)) => {
-                self.members_ok = true;
-                for (b, address) in &changes.left {
-                    log::info!("warmroute: pod {address} left the pool (slot pod-{b})");
-                    self.scheduler.forget(*b);
-                }
-                for (b, address) in &changes.joined {
-                    log::info!("warmroute: pod {address} joined the pool as slot pod-{b}");
-                    self.scheduler.forget(*b);
-                }
-                if changes.unplaced > 0 {
-                    log::warn!(
-                        "warmroute: {} pods left out: all {} slots are taken (pool.max_backends)",
-                        changes.unplaced,
-                        self.router.fleet().slot_count()
-                    );
-                }
-            }
-            Ok(Err(e)) => self.members_failed(format_args!("unusable admin reply: {e:?}")),
-            Err(e) => self.members_failed(format_args!("slot table not written: {e:?}")),
-        }
-    }
-
-    /// A read of the pool's endpoints failed: members stay as they were.
-    fn members_failed(&mut self, why: std::fmt::Arguments<'_>) {
-        if std::mem::take(&mut self.members_ok) {
-            log::warn!("warmroute: pool endpoints not read ({why}); keeping the last members");
-        } else {
-            log::debug!("warmroute: pool endpoints not read ({why})");
-        }
-    }
-
-    /// Dispatches the scrapes that are due (this VM holds the lease).
-    fn scrape<H: Host>(&mut self, host: &H, now: u64) {
-        let m = &self.router.config().metrics;
-        let lost_after = m.timeout_ms + m.period_ms;
-        let due = self.scheduler.due(now, lost_after);
-        for b in due.lost {
-            self.scraped(host, b, Outcome::Slow, now);
-        }
-        for b in due.scrape {
-            let cfg = self.router.config();
-            let Some(backend) = self.router.fleet().backend(b) else {
-                continue;
-            };
-            let call = Callout {
-                cluster: &cfg.metrics.cluster,
-                headers: vec![
-                    (":method", "GET"),
-                    (":path", &backend.metrics_path),
-                    (":authority", &backend.host),
-                    (ENDPOINT_HEADER, &backend.address),
-                ],
-                timeout_ms: cfg.metrics.timeout_ms,
-            };
-            match host.dispatch(&call) {
-                Ok(token) => self.scheduler.dispatched(b, token, now),
-                Err(e) => {
-                    log::debug!(
-                        "warmroute: scrape of {} not dispatched: {e:?}",
-                        backend.name
-                    );
-                    self.scraped(host, b, Outcome::Failed, now);
-                }
-            }
-        }
-    }
-
-    /// A callout reply (`num_headers == 0`: Envoy failed or timed it out).
-    pub fn on_scrape<H: Host>(
-        &mut self,
-        host: &H,
-        token: u32,
-        num_headers: usize,
-        body_size: usize,
-    ) {
-        if self.members_call.is_some_and(|(t, _)| t == token) {
-            self.members_call = None;
-            return self.on_members(host, num_headers, body_size);
-        }
-        let Some((b, sent_ms)) = self.scheduler.completed(token) else {
-            return;
-        };
-        let now = host.now_ms();
-        let mut lora_seen = None;
-        let status = (num_headers > 0).then(|| host.callout_status()).flatten();
-        let cfg = &self.router.config().metrics;
-        let outcome = match status.as_deref() {
-            Some("200") => host
-                .callout_body(body_size)
-                .map_or(Outcome::Failed, |body| {
-                    let (mut sc, lora) = extract_with_lora(
-                        &String::from_utf8_lossy(&body),
-                        &cfg.names,
-                        cfg.model_name.as_deref(),
-                    );
-                    lora_seen = Some(lora);
-                    // What the scrape counts of this gateway's own traffic (see `load`).
-                    let inflight = self.router.fleet().inflight(host).unwrap_or_default();
-                    sc.own_inflight = inflight.get(b).map_or(0, |f| f.requests);
-                    Outcome::Answered(sc)
-                }),
-            // Envoy answers a callout past its timeout with its own 504 (or, on some
-            // paths, no headers at all); either one that lasted the whole timeout (less
-            // a tenth, for the clock's granularity) timed out.
-            Some("504") | None
-                if now.saturating_sub(sent_ms) >= cfg.timeout_ms - cfg.timeout_ms / 10 =>
-            {
-                Outcome::Slow
-            }
-            _ => Outcome::Failed,
-        };
-        if let Some(lora) = lora_seen {
-            if let Err(e) = self.router.fleet_mut().record_lora(host, b, lora) {
-                log::debug!("warmroute: LoRA state not shared: {e:?}");
-            }
-        }
-        self.scraped(host, b, outcome, now);
-    }
-
-    /// Records a scrape's outcome: stats, shared health, and a log line when
-    /// the backend leaves or rejoins the rotation.
-    fn scraped<H: Host>(&mut self, host: &H, b: usize, outcome: Outcome, now: u64) {
-        self.stats.scraped(&outcome);
-        // This VM holds the scrape lease, so its own view is the last health written.
-        let was_down = self.router.fleet().health().get(b).map(|x| x.down);
-        let result = self.router.record_scrape(host, b, outcome, now);
-        let name = self
-            .router
-            .fleet()
-            .backend(b)
-            .map_or("", |x| x.name.as_str());
-        match result {
-            Ok(h) if h.down && was_down == Some(false) => {
-                log::warn!(
-                    "warmroute: backend {name} out of rotation after {} failed scrapes",
-                    h.failures
-                )
-            }
-            Ok(h) if !h.down && was_down == Some(true) => {
-                log::info!(
-                    "warmroute: backend {name} back in rotation after {} good scrapes",
-                    h.successes
-                )
-            }
-            Ok(_) => {}
-            Err(e) => log::debug!("warmroute: health update for {name} lost: {e:?}"),
         }
     }
 

@@ -1,4 +1,6 @@
 use super::*;
+use crate::config::ENDPOINT_HEADER;
+use crate::fleet::view::Standing;
 use crate::testing::{MemoryHost, Reply, SentCallout, TestExchange};
 use std::collections::BTreeSet;
 #[cfg(target_arch = "wasm32")]
