@@ -91,4 +91,13 @@ impl Worker {
             self.scrape(host, now);
         }
     }
+
+    /// The VM is going away (reconfiguration, drain): what waits for the tick goes now.
+    pub fn on_done<H: Host>(&mut self, host: &H) {
+        self.release_all(host);
+        self.stats.flush(host);
+        if let Err(e) = self.router.fleet_mut().flush_releases(host) {
+            log::warn!("warmroute: in-flight releases lost at shutdown: {e:?}");
+        }
+    }
 }
