@@ -18,7 +18,7 @@
 //! decodes each almost as fast as one, while moving a conversation costs its
 //! whole prefill. Prefill queued there is still weighed (`queued_b`), and real
 //! overload still marks the pod saturated (waiting requests, KV usage). The
-//! sole holder of a conversation gets more room still (see below): up to one
+//! sole holder of a conversation gets more room still ([`cache_aware`]): up to one
 //! warm bound above the least loaded pod that is not full: it is chosen only
 //! while `load_b + 1 ≤ least + max(cap, warm_min_cap)`, not (1+eps)× the mean.
 //!
