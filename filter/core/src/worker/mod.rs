@@ -42,7 +42,7 @@ use crate::phases::{Laps, Phase};
 use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{report, TAIL_BYTES};
-use crate::routing::router::{Request, Router, ANCHOR_BYTES};
+use crate::routing::router::{Look, Request, Router, ANCHOR_BYTES};
 use crate::routing::waiting::WaitTicket;
 use crate::worker::stats::{Fallback, Stats};
 use admission::{Admission, Holding};
@@ -331,23 +331,22 @@ impl Worker {
         // Only a request Envoy holds whole may wait: one whose body is still streaming
         // in (too large to read, compressed) would have it all buffered while held.
         let whole = body.is_some() || why == Some(Fallback::NoBody);
+        let mut look = None;
         if whole && ex.endpoint.is_some() && self.holding.is_some() {
             match self.admit(host, ex, key.as_ref()) {
-                Admission::Go => {}
+                Admission::Go(l) => look = l,
                 Admission::Hold(ticket) => {
-                    self.router.forget_admission();
                     let step = self.park(ex, key, why, ticket);
                     // Grants this admission made to this VM's older held requests.
                     self.release_granted(host, ex.context);
                     return step;
                 }
                 Admission::Shed(s) => {
-                    self.router.forget_admission();
                     return self.shed_now(host, ex, s);
                 }
             }
         }
-        let step = self.dispatch(host, ex, key.as_ref(), why, laps);
+        let step = self.dispatch(host, ex, key.as_ref(), why, look, laps);
         // Grants this VM's admission made to its other held requests.
         self.release_granted(host, ex.context);
         step
@@ -438,14 +437,16 @@ impl Worker {
         ex: &mut Exchange,
         key: Option<&PromptKey>,
         why: Option<Fallback>,
+        look: Option<Look>,
         mut laps: Laps,
     ) -> Step {
-        let routed = self.router.route(
+        let routed = self.router.route_admitted(
             host,
             &Request {
                 key,
                 session: ex.session.as_deref(),
             },
+            look,
         );
         laps.lap(host, Phase::Route);
         if routed.unknown_model {

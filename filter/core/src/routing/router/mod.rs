@@ -41,9 +41,9 @@ use crate::hash::{mix, session_hash};
 use crate::host::{Host, HostError};
 use crate::phases::{Split, Step};
 use crate::prompt::prefix::PromptKey;
-use crate::routing::feedback::{Report, Surplus, TokenRatio, Verdict};
+use crate::routing::feedback::{Surplus, TokenRatio};
 use crate::routing::index::Index;
-use crate::routing::index_log::{Head, Kind};
+use crate::routing::index_log::Kind;
 use crate::routing::load::{backend_loads, BackendLoad};
 use crate::routing::models::{narrow, Fit};
 use crate::routing::policy::{Chooser, Decision, Reason, RequestKey};
@@ -123,9 +123,6 @@ pub struct Router {
     surplus: Surplus,
     /// The ratio the index's capacities were last sized with.
     sized_ratio: f64,
-    /// The gate's look at the fleet for a request, which its route (in the
-    /// same callback) reuses instead of reading the ledger again.
-    admitted: Option<Observed>,
 }
 
 /// The fleet as the gate sees it, per slot.
@@ -169,7 +166,12 @@ impl Capacity {
     }
 }
 
+/// The gate's look at the fleet for one request ([`Router::admit`]).
+#[derive(Debug)]
+pub struct Look(Observed);
+
 /// What a request saw of the fleet before deciding.
+#[derive(Debug)]
 struct Observed {
     loads: Vec<BackendLoad>,
     /// The ledger as read, to seed the accounting CAS.
@@ -209,7 +211,6 @@ impl Router {
             ratio: TokenRatio::new(cfg.index.bytes_per_token),
             surplus: Surplus::default(),
             sized_ratio: cfg.index.bytes_per_token,
-            admitted: None,
             cfg,
         };
         router.resize_index();
@@ -289,71 +290,29 @@ impl Router {
         Ok(health)
     }
 
-    /// Applies index events other VMs appended before `next` (the log head as
-    /// read with the ledger); true if some were lost (overwritten in the ring
-    /// before this VM read them).
-    fn sync_index<H: Host>(&mut self, host: &H, next: u64) -> Result<bool, HostError> {
-        let store = self.fleet.store(host);
-        let slots = store.keys.log_shape().slots;
-        let mut gap = false;
-        if next < self.applied_seq {
-            // The log restarted (its record was lost or rewritten): follow it from here.
-            self.applied_seq = next;
-            return Ok(true);
-        }
-        if next.saturating_sub(self.applied_seq) > slots {
-            gap = true;
-            self.applied_seq = next - slots;
-        }
-        while self.applied_seq < next {
-            let seq = self.applied_seq;
-            match store.log_event(seq)? {
-                Some(ev) if ev.head.seq == seq => {
-                    if ev.head.origin != self.fleet.vm_id() {
-                        let b = usize::from(ev.head.backend);
-                        match ev.head.kind {
-                            // Routed to the slot's previous pod: not this one's cache. Or to
-                            // a slot this VM's fleet does not have (a VM configured with
-                            // another pool, or a corrupt slot): nothing to keep.
-                            Kind::Received
-                                if b >= self.fleet.slot_count()
-                                    || ev.head.time_ms < self.fleet.joined_ms(b) => {}
-                            Kind::Received => {
-                                let len = ev.len as usize;
-                                let from =
-                                    self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
-                                if self.cfg.strategy == Strategy::CacheAware {
-                                    self.waiting.keep_foreign(&ev, from);
-                                }
-                            }
-                            Kind::Evicted => self
-                                .index
-                                .forget_used_before(ev.head.backend as usize, ev.head.time_ms),
-                        }
-                    }
-                }
-                Some(ev) if ev.head.seq > seq => gap = true,
-                // Reserved but not written yet (its writer runs on another thread):
-                // read it next time, unless the ring is about to pass it by.
-                _ if next - seq < slots / 2 => break,
-                _ => gap = true,
-            }
-            self.applied_seq = seq + 1;
-        }
-        Ok(gap)
-    }
-
     /// Routes one request; never fails (host errors degrade to less information).
     pub fn route<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
+        self.route_admitted(host, req, None)
+    }
+
+    /// [`Router::route`] for a request the gate admitted on `look`, its look
+    /// at the fleet in the same callback ([`Router::admit`]), which the
+    /// decision reuses instead of reading the ledger again.
+    pub fn route_admitted<H: Host>(
+        &mut self,
+        host: &H,
+        req: &Request<'_>,
+        look: Option<Look>,
+    ) -> Routed {
         self.split.start(host);
-        let routed = self.route_timed(host, req);
+        let routed = self.route_timed(host, req, look);
         self.split.stop();
         routed
     }
 
-    fn route_timed<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Routed {
-        let mut seen = match self.admitted.take() {
-            Some(seen) => seen,
+    fn route_timed<H: Host>(&mut self, host: &H, req: &Request<'_>, look: Option<Look>) -> Routed {
+        let mut seen = match look {
+            Some(Look(seen)) => seen,
             None => self.observe(host, req.key.is_some()),
         };
         let mut redecided = 0;
@@ -418,7 +377,8 @@ impl Router {
                 l.healthy = false;
             }
         }
-        let (decision, blocks) = self.decide(host, req, &mut seen);
+        let drawn = self.draw(host, req, &mut seen);
+        let (decision, blocks) = self.decide(host, req, &seen, drawn);
         // Only a predicted hit whose answer carries usage is checked against it, and
         // not one lowered for what a pending prompt brings (see `crate::routing::feedback`).
         let last_use_ms = match (req.key, decision.order.first()) {
@@ -447,19 +407,12 @@ impl Router {
     }
 
     /// [`Router::capacity`] for the request `req` about to be routed, with
-    /// whether each slot's pod may serve its model. The look at the fleet is
-    /// kept for its [`Router::route`] (dropped by [`Router::forget_admission`]
-    /// when the request is held or shed instead).
-    pub fn admit<H: Host>(&mut self, host: &H, req: &Request<'_>) -> Capacity {
+    /// whether each slot's pod may serve its model, and the look at the fleet
+    /// it was judged on, for [`Router::route_admitted`] if the request goes now.
+    pub fn admit<H: Host>(&mut self, host: &H, req: &Request<'_>) -> (Capacity, Look) {
         let seen = self.observe(host, req.key.is_some());
         let cap = self.capacity_in(&seen, req.key.and_then(|k| k.model.as_deref()));
-        self.admitted = Some(seen);
-        cap
-    }
-
-    /// The request admitted last is not routed now: its look at the fleet goes.
-    pub fn forget_admission(&mut self) {
-        self.admitted = None;
+        (cap, Look(seen))
     }
 
     fn capacity_in(&self, seen: &Observed, model: Option<&str>) -> Capacity {
@@ -550,13 +503,10 @@ impl Router {
         }
     }
 
-    /// Runs the configured strategy; returns the decision and the prompt's full blocks.
-    fn decide<H: Host>(
-        &mut self,
-        host: &H,
-        req: &Request<'_>,
-        seen: &mut Observed,
-    ) -> (Decision, u32) {
+    /// This request's random number and, for a strategy that takes turns,
+    /// its turn of the rotation every VM shares: the one host call a decision
+    /// needs beyond the ledger (a failed one takes the random number instead).
+    fn draw<H: Host>(&mut self, host: &H, req: &Request<'_>, seen: &mut Observed) -> (u64, u64) {
         self.requests = self.requests.wrapping_add(1);
         let random = mix(seen.now ^ self.fleet.vm_id().rotate_left(32) ^ self.requests);
         let needs_rotation = match self.cfg.strategy {
@@ -572,6 +522,18 @@ impl Router {
         } else {
             0
         };
+        (random, rotation)
+    }
+
+    /// Runs the configured strategy on what `seen` and the index show; returns
+    /// the decision and the prompt's full blocks. No host call but the timer's.
+    fn decide<H: Host>(
+        &mut self,
+        host: &H,
+        req: &Request<'_>,
+        seen: &Observed,
+        (random, rotation): (u64, u64),
+    ) -> (Decision, u32) {
         let chooser = Chooser {
             cfg: &self.cfg.policy,
             loads: &seen.loads,
@@ -751,113 +713,8 @@ impl Router {
         self.split.lap(host, Step::Account);
         accounted
     }
-
-    /// This VM's log event `seq` about `backend`.
-    fn head(&self, kind: Kind, seq: u64, backend: usize, time_ms: u64, prefill: u32) -> Head {
-        Head {
-            kind,
-            seq,
-            origin: self.fleet.vm_id(),
-            backend: backend as u16,
-            time_ms,
-            prefill,
-        }
-    }
-
-    /// Writes an event to the log slot `head.seq` (reserved by [`Router::account`]);
-    /// false if it could not (other VMs miss it, a gap).
-    fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
-        let written = self.fleet.store(host).write_event(head, blocks);
-        self.split.lap(host, Step::Log);
-        // Nothing in between to read: skip our own event instead of reading it back.
-        if head.seq == self.applied_seq {
-            self.applied_seq = head.seq + 1;
-        }
-        written.is_ok()
-    }
-
-    /// Folds a pod's own cache report for a request into the index: when it
-    /// falls clearly short of the `(matched, prompt)` blocks the index
-    /// credited `backend` with, what it last used at or before
-    /// `last_use_ms` (the deepest predicted block's last use, before this
-    /// request) is forgotten there, here and, through the log, in every VM
-    /// ([`crate::routing::feedback`]), unless one of this VM's recent reports showed
-    /// a pod holding more than this index credited it with (then this index's
-    /// order of uses is not the pods'). Returns what the report showed.
-    pub fn reported<H: Host>(
-        &mut self,
-        host: &H,
-        backend: usize,
-        predicted: (u32, u32),
-        report: Report,
-        last_use_ms: u64,
-    ) -> Verdict {
-        let (predicted_blocks, prompt_blocks) = predicted;
-        let surplus = report.shows_surplus(predicted_blocks, prompt_blocks);
-        let ordered = self.surplus.observe(surplus);
-        let shortfall = report.shows_eviction(predicted_blocks, prompt_blocks);
-        let verdict = Verdict {
-            shortfall,
-            surplus,
-            forgot: shortfall && ordered,
-        };
-        if !verdict.forgot {
-            return verdict;
-        }
-        self.index.forget_used_before(backend, last_use_ms);
-        match self.account(host, None, host.now_ms(), true, false) {
-            Ok(Some(seq))
-                if self.log(
-                    host,
-                    self.head(Kind::Evicted, seq, backend, last_use_ms, 0),
-                    &[],
-                ) => {}
-            Ok(_) => log::debug!("warmroute: eviction not written to the log"),
-            Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
-        }
-        verdict
-    }
-
-    /// A pod's report counted `tokens` for a prompt of `blocks` full blocks:
-    /// learns the ratio, and resizes the index once it moved by a tenth.
-    pub fn learn_ratio(&mut self, blocks: u32, tokens: u64) {
-        if !self.cfg.index.learn_bytes_per_token {
-            return;
-        }
-        self.ratio.observe(blocks, self.cfg.block_bytes, tokens);
-        let moved = self.ratio.bytes_per_token() / self.sized_ratio.max(f64::MIN_POSITIVE);
-        if !(0.9..=1.1).contains(&moved) {
-            self.resize_index();
-        }
-    }
-
-    /// Prompt bytes per pod token the index's capacities are sized with.
-    pub fn bytes_per_token(&self) -> f64 {
-        self.sized_ratio
-    }
-
-    /// Drops index entries idle past the TTL (from the tick).
-    pub fn expire(&mut self, now_ms: u64) {
-        self.index.expire(now_ms);
-    }
-
-    /// Sizes the index to each backend's real KV capacity, when known.
-    fn resize_index(&mut self) {
-        self.sized_ratio = self.ratio.bytes_per_token();
-        let blocks_per_token = self.sized_ratio / self.cfg.block_bytes.max(1) as f64;
-        let known: Vec<Option<usize>> = self
-            .fleet
-            .health()
-            .iter()
-            .map(|h| {
-                h.scrape
-                    .capacity_tokens
-                    .map(|t| (t as f64 * blocks_per_token) as usize)
-            })
-            .collect();
-        self.index.set_capacities(&known);
-    }
 }
 
+mod replica;
 #[cfg(test)]
 mod tests;

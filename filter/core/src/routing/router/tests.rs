@@ -174,10 +174,10 @@ fn a_decision_is_made_again_when_another_worker_wrote_the_ledger_since_its_read(
     let mut a = Router::new(cfg("cache_aware"), &host);
     let mut b = Router::new(cfg("cache_aware"), &host);
     // `a` reads the ledger (idle) for k2; `b` routes k1 before `a` writes.
-    a.admit(&host, &prompt(&k2));
+    let (_, look) = a.admit(&host, &prompt(&k2));
     let first = b.route(&host, &prompt(&k1));
     assert_eq!(first.redecided, 0);
-    let second = a.route(&host, &prompt(&k2));
+    let second = a.route_admitted(&host, &prompt(&k2), Some(look));
     assert_eq!(second.redecided, 1, "{second:?}");
     assert_ne!(second.decision.order[0], first.decision.order[0]);
     let inflight = a.fleet().store(&host).inflight().unwrap();

@@ -17,15 +17,15 @@ use crate::gate::{mask, shed_body, Queue, Shed, Ticket};
 use crate::host::Host;
 use crate::phases::Laps;
 use crate::prompt::prefix::PromptKey;
-use crate::routing::router::Request;
+use crate::routing::router::{Look, Request};
 use crate::worker::stats::{Fallback, GateEvent};
 use std::collections::HashMap;
 
 /// What the gate does with a new request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum Admission {
-    /// Route it now.
-    Go,
+    /// Route it now; on the gate's look at the fleet, if it took one.
+    Go(Option<Look>),
     /// Hold it, under this ticket.
     Hold(Ticket),
     /// Answer 429.
@@ -112,9 +112,9 @@ impl Worker {
             .and_then(|g| g.classes.get(ex.class))
             .map(|c| c.max_queue)
         else {
-            return Admission::Go;
+            return Admission::Go(None);
         };
-        let cap = self.router.admit(
+        let (cap, look) = self.router.admit(
             host,
             &Request {
                 key,
@@ -125,16 +125,16 @@ impl Worker {
         let (now, every) = (self.router.fleet().last_now(), self.lower_every());
         // No pod in rotation serves it: the router's fallback decides, not the gate.
         if !cap.servable() {
-            return Admission::Go;
+            return Admission::Go(Some(look));
         }
         let gate_key = self.router.fleet().gate_key().to_string();
         let Ok(read) = host.get_shared(&gate_key) else {
-            return Admission::Go;
+            return Admission::Go(Some(look));
         };
         let queue = Queue::decode(read.0.as_deref().unwrap_or_default());
         if cap.room() && !queue.any_held() {
             self.stats.gate(ex.class, GateEvent::Admitted);
-            return Admission::Go;
+            return Admission::Go(Some(look));
         }
         if ex.wait_ms == 0 {
             return Admission::Shed(Shed::Deadline);
@@ -170,14 +170,14 @@ impl Worker {
             Ok(None) => return Admission::Shed(Shed::QueueFull),
             Err(e) => {
                 log::debug!("warmroute: gate not updated, request goes: {e:?}");
-                return Admission::Go;
+                return Admission::Go(Some(look));
             }
         };
         let mine = grants.iter().any(|g| g.vm == vm && g.context == ex.context);
         self.deliver(host, grants, ex.context);
         if mine {
             self.stats.gate(ex.class, GateEvent::Admitted);
-            Admission::Go
+            Admission::Go(Some(look))
         } else {
             self.stats.gate(ex.class, GateEvent::Held);
             Admission::Hold(ticket)
@@ -239,7 +239,7 @@ impl Worker {
         if self.send_shed(host, ex.class, why) {
             Step::Replied
         } else {
-            self.dispatch(host, ex, None, None, Laps::start(host))
+            self.dispatch(host, ex, None, None, None, Laps::start(host))
         }
     }
 
@@ -287,7 +287,14 @@ impl Worker {
             return;
         }
         let mut ex = p.ex;
-        let step = self.dispatch(host, &mut ex, p.key.as_ref(), p.why, Laps::start(host));
+        let step = self.dispatch(
+            host,
+            &mut ex,
+            p.key.as_ref(),
+            p.why,
+            None,
+            Laps::start(host),
+        );
         if step == Step::Continue {
             if let Err(e) = host.resume_request() {
                 log::debug!("warmroute: a released request could not be resumed: {e:?}");

@@ -1,0 +1,180 @@
+//! This VM's index replica: the events other VMs appended to the shared log
+//! applied to it, this VM's own written there, the pods' cache reports
+//! folded in ([`crate::routing::feedback`]), and its capacities sized to
+//! each pod's KV cache in the pods' tokens.
+
+use super::Router;
+use crate::config::Strategy;
+use crate::host::{Host, HostError};
+use crate::phases::Step;
+use crate::routing::feedback::{Report, Verdict};
+use crate::routing::index_log::{Head, Kind};
+
+impl Router {
+    /// Applies index events other VMs appended before `next` (the log head as
+    /// read with the ledger); true if some were lost (overwritten in the ring
+    /// before this VM read them).
+    pub(super) fn sync_index<H: Host>(&mut self, host: &H, next: u64) -> Result<bool, HostError> {
+        let store = self.fleet.store(host);
+        let slots = store.keys.log_shape().slots;
+        let mut gap = false;
+        if next < self.applied_seq {
+            // The log restarted (its record was lost or rewritten): follow it from here.
+            self.applied_seq = next;
+            return Ok(true);
+        }
+        if next.saturating_sub(self.applied_seq) > slots {
+            gap = true;
+            self.applied_seq = next - slots;
+        }
+        while self.applied_seq < next {
+            let seq = self.applied_seq;
+            match store.log_event(seq)? {
+                Some(ev) if ev.head.seq == seq => {
+                    if ev.head.origin != self.fleet.vm_id() {
+                        let b = usize::from(ev.head.backend);
+                        match ev.head.kind {
+                            // Routed to the slot's previous pod: not this one's cache. Or to
+                            // a slot this VM's fleet does not have (a VM configured with
+                            // another pool, or a corrupt slot): nothing to keep.
+                            Kind::Received
+                                if b >= self.fleet.slot_count()
+                                    || ev.head.time_ms < self.fleet.joined_ms(b) => {}
+                            Kind::Received => {
+                                let len = ev.len as usize;
+                                let from =
+                                    self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
+                                if self.cfg.strategy == Strategy::CacheAware {
+                                    self.waiting.keep_foreign(&ev, from);
+                                }
+                            }
+                            Kind::Evicted => self
+                                .index
+                                .forget_used_before(ev.head.backend as usize, ev.head.time_ms),
+                        }
+                    }
+                }
+                Some(ev) if ev.head.seq > seq => gap = true,
+                // Reserved but not written yet (its writer runs on another thread):
+                // read it next time, unless the ring is about to pass it by.
+                _ if next - seq < slots / 2 => break,
+                _ => gap = true,
+            }
+            self.applied_seq = seq + 1;
+        }
+        Ok(gap)
+    }
+
+    /// This VM's log event `seq` about `backend`.
+    pub(super) fn head(
+        &self,
+        kind: Kind,
+        seq: u64,
+        backend: usize,
+        time_ms: u64,
+        prefill: u32,
+    ) -> Head {
+        Head {
+            kind,
+            seq,
+            origin: self.fleet.vm_id(),
+            backend: backend as u16,
+            time_ms,
+            prefill,
+        }
+    }
+
+    /// Writes an event to the log slot `head.seq` (reserved by [`Router::account`]);
+    /// false if it could not (other VMs miss it, a gap).
+    pub(super) fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
+        let written = self.fleet.store(host).write_event(head, blocks);
+        self.split.lap(host, Step::Log);
+        // Nothing in between to read: skip our own event instead of reading it back.
+        if head.seq == self.applied_seq {
+            self.applied_seq = head.seq + 1;
+        }
+        written.is_ok()
+    }
+
+    /// Folds a pod's own cache report for a request into the index: when it
+    /// falls clearly short of the `(matched, prompt)` blocks the index
+    /// credited `backend` with, what it last used at or before
+    /// `last_use_ms` (the deepest predicted block's last use, before this
+    /// request) is forgotten there, here and, through the log, in every VM
+    /// ([`crate::routing::feedback`]), unless one of this VM's recent reports showed
+    /// a pod holding more than this index credited it with (then this index's
+    /// order of uses is not the pods'). Returns what the report showed.
+    pub fn reported<H: Host>(
+        &mut self,
+        host: &H,
+        backend: usize,
+        predicted: (u32, u32),
+        report: Report,
+        last_use_ms: u64,
+    ) -> Verdict {
+        let (predicted_blocks, prompt_blocks) = predicted;
+        let surplus = report.shows_surplus(predicted_blocks, prompt_blocks);
+        let ordered = self.surplus.observe(surplus);
+        let shortfall = report.shows_eviction(predicted_blocks, prompt_blocks);
+        let verdict = Verdict {
+            shortfall,
+            surplus,
+            forgot: shortfall && ordered,
+        };
+        if !verdict.forgot {
+            return verdict;
+        }
+        self.index.forget_used_before(backend, last_use_ms);
+        match self.account(host, None, host.now_ms(), true, false) {
+            Ok(Some(seq))
+                if self.log(
+                    host,
+                    self.head(Kind::Evicted, seq, backend, last_use_ms, 0),
+                    &[],
+                ) => {}
+            Ok(_) => log::debug!("warmroute: eviction not written to the log"),
+            Err(e) => log::debug!("warmroute: eviction not shared with other VMs: {e:?}"),
+        }
+        verdict
+    }
+
+    /// A pod's report counted `tokens` for a prompt of `blocks` full blocks:
+    /// learns the ratio, and resizes the index once it moved by a tenth.
+    pub fn learn_ratio(&mut self, blocks: u32, tokens: u64) {
+        if !self.cfg.index.learn_bytes_per_token {
+            return;
+        }
+        self.ratio.observe(blocks, self.cfg.block_bytes, tokens);
+        let moved = self.ratio.bytes_per_token() / self.sized_ratio.max(f64::MIN_POSITIVE);
+        if !(0.9..=1.1).contains(&moved) {
+            self.resize_index();
+        }
+    }
+
+    /// Prompt bytes per pod token the index's capacities are sized with.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.sized_ratio
+    }
+
+    /// Drops index entries idle past the TTL (from the tick).
+    pub fn expire(&mut self, now_ms: u64) {
+        self.index.expire(now_ms);
+    }
+
+    /// Sizes the index to each backend's real KV capacity, when known.
+    pub(super) fn resize_index(&mut self) {
+        self.sized_ratio = self.ratio.bytes_per_token();
+        let blocks_per_token = self.sized_ratio / self.cfg.block_bytes.max(1) as f64;
+        let known: Vec<Option<usize>> = self
+            .fleet
+            .health()
+            .iter()
+            .map(|h| {
+                h.scrape
+                    .capacity_tokens
+                    .map(|t| (t as f64 * blocks_per_token) as usize)
+            })
+            .collect();
+        self.index.set_capacities(&known);
+    }
+}
