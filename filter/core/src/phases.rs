@@ -8,7 +8,7 @@
 //! `warmroute phases: n=100 body_ns=.. parse_ns=.. route_ns=.. header_ns=..
 //! ledger_ns=.. sync_ns=.. loads_ns=.. match_ns=.. policy_ns=.. account_ns=..
 //! record_ns=.. log_ns=..`. The last eight split `route` into the router's
-//! steps ([`Step`]); `route` also holds their eight clock reads. Each figure
+//! steps ([`Stage`]); `route` also holds their eight clock reads. Each figure
 //! includes about one clock read (a few µs in Envoy's V8, ~25 ns natively).
 //! The native decision bench (`bench/decision`) reads the same sums with
 //! [`take`] instead of the log.
@@ -30,7 +30,7 @@ pub enum Phase {
 
 /// The router's steps inside [`Phase::Route`], in the order they run.
 #[derive(Debug, Clone, Copy)]
-pub enum Step {
+pub enum Stage {
     /// Reading the ledger (one host call) and decoding it.
     Ledger,
     /// Applying the index events other VMs appended (host calls per event).
@@ -171,7 +171,7 @@ impl Split {
     }
 
     /// Ends `step`, if timing: the time since the previous lap is charged to it.
-    pub fn lap(&mut self, _host: &impl Host, _step: Step) {
+    pub fn lap(&mut self, _host: &impl Host, _step: Stage) {
         #[cfg(feature = "phase-timing")]
         if let Some(last) = self.last {
             let now = _host.now_ns();

@@ -51,7 +51,7 @@ pub const MAX_REPLY_BYTES: usize = 1 << 20;
 
 /// One endpoint of the pool as Envoy lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
+pub struct PoolEndpoint {
     /// `ip:port` (IPv6 in brackets), as `override_host` takes it.
     pub address: String,
     /// Whether Envoy would route to it.
@@ -159,13 +159,13 @@ impl HealthFlags<'_> {
 /// The pool's endpoints from an admin `/clusters?format=json` reply, sorted
 /// by address (a pod listed in two clusters counts in the first). A cluster
 /// the reply leaves out has no endpoints.
-pub fn parse_endpoints(body: &[u8], clusters: &[&str]) -> Result<Vec<Endpoint>, ReplyError> {
+pub fn parse_endpoints(body: &[u8], clusters: &[&str]) -> Result<Vec<PoolEndpoint>, ReplyError> {
     if body.len() > MAX_REPLY_BYTES {
         return Err(ReplyError::TooLarge);
     }
     let reply: Reply<'_> = serde_json::from_slice(body).map_err(|_| ReplyError::Malformed)?;
     let mut seen = vec![false; clusters.len()];
-    let mut out: Vec<Endpoint> = Vec::new();
+    let mut out: Vec<PoolEndpoint> = Vec::new();
     for status in &reply.cluster_statuses {
         let Some(i) = clusters.iter().position(|c| *c == status.name) else {
             return Err(ReplyError::WrongClusters);
@@ -187,7 +187,7 @@ pub fn parse_endpoints(body: &[u8], clusters: &[&str]) -> Result<Vec<Endpoint>, 
 fn endpoints_of<'s>(
     status: &'s ClusterStatus<'_>,
     cluster: u16,
-) -> impl Iterator<Item = Endpoint> + 's {
+) -> impl Iterator<Item = PoolEndpoint> + 's {
     status.host_statuses.iter().filter_map(move |h| {
         let sa = h.address.socket_address.as_ref()?;
         let ip = sa.address.as_ref();
@@ -196,7 +196,7 @@ fn endpoints_of<'s>(
         } else {
             format!("{ip}:{}", sa.port_value)
         };
-        Some(Endpoint {
+        Some(PoolEndpoint {
             address,
             routable: h.health_status.routable(),
             cluster,
@@ -275,7 +275,7 @@ impl Slots {
 
     /// Makes the table hold `endpoints` (sorted by address), keeping every
     /// pod that stays in its slot (see the module doc).
-    pub fn assign(&mut self, endpoints: &[Endpoint], now_ms: u64) -> Changes {
+    pub fn assign(&mut self, endpoints: &[PoolEndpoint], now_ms: u64) -> Changes {
         let mut changes = Changes::default();
         let listed = |a: &str| {
             endpoints
@@ -410,10 +410,10 @@ mod tests {
         format!(r#"{{"cluster_statuses":[{}]}}"#, status(cluster, hosts)).into_bytes()
     }
 
-    fn eps(addrs: &[&str]) -> Vec<Endpoint> {
-        let mut v: Vec<Endpoint> = addrs
+    fn eps(addrs: &[&str]) -> Vec<PoolEndpoint> {
+        let mut v: Vec<PoolEndpoint> = addrs
             .iter()
-            .map(|a| Endpoint {
+            .map(|a| PoolEndpoint {
                 address: a.to_string(),
                 routable: true,
                 cluster: 0,
@@ -523,7 +523,7 @@ mod tests {
         // A pod that moved to another cluster is a new member.
         let mut s = Slots::empty(2);
         s.assign(&got, 1);
-        let moved = vec![Endpoint {
+        let moved = vec![PoolEndpoint {
             address: "10.0.0.1:8000".into(),
             routable: true,
             cluster: 1,

@@ -20,7 +20,7 @@
 //!   reader recurses: a hostile body cannot exhaust the stack); serde_json
 //!   skips a value it does not read at any depth;
 //! - a `\u` escape of a lone surrogate is an error in a string that is read
-//!   ([`Reader::string`], keys included), as in serde_json: it decodes to no
+//!   ([`JsonReader::string`], keys included), as in serde_json: it decodes to no
 //!   character, so no text can be hashed. A skipped value may hold one;
 //! - invalid UTF-8 is an error anywhere, inside a string or not (serde_json
 //!   does not check a string it skips; such a body is not JSON, and the
@@ -31,7 +31,7 @@
 //!
 //! Cost: one pass over the body (8 bytes a step in strings), plus
 //! `from_utf8` over the strings that hold non-ASCII bytes; 4 bytes of escape
-//! offsets per escape in a string read with [`Reader::string`].
+//! offsets per escape in a string read with [`JsonReader::string`].
 
 /// Deepest nesting of arrays and objects accepted.
 pub const MAX_DEPTH: usize = 128;
@@ -58,7 +58,7 @@ impl<'a> Str<'a> {
 
     /// Feeds the decoded text in order: the raw runs between escapes, and
     /// the character of each escape. `offsets` are the reader's
-    /// ([`Reader::offsets`]).
+    /// ([`JsonReader::offsets`]).
     pub fn decode(&self, offsets: &[u32], mut piece: impl FnMut(Piece<'a>)) {
         let mut at = 0;
         let escapes = offsets
@@ -182,18 +182,18 @@ fn to_special(rest: &[u8]) -> (usize, Option<u8>, u64) {
 }
 
 /// A cursor over a body, validating as it goes.
-pub struct Reader<'a> {
+pub struct JsonReader<'a> {
     b: &'a [u8],
     pos: usize,
     depth: usize,
-    /// Where the escapes of strings read with [`Reader::string`] are, as
+    /// Where the escapes of strings read with [`JsonReader::string`] are, as
     /// offsets into their raw bytes (a range of this per string).
     offsets: Vec<u32>,
 }
 
-impl<'a> Reader<'a> {
-    pub fn new(body: &'a [u8]) -> Reader<'a> {
-        Reader {
+impl<'a> JsonReader<'a> {
+    pub fn new(body: &'a [u8]) -> JsonReader<'a> {
+        JsonReader {
             b: body,
             pos: 0,
             depth: 0,
@@ -244,7 +244,7 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    /// Starts an object; then call [`Reader::key`] until it returns `None`.
+    /// Starts an object; then call [`JsonReader::key`] until it returns `None`.
     pub fn object(&mut self) -> Result<(), Syntax> {
         self.enter(b'{')
     }
@@ -255,8 +255,8 @@ impl<'a> Reader<'a> {
         self.next_key(first, true)
     }
 
-    /// [`Reader::key`]; `decoded`: whether the key will be decoded (see
-    /// [`Reader::scan_string`]; the keys of a skipped object are not).
+    /// [`JsonReader::key`]; `decoded`: whether the key will be decoded (see
+    /// [`JsonReader::scan_string`]; the keys of a skipped object are not).
     fn next_key(&mut self, first: bool, decoded: bool) -> Result<Option<Str<'a>>, Syntax> {
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -271,7 +271,7 @@ impl<'a> Reader<'a> {
         Ok(Some(k))
     }
 
-    /// Starts an array; then call [`Reader::element`] until it returns false.
+    /// Starts an array; then call [`JsonReader::element`] until it returns false.
     pub fn array(&mut self) -> Result<(), Syntax> {
         self.enter(b'[')
     }
@@ -446,7 +446,7 @@ fn escape_len(e: &[u8], decoded: bool) -> Result<usize, Syntax> {
 
 /// Checks that `body` is one JSON value, whitespace around it.
 pub fn validate(body: &[u8]) -> Result<(), Syntax> {
-    let mut r = Reader::new(body);
+    let mut r = JsonReader::new(body);
     r.value()?;
     r.end()
 }
@@ -458,7 +458,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn text(body: &str) -> Result<String, Syntax> {
-        let mut r = Reader::new(body.as_bytes());
+        let mut r = JsonReader::new(body.as_bytes());
         let s = r.string()?;
         r.end()?;
         Ok(s.text(r.offsets()).into_owned())
@@ -614,7 +614,7 @@ mod tests {
         assert_eq!(validate(br#"{"a":["\ud800x"],"\udc00":1}"#), Ok(()));
         // Read: a key, or a string decoded into text.
         assert_eq!(text(r#""\ud800x""#), Err(Syntax));
-        let mut r = Reader::new(br#"{"\ud800":1}"#);
+        let mut r = JsonReader::new(br#"{"\ud800":1}"#);
         r.object().unwrap();
         assert_eq!(r.key(true), Err(Syntax));
     }
@@ -635,7 +635,7 @@ mod tests {
     #[test]
     fn a_value_is_its_bytes_without_whitespace() {
         let body = b"{ \"a\" :\n [ 1 , \"x\\ny\" ]\t, \"b\": -2e3 }";
-        let mut r = Reader::new(body);
+        let mut r = JsonReader::new(body);
         r.object().unwrap();
         let a = r.key(true).unwrap().unwrap();
         assert_eq!(a.raw, b"a");

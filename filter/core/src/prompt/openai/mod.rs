@@ -27,7 +27,7 @@
 //! that is not JSON is always `NotJson`, wherever its first problem is.
 //! `reference` reads the same stream with serde_json, for the tests.
 
-use crate::prompt::json::{self, Piece, Reader, Str};
+use crate::prompt::json::{self, JsonReader, Piece, Str};
 use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use std::borrow::Cow;
 
@@ -182,9 +182,9 @@ fn reports_usage(stream: Option<&[u8]>, options: Option<&[u8]>) -> bool {
 /// Reads an object's fields named in `names`, each once, by its index in
 /// `names` (`read`); others are skipped. Not an object, or a name twice: Shape.
 fn fields<'a>(
-    r: &mut Reader<'a>,
+    r: &mut JsonReader<'a>,
     names: &[&str],
-    mut read: impl FnMut(&mut Reader<'a>, usize) -> Result<(), ParseError>,
+    mut read: impl FnMut(&mut JsonReader<'a>, usize) -> Result<(), ParseError>,
 ) -> Result<(), ParseError> {
     if r.peek() != Some(b'{') {
         return Err(ParseError::Shape);
@@ -210,7 +210,7 @@ fn fields<'a>(
 }
 
 /// A string; another type is Shape.
-fn string<'a>(r: &mut Reader<'a>) -> Result<Str<'a>, ParseError> {
+fn string<'a>(r: &mut JsonReader<'a>) -> Result<Str<'a>, ParseError> {
     match r.peek() {
         Some(b'"') => Ok(r.string()?),
         _ => Err(ParseError::Shape),
@@ -218,7 +218,7 @@ fn string<'a>(r: &mut Reader<'a>) -> Result<Str<'a>, ParseError> {
 }
 
 /// A string, or `None` for null; another type is Shape.
-fn optional_string<'a>(r: &mut Reader<'a>) -> Result<Option<Str<'a>>, ParseError> {
+fn optional_string<'a>(r: &mut JsonReader<'a>) -> Result<Option<Str<'a>>, ParseError> {
     if r.null()? {
         return Ok(None);
     }
@@ -226,7 +226,7 @@ fn optional_string<'a>(r: &mut Reader<'a>) -> Result<Option<Str<'a>>, ParseError
 }
 
 /// Any value's raw JSON, or `None` for null.
-fn optional_raw<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, ParseError> {
+fn optional_raw<'a>(r: &mut JsonReader<'a>) -> Result<Option<&'a [u8]>, ParseError> {
     if r.null()? {
         return Ok(None);
     }
@@ -234,7 +234,7 @@ fn optional_raw<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, ParseError> 
 }
 
 /// A string or an array; another type is Shape.
-fn text<'a>(r: &mut Reader<'a>) -> Result<Text<'a>, ParseError> {
+fn text<'a>(r: &mut JsonReader<'a>) -> Result<Text<'a>, ParseError> {
     match r.peek() {
         Some(b'"') => Ok(Text::Str(r.string()?)),
         Some(b'[') => {
@@ -249,7 +249,7 @@ fn text<'a>(r: &mut Reader<'a>) -> Result<Text<'a>, ParseError> {
     }
 }
 
-fn optional_text<'a>(r: &mut Reader<'a>) -> Result<Option<Text<'a>>, ParseError> {
+fn optional_text<'a>(r: &mut JsonReader<'a>) -> Result<Option<Text<'a>>, ParseError> {
     if r.null()? {
         return Ok(None);
     }
@@ -263,7 +263,7 @@ struct Message<'a> {
     tool_calls: Option<&'a [u8]>,
 }
 
-fn message<'a>(r: &mut Reader<'a>) -> Result<Message<'a>, ParseError> {
+fn message<'a>(r: &mut JsonReader<'a>) -> Result<Message<'a>, ParseError> {
     let (mut role, mut content, mut tool_calls) = (None, None, None);
     fields(r, &["role", "content", "tool_calls"], |r, i| {
         match i {
@@ -280,7 +280,7 @@ fn message<'a>(r: &mut Reader<'a>) -> Result<Message<'a>, ParseError> {
     })
 }
 
-fn messages<'a>(r: &mut Reader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
+fn messages<'a>(r: &mut JsonReader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
     if r.peek() != Some(b'[') {
         return Err(ParseError::Shape);
     }
@@ -319,7 +319,7 @@ pub fn prompt_key(
 /// `Common`'s field `i`: model, cache_salt and the output limit are the first
 /// three names of every endpoint's list; Chat's and Completions' go on with
 /// stream and stream_options.
-fn common<'a>(c: &mut Common<'a>, r: &mut Reader<'a>, i: usize) -> Result<(), ParseError> {
+fn common<'a>(c: &mut Common<'a>, r: &mut JsonReader<'a>, i: usize) -> Result<(), ParseError> {
     match i {
         0 => c.model = optional_string(r)?,
         1 => c.cache_salt = optional_string(r)?,
@@ -355,7 +355,7 @@ fn read(
     block_bytes: usize,
     anchor_bytes: usize,
 ) -> Result<PromptKey, ParseError> {
-    let mut r = Reader::new(body);
+    let mut r = JsonReader::new(body);
     let mut c = Common::default();
     match endpoint {
         Endpoint::Chat => {

@@ -39,7 +39,7 @@ use crate::fleet::membership::{Changes, ReplyError};
 use crate::fleet::view::{FleetView, Snapshot};
 use crate::hash::{mix, session_hash};
 use crate::host::{Host, HostError};
-use crate::phases::{Split, Step};
+use crate::phases::{Split, Stage};
 use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{Surplus, TokenRatio};
 use crate::routing::index::Index;
@@ -459,7 +459,7 @@ impl Router {
             standing,
             now,
         } = self.fleet.snapshot(host, host.now_ms());
-        self.split.lap(host, Step::Ledger);
+        self.split.lap(host, Stage::Ledger);
         let mut host_errors = 0;
         let (ledger, log_gap) = match ledger {
             Some(r) => {
@@ -483,7 +483,7 @@ impl Router {
                 (None, false)
             }
         };
-        self.split.lap(host, Step::Sync);
+        self.split.lap(host, Stage::Sync);
         let loads = backend_loads(
             &inflight,
             self.fleet.health(),
@@ -493,7 +493,7 @@ impl Router {
             &self.cfg.policy,
             self.cfg.gate.as_ref().map(|g| &g.knee),
         );
-        self.split.lap(host, Step::Loads);
+        self.split.lap(host, Stage::Loads);
         Observed {
             loads,
             ledger,
@@ -558,7 +558,7 @@ impl Router {
                 }
                 self.waiting
                     .shared(&self.matched, head_blocks, &key.blocks, &mut self.shared);
-                self.split.lap(host, Step::Match);
+                self.split.lap(host, Stage::Match);
                 let rk = RequestKey {
                     anchor: key.anchor,
                     matched: &self.matched,
@@ -597,7 +597,7 @@ impl Router {
             matched: 0,
             reason: Reason::Fallback,
         });
-        self.split.lap(host, Step::Policy);
+        self.split.lap(host, Stage::Policy);
         (decision, blocks)
     }
 
@@ -656,7 +656,7 @@ impl Router {
         } else {
             None
         };
-        self.split.lap(host, Step::Record);
+        self.split.lap(host, Stage::Record);
         self.fleet.opened();
         let held = match accounted {
             Ok(seq) => {
@@ -710,7 +710,7 @@ impl Router {
         if_unchanged: bool,
     ) -> Result<Option<u64>, HostError> {
         let accounted = self.fleet.account(host, seed, now, reserve, if_unchanged);
-        self.split.lap(host, Step::Account);
+        self.split.lap(host, Stage::Account);
         accounted
     }
 }

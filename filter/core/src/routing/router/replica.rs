@@ -6,7 +6,7 @@
 use super::Router;
 use crate::config::Strategy;
 use crate::host::{Host, HostError};
-use crate::phases::Step;
+use crate::phases::Stage;
 use crate::routing::feedback::{Report, Verdict};
 use crate::routing::index_log::{Head, Kind};
 
@@ -88,7 +88,7 @@ impl Router {
     /// false if it could not (other VMs miss it, a gap).
     pub(super) fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
         let written = self.fleet.store(host).write_event(head, blocks);
-        self.split.lap(host, Step::Log);
+        self.split.lap(host, Stage::Log);
         // Nothing in between to read: skip our own event instead of reading it back.
         if head.seq == self.applied_seq {
             self.applied_seq = head.seq + 1;
