@@ -133,7 +133,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> Point {
                 },
             );
             if let Some(&b) = r.decision.order.first() {
-                let _ = vm.fleet_mut().release(&host, b, r.held);
+                let _ = vm.fleet_mut().release(&host, b, r.claim);
             }
         }
         bodies.push(body(&system, &user));
@@ -170,7 +170,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> Point {
             },
         );
         if let Some(&b) = r.decision.order.first() {
-            open[v].push_back((b, r.held));
+            open[v].push_back((b, r.claim));
         }
         if open[v].len() > OPEN {
             if let Some((b, held)) = open[v].pop_front() {

@@ -515,11 +515,11 @@ impl FleetView {
         }
     }
 
-    /// A request is routed to `backend` holding `held` there: this VM counts
+    /// A request is routed to `backend` with `claim` on it: this VM counts
     /// it at once; the ledger when [`FleetView::account`] writes.
-    pub fn hold(&mut self, backend: usize, held: Delta) {
+    pub fn hold(&mut self, backend: usize, claim: Delta) {
         if let Some(d) = self.unreleased.get_mut(backend) {
-            *d += held;
+            *d += claim;
         }
     }
 
@@ -541,10 +541,10 @@ impl FleetView {
         &mut self,
         host: &H,
         backend: usize,
-        held: Delta,
+        claim: Delta,
     ) -> Result<(), HostError> {
         self.open_requests = self.open_requests.saturating_sub(1);
-        self.defer(backend, held);
+        self.defer(backend, claim);
         if self.open_requests == 0 {
             self.flush_releases(host)
         } else {
@@ -553,17 +553,17 @@ impl FleetView {
     }
 
     /// The first response byte arrived, so the prompt is prefilled: takes its
-    /// prefill blocks out of `held`, and out of the queue others wait behind
+    /// prefill blocks out of `claim`, and out of the queue others wait behind
     /// (no host call: the request is still open, see [`FleetView::release`]).
-    pub fn prefilled(&mut self, backend: usize, held: &mut Delta) {
-        let blocks = std::mem::take(&mut held.prefill_blocks);
+    pub fn prefilled(&mut self, backend: usize, claim: &mut Delta) {
+        let blocks = std::mem::take(&mut claim.prefill_blocks);
         self.defer(backend, Delta::prefill(blocks));
     }
 
-    /// Gives back `held` on `backend` with the next ledger write.
-    pub fn defer(&mut self, backend: usize, held: Delta) {
+    /// Gives back `claim` on `backend` with the next ledger write.
+    pub fn defer(&mut self, backend: usize, claim: Delta) {
         if let Some(d) = self.unreleased.get_mut(backend) {
-            *d += -held;
+            *d += -claim;
         }
     }
 

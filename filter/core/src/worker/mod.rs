@@ -102,7 +102,7 @@ pub struct Exchange {
     /// The backend this request was routed to.
     chosen: Option<usize>,
     /// What this request holds on `chosen` until released.
-    held: Delta,
+    claim: Delta,
     /// Its prompt waits on `chosen` until its first response byte, or its end
     /// ([`Router::close`]).
     waiting: Option<WaitTicket>,
@@ -474,7 +474,7 @@ impl Worker {
         // and Envoy's own fallback policy routes.
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
-        ex.held = routed.held;
+        ex.claim = routed.claim;
         ex.waiting = routed.waiting;
         // Set only for a predicted hit whose answer will carry usage.
         ex.awaiting_report = routed
@@ -552,8 +552,8 @@ impl Worker {
         self.reclaim(ex);
         ex.response_done |= end_of_stream;
         if body_size > 0 && !end_of_stream {
-            if let Some(b) = ex.chosen.filter(|_| ex.held.prefill_blocks > 0) {
-                self.router.fleet_mut().prefilled(b, &mut ex.held);
+            if let Some(b) = ex.chosen.filter(|_| ex.claim.prefill_blocks > 0) {
+                self.router.fleet_mut().prefilled(b, &mut ex.claim);
             }
             // Its prompt no longer waits on the pod: not a queue shared with it.
             if let Some(t) = ex.waiting.take() {
@@ -590,7 +590,7 @@ impl Worker {
             .reported(predicted as u64, reported.cached_tokens, verdict);
     }
 
-    /// The exchange is over (every outcome): counts it and releases what it held.
+    /// The exchange is over (every outcome): counts it and releases its claim.
     pub fn on_log<H: Host>(&mut self, host: &H, ex: &mut Exchange) {
         if ex.parked {
             self.leave_gate(host, ex);
@@ -611,8 +611,8 @@ impl Worker {
         if let Some(t) = ex.waiting.take() {
             self.router.close(t);
         }
-        let held = std::mem::take(&mut ex.held);
-        if let Err(e) = self.router.fleet_mut().release(host, b, held) {
+        let claim = std::mem::take(&mut ex.claim);
+        if let Err(e) = self.router.fleet_mut().release(host, b, claim) {
             log::debug!("warmroute: in-flight release waits for the tick: {e:?}");
         }
         self.answered(host, b, Answer::of(status, details.as_deref()));

@@ -75,7 +75,7 @@ pub struct Routed {
     /// What the request holds on the primary until released: one request slot,
     /// the blocks it must prefill there (until its first response byte), and
     /// the output tokens it may generate (until it ends).
-    pub held: Delta,
+    pub claim: Delta,
     /// Host calls that failed along the way (the decision is still made).
     pub host_errors: u32,
     /// Index events other VMs appended that this VM never saw (log trimmed).
@@ -621,7 +621,7 @@ impl Router {
             return Some(Routed {
                 decision,
                 blocks,
-                held: Delta::default(),
+                claim: Delta::default(),
                 host_errors,
                 log_gap: seen.log_gap,
                 unknown_model: false,
@@ -630,19 +630,19 @@ impl Router {
                 redecided: 0,
             });
         };
-        let held = Delta {
+        let claim = Delta {
             requests: 1,
             prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
                 .unwrap_or(i32::MAX),
             decode_tokens: output_budget(req.key, &self.cfg.policy),
         };
         let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
-        self.fleet.hold(primary, held);
+        self.fleet.hold(primary, claim);
         // A read of a missing ledger has no CAS token to tell a change by.
         let if_unchanged = !last && seen.ledger.as_ref().is_some_and(|(_, cas)| cas.is_some());
         let accounted = self.account(host, seen.ledger, seen.now, !chain.is_empty(), if_unchanged);
         if if_unchanged && accounted == Err(HostError::CasMismatch) {
-            self.fleet.defer(primary, held);
+            self.fleet.defer(primary, claim);
             return None;
         }
         // Record the whole chain: it refreshes recency of the matched part
@@ -658,18 +658,18 @@ impl Router {
         };
         self.split.lap(host, Stage::Record);
         self.fleet.opened();
-        let held = match accounted {
+        let claim = match accounted {
             Ok(seq) => {
                 if let Some(seq) = seq.filter(|_| !chain.is_empty()) {
-                    let prefill = held.prefill_blocks.unsigned_abs();
+                    let prefill = claim.prefill_blocks.unsigned_abs();
                     let head = self.head(Kind::Received, seq, primary, seen.now, prefill);
                     host_errors += u32::from(!self.log(host, head, chain));
                 }
-                held
+                claim
             }
             Err(_) => {
                 host_errors += 1;
-                self.fleet.defer(primary, held);
+                self.fleet.defer(primary, claim);
                 // A request the ledger never heard of holds nothing there: its release
                 // must not take back another request's share.
                 Delta::default()
@@ -678,7 +678,7 @@ impl Router {
         Some(Routed {
             decision,
             blocks,
-            held,
+            claim,
             host_errors,
             log_gap: seen.log_gap,
             unknown_model: false,

@@ -130,18 +130,18 @@ fn a_request_the_ledger_never_heard_of_releases_nothing() {
     let host = MemoryHost::default();
     let mut a = Router::new(cfg("least_request"), &host);
     let first = a.route(&host, &Request::default());
-    assert_eq!(first.held, one());
+    assert_eq!(first.claim, one());
     // Every CAS of the next request's ledger write loses: the one try of
     // each decision, then every retry of the last.
     host.inject_conflicts
         .set(MAX_REDECISIONS + crate::fleet::store::MAX_CAS_RETRIES);
     let lost = a.route(&host, &Request::default());
     assert_eq!(
-        (lost.held, lost.host_errors, lost.redecided),
+        (lost.claim, lost.host_errors, lost.redecided),
         (Delta::default(), 1, MAX_REDECISIONS)
     );
     a.fleet_mut()
-        .release(&host, lost.decision.order[0], lost.held)
+        .release(&host, lost.decision.order[0], lost.claim)
         .unwrap();
     let inflight = a.fleet().store(&host).inflight().unwrap();
     assert_eq!(
@@ -149,7 +149,7 @@ fn a_request_the_ledger_never_heard_of_releases_nothing() {
         "{inflight:?}"
     );
     a.fleet_mut()
-        .release(&host, first.decision.order[0], first.held)
+        .release(&host, first.decision.order[0], first.claim)
         .unwrap();
     assert_idle(&a, &host);
 }
@@ -194,28 +194,28 @@ fn only_uncached_blocks_wait_for_prefill() {
     let route = |a: &mut Router, key: &PromptKey| a.route(&host, &prompt(key));
     let first = route(&mut a, &turn1);
     let b = first.decision.order[0];
-    assert_eq!(first.held.prefill_blocks as u32, first.blocks);
+    assert_eq!(first.claim.prefill_blocks as u32, first.blocks);
     // Turn 1's answer started: its prefill no longer holds anyone up.
-    let mut held = first.held;
-    a.fleet_mut().prefilled(b, &mut held);
-    assert_eq!(held, one());
+    let mut claim = first.claim;
+    a.fleet_mut().prefilled(b, &mut claim);
+    assert_eq!(claim, one());
     // Open requests wait for a write: here the tick's.
     a.fleet_mut().flush_releases(&host).unwrap();
-    let held = a.fleet().store(&host).inflight().unwrap()[b];
-    assert_eq!((held.requests, held.prefill_blocks), (1, 0));
+    let claim = a.fleet().store(&host).inflight().unwrap()[b];
+    assert_eq!((claim.requests, claim.prefill_blocks), (1, 0));
     // Done (with 3 pods and 1 request in flight the load bound would move turn 2).
     a.fleet_mut().release(&host, b, one()).unwrap();
     let second = route(&mut a, &turn2);
     assert_eq!(second.decision.order[0], b);
     assert!(second.decision.matched >= first.blocks, "{second:?}");
     assert_eq!(
-        second.held.prefill_blocks as u32,
+        second.claim.prefill_blocks as u32,
         second.blocks - second.decision.matched
     );
-    let held = a.fleet().store(&host).inflight().unwrap()[b];
+    let claim = a.fleet().store(&host).inflight().unwrap()[b];
     assert_eq!(
-        (held.requests, held.prefill_blocks),
-        (1, second.held.prefill_blocks as u32)
+        (claim.requests, claim.prefill_blocks),
+        (1, second.claim.prefill_blocks as u32)
     );
 }
 
@@ -273,7 +273,7 @@ fn a_small_request_avoids_the_pod_busy_with_a_huge_prompt_or_a_long_answer() {
             let r = a.route(&host, &prompt(&small));
             assert_ne!(r.decision.order[0], busy, "{busy_with}, request {i}");
             a.fleet_mut()
-                .release(&host, r.decision.order[0], r.held)
+                .release(&host, r.decision.order[0], r.claim)
                 .unwrap();
         }
     }
@@ -316,12 +316,13 @@ fn blocks_a_pending_prompt_brings_are_no_hit_on_any_worker() {
     let third = a.route(&host, &prompt(&ask("c")));
     for next in [&second, &third] {
         assert_eq!(next.decision.matched, 0, "{next:?}");
-        assert_eq!(next.held.prefill_blocks as u32, next.blocks);
+        assert_eq!(next.claim.prefill_blocks as u32, next.blocks);
     }
     // Their answers started: the document is a hit on their pods, for both workers.
     let answered = |r: &mut Router, routed: &Routed| {
-        let mut held = routed.held;
-        r.fleet_mut().prefilled(routed.decision.order[0], &mut held);
+        let mut claim = routed.claim;
+        r.fleet_mut()
+            .prefilled(routed.decision.order[0], &mut claim);
         r.close(routed.waiting.unwrap());
     };
     answered(&mut a, &first);
@@ -388,8 +389,9 @@ fn a_restarted_log_is_followed_from_its_new_head() {
     let other = chat(&[("user", &"y".repeat(4000))]);
     let placed = a.route(&host, &prompt(&other));
     // Its answer started (else its blocks still wait for their prefill).
-    let mut held = placed.held;
-    a.fleet_mut().prefilled(placed.decision.order[0], &mut held);
+    let mut claim = placed.claim;
+    a.fleet_mut()
+        .prefilled(placed.decision.order[0], &mut claim);
     a.fleet_mut().flush_releases(&host).unwrap();
     let seen = b.route(&host, &prompt(&other));
     assert!(!seen.log_gap);
