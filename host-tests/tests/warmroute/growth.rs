@@ -4,7 +4,7 @@
 //!
 //! The traffic is the index's worst shape: prompts that share a long prefix and differ only
 //! in their last block, which falls between two sampled positions (see the top of
-//! `filter/core/src/index.rs`), so each prompt leaves one entry of its own. They come far
+//! `filter/core/src/routing/index/mod.rs`), so each prompt leaves one entry of its own. They come far
 //! faster than the index's TTL forgets them (rate × TTL is millions of entries), so only
 //! each pod's capacity can bound what they leave behind: the index must fill, then stay the
 //! same size and cost the same per request however many more come.
