@@ -36,7 +36,8 @@ run: build ## Main job: Envoy + 3 simulated backends, same workload via round ro
 test: build lint unit wasm-unit host-tests validate e2e ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e
 	@echo "make test: all suites passed"
 
-lint: ## rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included), the fuzz targets (stable: they compile, `make fuzz` runs them)
+lint: ## the core's rooms import only the rooms below them; rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included), the fuzz targets (stable: they compile, `make fuzz` runs them)
+	python3 scripts/check_rooms.py
 	cargo fmt --all --check
 	cargo clippy -p warmroute-core -p warmroute-filter --target wasm32-wasip1 --release -- -D warnings
 	cargo clippy -p warmroute-filter --target wasm32-wasip1 --release --features phase-timing -- -D warnings
