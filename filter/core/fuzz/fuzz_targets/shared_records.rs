@@ -7,11 +7,11 @@
 use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
 use warmroute_core::fleet::health::decode_health;
+use warmroute_core::fleet::inflight::{decode_inflight, encode_inflight};
+use warmroute_core::fleet::store::{Keys, Store, Writer};
 use warmroute_core::host::Host;
 use warmroute_core::routing::index::kept_positions;
 use warmroute_core::routing::index_log::{Event, Head, Kind};
-use warmroute_core::fleet::inflight::{decode_inflight, encode_inflight};
-use warmroute_core::fleet::store::{Keys, Store, Writer};
 use warmroute_core::testing::MemoryHost;
 
 fuzz_target!(|data: &[u8]| {
