@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench soak fuzz clean
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench soak fuzz docs clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -33,7 +33,7 @@ build: wasm ## Build the filter, the simulated vLLM server and the load client
 run: build ## Main job: Envoy + 3 simulated backends, same workload via round robin and warmroute
 	cd e2e && ../$(PY) demo.py
 
-test: build lint unit wasm-unit host-tests validate e2e ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e
+test: build lint unit wasm-unit host-tests validate e2e docs ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e, the docs site
 	@echo "make test: all suites passed"
 
 lint: ## rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included), the fuzz targets (stable: they compile, `make fuzz` runs them)
@@ -72,6 +72,23 @@ bench: build $(VENV)/.bench-installed ## Routing quality and filter cost (minute
 
 soak: build ## 200k requests at saturation, a pod killed twice, a filter reload midway: no loss, flat memory (~1 min; not part of `make test`)
 	cd e2e && ../$(PY) soak.py
+
+# The docs need only MkDocs, not the Envoy wheel: the stamp creates the venv if it is missing
+# (`$(VENV)/.installed` later reuses it) and installs docs/requirements.txt alone.
+DOCS_SITE := site
+$(VENV)/.docs-installed: docs/requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r docs/requirements.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config
+	@mkdir -p docs/results
+	sed 's#](../../docs/#](../#g' bench/results/latest.md > docs/results/latest.md
+	cp bench/results/latest.png bench/results/decision.png docs/results/
+	cargo build -q --release -p warmroute-core --bin warmroute-check-config
+	WARMROUTE_CHECK_CONFIG=target/release/warmroute-check-config $(PY) docs/check_config_examples.py
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+	@echo "make docs: $(DOCS_SITE)/index.html"
 
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := prompt_key metrics shared_records config
