@@ -131,9 +131,15 @@ for (const { f, o } of all) {
       if (cfg.allow_on_headers_stop_iteration !== true) fail(`${rel}: allow_on_headers_stop_iteration must be true`);
       else ok(`${rel}: allow_on_headers_stop_iteration: true`);
       const digest = cfg.vm_config?.code?.remote?.sha256;
+      const uri = cfg.vm_config?.code?.remote?.http_uri?.uri ?? "";
       if (cfg.vm_config?.code?.remote && !/^[0-9a-f]{64}$/.test(digest ?? "")) {
         fail(`${rel}: the remote module has no sha256 digest (${digest}): a moved tag would swap the code`);
-      } else ok(`${rel}: module pinned by sha256`);
+      } else if (uri.startsWith("oci://") && uri.match(/@sha256:([0-9a-f]{64})$/)?.[1] !== digest) {
+        // istio-agent pulls the manifest the uri names and compares its digest with sha256
+        // (pkg/wasm/cache.go): an oci:// uri not pinned to that same digest never loads, or
+        // loads whatever the tag points at.
+        fail(`${rel}: uri ${uri} is not pinned to @sha256:${digest}, the digest istio-agent checks the image's manifest against`);
+      } else ok(`${rel}: module pinned by sha256${uri.startsWith("oci://") ? " (uri pulls that manifest digest)" : ""}`);
       // The ECDS name must match the HTTP filter that references it.
       const names = (o.spec.configPatches ?? []).filter((q) => q.applyTo === "HTTP_FILTER").map((q) => q.patch?.value?.name);
       if (!names.includes(p.patch.value.name)) fail(`${rel}: no HTTP_FILTER references extension ${p.patch.value.name}`);
