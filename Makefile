@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench soak fuzz docs clean
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e bench soak fuzz docs release clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -52,13 +52,27 @@ wasm-unit: setup ## The core's unit tests compiled to wasm32, run by wasm-bindge
 host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator
 	cargo test -p host-tests
 
-validate: validate-envoy validate-deploy ## Every Envoy config, Istio manifest and compose file
+validate: validate-envoy validate-deploy validate-oci ## Every Envoy config, Istio manifest and compose file, the OCI image
 
 validate-envoy: wasm
 	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
 
 validate-deploy: setup ## Istio/Kubernetes manifests against published schemas, their Envoy patches through Envoy, compose file, generated files
 	ENVOY=$(ENVOY) deploy/validate.sh
+
+validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules
+	$(PY) -m pytest -q -p no:cacheprovider deploy/test_oci_artifact.py
+
+# The registry/repository:tag you push dist/oci to, and generate.py's other arguments.
+IMAGE ?= ghcr.io/warmroute/warmroute:0.1.0
+GENERATE_ARGS ?= --namespace llm --service vllm
+release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, SHA256SUMS (IMAGE=, GENERATE_ARGS=)
+	rm -rf dist/oci dist/istio dist/warmroute-oci.tar dist/SHA256SUMS
+	digest=$$(python3 deploy/oci_artifact.py build $(WASM) --layout dist/oci --tar dist/warmroute-oci.tar) && \
+	  python3 istio/generate.py $(GENERATE_ARGS) --image oci://$(IMAGE) --digest $$digest --out dist/istio && \
+	  (cd dist && sha256sum warmroute.wasm warmroute-oci.tar istio/* > SHA256SUMS) && \
+	  printf '\nimage %s@%s\npush:  skopeo copy oci:dist/oci:latest docker://%s\napply: kubectl apply %s\n' \
+	    "$(IMAGE)" "$$digest" "$(IMAGE)" "$$(printf -- '-f dist/istio/%s ' gateway.yaml destinationrule.yaml virtualservice.yaml envoyfilter-routing-gateway.yaml envoyfilter-wasm-gateway.yaml)"
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
