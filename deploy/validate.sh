@@ -100,33 +100,38 @@ envoy_bin="${ENVOY:-$(ls "$root"/.venv/lib/python3*/site-packages/envoy/_bin/env
 step "EnvoyFilter patches through $("$envoy_bin" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/' | tr -d /) (envoy --mode validate)"
 node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${manifests[@]}" || die "EnvoyFilter patches refused by Envoy"
 
-# ---------------------------------------------------------------- 6. header mode
+# ---------------------------------------------------------------- 6. variants
+# generate.py's output for other arguments, in DIR with the hand-written objects it is applied
+# with (the model servers): reproduced from its banner, then steps 3-5.
+variant() { # $1 = DIR, $2 = what, rest = generate.py arguments
+  local dir="$1" what="$2" files
+  shift 2
+  mkdir -p "$dir"
+  find "$istio" -maxdepth 1 -name '*.yaml' -exec cp {} "$dir/" \;
+  echo "python3 istio/generate.py $*"
+  (cd "$root" && python3 istio/generate.py "$@" --out "$dir/generated") >/dev/null || die "$what: generate.py failed"
+  check_generated "$dir/generated" || die "$what: the banner's command does not reproduce the files"
+  mapfile -t files < <(find "$dir" -name '*.yaml' | sort)
+  node "$here/validate-manifests.mjs" k8s "${files[@]}" || die "$what: manifest schema validation"
+  node "$here/check-warmroute.mjs" "$dir" || die "$what: warmroute cross-checks"
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${files[@]}" || die "$what: EnvoyFilter patches refused by Envoy"
+}
+digest="$(grep -oE -- '--digest (sha256:)?[0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)"
+
 step "the per-pod alternative: generate.py --route-mode header"
 hdr="$tmp/header"
-mkdir -p "$hdr"
-# The hand-written objects applied with it (the model servers).
-find "$istio" -maxdepth 1 -name '*.yaml' -exec cp {} "$hdr/" \;
-digest="$(grep -oE -- '--digest (sha256:)?[0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)"
 hdr_args="--namespace llm --service vllm --route-mode header --replicas 3 --pod-ips 192.0.2.10,192.0.2.11,192.0.2.12 --digest $digest"
-echo "python3 istio/generate.py $hdr_args"
 # shellcheck disable=SC2086  # word-splitting of the args is intended
-(cd "$root" && python3 istio/generate.py $hdr_args --out "$hdr/generated") >/dev/null || die "generate.py --route-mode header failed"
-mapfile -t hdr_manifests < <(find "$hdr" -name '*.yaml' | sort)
-node "$here/validate-manifests.mjs" k8s "${hdr_manifests[@]}" || die "header mode: manifest schema validation"
-node "$here/check-warmroute.mjs" "$hdr" || die "header mode: warmroute cross-checks"
-node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${hdr_manifests[@]}" || die "header mode: EnvoyFilter patches refused by Envoy"
+variant "$hdr" "header mode" $hdr_args
 
 step "every deployment flag: --gateway-selector, --revision, --config, --image"
 flags="$tmp/flags"
 mkdir -p "$flags"
-find "$istio" -maxdepth 1 -name '*.yaml' -exec cp {} "$flags/" \;
 # A setting the generator does not write and one it does, both changed.
 printf '%s\n' '{"session_header": "x-conversation-id", "saturation": {"max_waiting": 8}}' >"$flags/config.json"
 flag_args="--namespace models --service qwen --port 8080 --gateway infra/llm-gateway --gateway-namespace infra --gateway-selector app=llm-gateway,tier=edge --revision canary --external-host llm.internal --image oci://registry.example.com:5000/ml/warmroute:1.2.3 --digest $digest --config $flags/config.json"
-echo "python3 istio/generate.py $flag_args"
 # shellcheck disable=SC2086  # word-splitting of the args is intended
-(cd "$root" && python3 istio/generate.py $flag_args --out "$flags/generated") >/dev/null || die "generate.py with every flag failed"
-check_generated "$flags/generated" || die "generated with every flag: the banner's command does not reproduce the files"
+variant "$flags" "every flag" $flag_args
 python3 - "$flags/generated" "$digest" <<'PY' || die "generated with every flag: the inputs did not reach the output"
 import json, pathlib, re, sys
 d, digest = pathlib.Path(sys.argv[1]), sys.argv[2].removeprefix("sha256:")
@@ -149,27 +154,15 @@ for name in ("envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml"):
     assert '"session_header": "x-conversation-id"' in t, name
 print("ok   selector, revision, namespace, image@digest and --config reach every object")
 PY
-mapfile -t flag_manifests < <(find "$flags" -name '*.yaml' | sort)
-node "$here/validate-manifests.mjs" k8s "${flag_manifests[@]}" || die "every flag: manifest schema validation"
-node "$here/check-warmroute.mjs" "$flags" || die "every flag: warmroute cross-checks"
-node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${flag_manifests[@]}" || die "every flag: EnvoyFilter patches refused by Envoy"
 
 step "Istio with Gateway API: generate.py --gateway-api (Gateway + HTTPRoute)"
 gapi="$tmp/gateway-api"
-mkdir -p "$gapi"
-find "$istio" -maxdepth 1 -name '*.yaml' -exec cp {} "$gapi/" \;
 gapi_args="--namespace llm --service vllm --gateway-api --gateway gateways/llm --digest $digest"
-echo "python3 istio/generate.py $gapi_args"
 # shellcheck disable=SC2086  # word-splitting of the args is intended
-(cd "$root" && python3 istio/generate.py $gapi_args --out "$gapi/generated") >/dev/null || die "generate.py --gateway-api failed"
-check_generated "$gapi/generated" || die "--gateway-api: the banner's command does not reproduce the files"
+variant "$gapi" "--gateway-api" $gapi_args
 [[ ! -e "$gapi/generated/virtualservice.yaml" ]] || die "--gateway-api wrote a VirtualService beside the HTTPRoute"
 grep -q '      gateway.networking.k8s.io/gateway-name: llm$' "$gapi/generated/envoyfilter-wasm-gateway.yaml" \
   || die "--gateway-api: the Wasm EnvoyFilter does not select the Gateway's pods by gateway.networking.k8s.io/gateway-name"
-mapfile -t gapi_manifests < <(find "$gapi" -name '*.yaml' | sort)
-node "$here/validate-manifests.mjs" k8s "${gapi_manifests[@]}" || die "--gateway-api: manifest schema validation"
-node "$here/check-warmroute.mjs" "$gapi" || die "--gateway-api: warmroute cross-checks"
-node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${gapi_manifests[@]}" || die "--gateway-api: EnvoyFilter patches refused by Envoy"
 
 # ---------------------------------------------------------------- 7. compose
 step "docker-compose.yaml (compose-spec schema)"
