@@ -182,6 +182,13 @@ def wasm() -> bytes:
     return WASM.read_bytes()
 
 
+def module_copy(tmp: pathlib.Path, wasm: bytes) -> pathlib.Path:
+    """The module the test compares with, as a file: dist/ may be rebuilt meanwhile."""
+    path = tmp / "warmroute.wasm"
+    path.write_bytes(wasm)
+    return path
+
+
 def build(wasm_path: pathlib.Path, out: pathlib.Path, env: dict | None = None) -> str:
     """The CLI, as make release runs it: the printed digest."""
     r = subprocess.run([sys.executable, str(HERE / "oci_artifact.py"), "build", str(wasm_path),
@@ -352,7 +359,7 @@ def test_not_wasm_refused(tmp_path):
 
 def test_istio_pulls_the_module_the_manifests_pin(wasm, registry, tmp_path):
     """Push, generate, pull as istio-agent does: the module comes back byte for byte."""
-    digest = build(WASM, tmp_path)
+    digest = build(module_copy(tmp_path, wasm), tmp_path)
     # One layer: what every Istio release's compat-variant rule accepts (older ones required
     # exactly one, newer ones read the last).
     manifest = json.loads((tmp_path / "oci/blobs/sha256" / digest.removeprefix("sha256:")).read_bytes())
@@ -375,7 +382,7 @@ def test_istio_pulls_the_module_the_manifests_pin(wasm, registry, tmp_path):
 
 
 def test_istio_refuses_other_digests(wasm, registry, tmp_path):
-    digest = build(WASM, tmp_path).removeprefix("sha256:")
+    digest = build(module_copy(tmp_path, wasm), tmp_path).removeprefix("sha256:")
     push(tmp_path / "oci", registry, "warmroute/refuse:0.1.0")
     tagged = f"oci://{registry}/warmroute/refuse:0.1.0"
     assert istio_fetch(tagged, digest) == wasm
