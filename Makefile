@@ -100,7 +100,7 @@ docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with
 	sed 's#](../../docs/#](../#g' bench/results/latest.md > docs/results/latest.md
 	cp bench/results/latest.png bench/results/decision.png docs/results/
 	cargo build -q --release -p warmroute-core --bin warmroute-check-config
-	WARMROUTE_CHECK_CONFIG=target/release/warmroute-check-config $(PY) docs/check_config_examples.py
+	WARMROUTE_CHECK_CONFIG=$${CARGO_TARGET_DIR:-target}/release/warmroute-check-config $(PY) docs/check_config_examples.py
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
 	@echo "make docs: $(DOCS_SITE)/index.html"
 
