@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy e2e bench soak fuzz clean
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e bench soak fuzz docs release clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -33,7 +33,7 @@ build: wasm ## Build the filter, the simulated vLLM server and the load client
 run: build ## Main job: Envoy + 3 simulated backends, same workload via round robin and warmroute
 	cd e2e && ../$(PY) demo.py
 
-test: build lint unit wasm-unit host-tests validate e2e ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e
+test: build lint unit wasm-unit host-tests validate e2e docs ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e, the docs site
 	@echo "make test: all suites passed"
 
 lint: ## the core's rooms import only the rooms below them; rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included), the fuzz targets (stable: they compile, `make fuzz` runs them)
@@ -53,13 +53,27 @@ wasm-unit: setup ## The core's unit tests compiled to wasm32, run by wasm-bindge
 host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator
 	cargo test -p host-tests
 
-validate: validate-envoy validate-deploy ## Every Envoy config, Istio manifest and compose file
+validate: validate-envoy validate-deploy validate-oci ## Every Envoy config, Istio manifest and compose file, the OCI image
 
 validate-envoy: wasm
 	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
 
 validate-deploy: setup ## Istio/Kubernetes manifests against published schemas, their Envoy patches through Envoy, compose file, generated files
 	ENVOY=$(ENVOY) deploy/validate.sh
+
+validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules
+	$(PY) -m pytest -q -p no:cacheprovider deploy/test_oci_artifact.py
+
+# The registry/repository:tag you push dist/oci to, and generate.py's other arguments.
+IMAGE ?= ghcr.io/warmroute/warmroute:0.1.0
+GENERATE_ARGS ?= --namespace llm --service vllm
+release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, SHA256SUMS (IMAGE=, GENERATE_ARGS=)
+	rm -rf dist/oci dist/istio dist/warmroute-oci.tar dist/SHA256SUMS
+	digest=$$(python3 deploy/oci_artifact.py build $(WASM) --layout dist/oci --tar dist/warmroute-oci.tar) && \
+	  python3 istio/generate.py $(GENERATE_ARGS) --image oci://$(IMAGE) --digest $$digest --out dist/istio && \
+	  (cd dist && sha256sum warmroute.wasm warmroute-oci.tar istio/* > SHA256SUMS) && \
+	  printf '\nimage %s@%s\npush:  skopeo copy oci:dist/oci:latest docker://%s\napply: kubectl apply %s\n' \
+	    "$(IMAGE)" "$$digest" "$(IMAGE)" "$$(printf -- '-f dist/istio/%s ' gateway.yaml destinationrule.yaml virtualservice.yaml envoyfilter-routing-gateway.yaml envoyfilter-wasm-gateway.yaml)"
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
@@ -73,6 +87,23 @@ bench: build $(VENV)/.bench-installed ## Routing quality and filter cost (minute
 
 soak: build ## 200k requests at saturation, a pod killed twice, a filter reload midway: no loss, flat memory (~1 min; not part of `make test`)
 	cd e2e && ../$(PY) soak.py
+
+# The docs need only MkDocs, not the Envoy wheel: the stamp creates the venv if it is missing
+# (`$(VENV)/.installed` later reuses it) and installs docs/requirements.txt alone.
+DOCS_SITE := site
+$(VENV)/.docs-installed: docs/requirements.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r docs/requirements.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config
+	@mkdir -p docs/results
+	sed 's#](../../docs/#](../#g' bench/results/latest.md > docs/results/latest.md
+	cp bench/results/latest.png bench/results/decision.png docs/results/
+	cargo build -q --release -p warmroute-core --bin warmroute-check-config
+	WARMROUTE_CHECK_CONFIG=$${CARGO_TARGET_DIR:-target}/release/warmroute-check-config $(PY) docs/check_config_examples.py
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
+	@echo "make docs: $(DOCS_SITE)/index.html"
 
 FUZZ_SECONDS ?= 600
 FUZZ_TARGETS := prompt_key metrics shared_records config

@@ -512,10 +512,14 @@ def markdown(res: dict) -> str:
         L.append(f"- Client floor straight to an instant backend: p50 {fl['e2e_ms']['p50'] * 1000:.0f} us; this is "
                  "common to runs with and without the filter, so it cancels in the added-latency figures.")
     L.append("")
-    if res.get("notes"):
-        L.append("## Analysis\n")
-        L.extend(res["notes"])
-        L.append("")
+    # The analysis is not appended here any more: each rule the figures support, and the
+    # measurement that decided it, is a record in docs/decisions/ (the docs site shows this
+    # page beside them, `make docs` rewriting the link below to the site's layout).
+    L.append("## Analysis\n")
+    L.append("Why the router behaves as these tables show, the measurement that decided each rule and the "
+             "alternatives tried are the decision records in "
+             "[`docs/decisions/`](../../docs/decisions/index.md).")
+    L.append("")
     return "\n".join(L)
 
 

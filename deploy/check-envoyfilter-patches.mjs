@@ -42,17 +42,18 @@ function merge(dst, src) {
 
 const LB = "type.googleapis.com/envoy.extensions.load_balancing_policies";
 const ads = { ads: {}, resource_api_version: "V3" };
-// The parts of Istio's output the patches touch, for one workload.
-function standIns() {
+// The parts of Istio's output the patches touch, for one workload whose vLLM Service is
+// host:port (the one its CLUSTER MERGE patches name).
+function standIns(host, port) {
   const vllm = {
     // Named and fed as Istio's outbound cluster for the vLLM Service is.
-    name: "outbound|8000||vllm.llm.svc.cluster.local",
+    name: `outbound|${port}||${host}`,
     type: "EDS",
     connect_timeout: "10s",
     lb_policy: "LEAST_REQUEST",
-    eds_cluster_config: { service_name: "outbound|8000||vllm.llm.svc.cluster.local", eds_config: ads },
+    eds_cluster_config: { service_name: `outbound|${port}||${host}`, eds_config: ads },
   };
-  const vhost = { name: "vllm.llm.svc.cluster.local:8000", domains: ["*"], routes: [{ match: { prefix: "/" }, route: { cluster: vllm.name, timeout: "0s" } }] };
+  const vhost = { name: `${host}:${port}`, domains: ["*"], routes: [{ match: { prefix: "/" }, route: { cluster: vllm.name, timeout: "0s" } }] };
   const hcm = {
     name: "envoy.filters.network.http_connection_manager",
     typed_config: {
@@ -107,7 +108,11 @@ for (const f of files) {
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "warmroute-envoyfilter-"));
 let seq = 0;
 for (const [key, filters] of workloads) {
-  const s = standIns();
+  const merged = filters.flatMap(({ o }) => o.spec?.configPatches ?? [])
+    .find((p) => p.applyTo === "CLUSTER" && p.patch?.operation === "MERGE")?.match?.cluster ?? {};
+  const host = merged.service ?? "vllm.llm.svc.cluster.local";
+  const port = Number(merged.portNumber ?? 8000);
+  const s = standIns(host, port);
   const applied = [];
   for (const { f, o } of filters) {
     for (const [i, p] of (o.spec?.configPatches ?? []).entries()) {
@@ -117,7 +122,7 @@ for (const [key, filters] of workloads) {
       if (op === "CLUSTER ADD") s.bootstrap.static_resources.clusters.push(value);
       else if (op === "CLUSTER MERGE") {
         const c = p.match?.cluster ?? {};
-        const hits = (c.service ?? "vllm.llm.svc.cluster.local") === "vllm.llm.svc.cluster.local" && [undefined, 8000].includes(c.portNumber) && !c.subset && !c.name;
+        const hits = (c.service ?? host) === host && [undefined, port].includes(c.portNumber) && !c.subset && !c.name;
         if (!hits) { fail(`${where}: matches ${JSON.stringify(c)}, which has no stand-in here`); continue; }
         merge(s.vllm, value);
       } else if (op === "NETWORK_FILTER MERGE") merge(s.hcm, value);

@@ -66,7 +66,18 @@ const envoyFilters = all.filter(({ o }) => o.kind === "EnvoyFilter");
 const patchesOf = (key) => envoyFilters.filter(({ o }) => workloadOf(o) === key)
   .flatMap(({ f, o }) => (o.spec?.configPatches ?? []).map((p) => ({ f, p })));
 // Istio's gateways are the proxies a Gateway selects; any other workload is a sidecar.
-const gatewaySelectors = new Set(all.filter(({ o }) => o.kind === "Gateway").map(({ o }) => labelsKey(o.spec?.selector)));
+// A gateway.networking.k8s.io Gateway's pods are the ones Istio deploys for it, labelled with its
+// name (istio-discovery files/kube-gateway.yaml); an Istio Gateway names its pods' labels.
+const GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name";
+const isGatewayAPI = (o) => String(o.apiVersion ?? "").startsWith("gateway.networking.k8s.io/");
+const gatewayObjects = all.filter(({ o }) => o.kind === "Gateway").map(({ f, o }) => ({
+  f, o, labels: isGatewayAPI(o) ? { [GATEWAY_NAME_LABEL]: o.metadata?.name } : o.spec?.selector,
+  // [port, protocol, [hosts]] of each server or listener.
+  servers: isGatewayAPI(o)
+    ? (o.spec?.listeners ?? []).map((l) => [Number(l.port), l.protocol, [l.hostname ?? "*"]])
+    : (o.spec?.servers ?? []).map((sv) => [Number(sv.port?.number), sv.port?.protocol, (sv.hosts ?? []).map((h) => h.split("/").pop())]),
+}));
+const gatewaySelectors = new Set(gatewayObjects.map((g) => labelsKey(g.labels)));
 const contextFor = (o) => {
   const labels = o.kind === "WasmPlugin" ? o.spec?.selector?.matchLabels : o.spec?.workloadSelector?.labels;
   return gatewaySelectors.has(labelsKey(labels)) ? "GATEWAY" : "SIDECAR_OUTBOUND";
@@ -131,9 +142,15 @@ for (const { f, o } of all) {
       if (cfg.allow_on_headers_stop_iteration !== true) fail(`${rel}: allow_on_headers_stop_iteration must be true`);
       else ok(`${rel}: allow_on_headers_stop_iteration: true`);
       const digest = cfg.vm_config?.code?.remote?.sha256;
+      const uri = cfg.vm_config?.code?.remote?.http_uri?.uri ?? "";
       if (cfg.vm_config?.code?.remote && !/^[0-9a-f]{64}$/.test(digest ?? "")) {
         fail(`${rel}: the remote module has no sha256 digest (${digest}): a moved tag would swap the code`);
-      } else ok(`${rel}: module pinned by sha256`);
+      } else if (uri.startsWith("oci://") && uri.match(/@sha256:([0-9a-f]{64})$/)?.[1] !== digest) {
+        // istio-agent pulls the manifest the uri names and compares its digest with sha256
+        // (pkg/wasm/cache.go): an oci:// uri not pinned to that same digest never loads, or
+        // loads whatever the tag points at.
+        fail(`${rel}: uri ${uri} is not pinned to @sha256:${digest}, the digest istio-agent checks the image's manifest against`);
+      } else ok(`${rel}: module pinned by sha256${uri.startsWith("oci://") ? " (uri pulls that manifest digest)" : ""}`);
       // The ECDS name must match the HTTP filter that references it.
       const names = (o.spec.configPatches ?? []).filter((q) => q.applyTo === "HTTP_FILTER").map((q) => q.patch?.value?.name);
       if (!names.includes(p.patch.value.name)) fail(`${rel}: no HTTP_FILTER references extension ${p.patch.value.name}`);
@@ -153,10 +170,14 @@ for (const { f, o } of all) {
 // ---- the vLLM Service: the DestinationRule's host, the port of the VirtualServices' routes
 const dr = all.find(({ o }) => o.kind === "DestinationRule")?.o;
 const vss = all.filter(({ o }) => o.kind === "VirtualService");
+const httpRoutes = all.filter(({ o }) => o.kind === "HTTPRoute");
 const vllmHost = dr?.spec?.host;
 const vllmPort = vss.flatMap(({ o }) => o.spec?.http ?? []).flatMap((r) => r.route ?? [])
-  .map((d) => d.destination).find((d) => d?.host === vllmHost)?.port?.number;
-if (!vllmHost || !vllmPort) fail("generated/ needs a DestinationRule and a VirtualService routing to its host and port");
+  .map((d) => d.destination).find((d) => d?.host === vllmHost)?.port?.number
+  ?? httpRoutes.flatMap(({ o }) => (o.spec?.rules ?? []).flatMap((r) => r.backendRefs ?? [])
+    .map((b) => ({ host: `${b.name}.${b.namespace ?? o.metadata?.namespace}.svc.cluster.local`, port: b.port })))
+    .find((b) => b.host === vllmHost)?.port;
+if (!vllmHost || !vllmPort) fail("generated/ needs a DestinationRule and a VirtualService or HTTPRoute routing to its host and port");
 const vllmCluster = `outbound|${vllmPort}||${vllmHost}`;
 
 // ---- a discovered pool: the pods of the vLLM Service's own cluster, named by address
@@ -383,6 +404,37 @@ for (const { f, o: vs } of vss) {
   else if (!exportTo.length || others.length) {
     fail(`${where}: bound to mesh and exported to ${exportTo.length ? others.join(", ") : "every namespace"}, whose sidecars do not run warmroute`);
   } else ok(`${where}: mesh routes exported to ${exportTo.join(", ")} only`);
+}
+
+// ---- HTTPRoutes: the Gateway's only. A Service parentRef (Gateway API for the mesh) puts the
+// route in every sidecar that calls the Service, where no filter strips the routing headers.
+for (const { f, o } of httpRoutes) {
+  const where = `${path.relative(dir, f)} ${o.metadata?.name}`;
+  const parents = o.spec?.parentRefs ?? [];
+  const mesh = parents.filter((r) => (r.kind ?? "Gateway") !== "Gateway");
+  if (!parents.length) fail(`${where}: no parentRefs: attached to no Gateway`);
+  else if (mesh.length) fail(`${where}: parentRef ${mesh.map((r) => `${r.kind}/${r.name}`).join(", ")}: a mesh route, applied in sidecars that run no warmroute`);
+  else ok(`${where}: attached to Gateway ${parents.map((r) => `${r.namespace ?? o.metadata?.namespace}/${r.name}`).join(", ")} only`);
+}
+
+// ---- the gateway's body buffer reaches its routes. A routeConfiguration.gateway match selects
+// HTTPS servers' routes only: Istio names a plain-HTTP server's routes http.<port>, without the
+// gateway (envoyfilter/rc_patch.go, model.ParseGatewayRDSRouteName), so such a patch never
+// applies there. A vhost match must name a host:port a server of the gateway serves.
+for (const g of gatewayObjects) {
+  const key = `${g.o.metadata?.namespace ?? "default"} ${labelsKey(g.labels)}`;
+  const vhostPatches = patchesOf(key).filter(({ p }) => p.applyTo === "VIRTUAL_HOST");
+  const served = new Set(g.servers.flatMap(([port, , hosts]) => hosts.map((h) => `${h}:${port}`)));
+  for (const { f, p } of vhostPatches) {
+    const rc = p.match?.routeConfiguration ?? {};
+    const where = `${path.relative(dir, f)}: VIRTUAL_HOST ${JSON.stringify(rc)}`;
+    const onPort = g.servers.filter(([port]) => !rc.portNumber || port === Number(rc.portNumber));
+    if (rc.gateway && onPort.every(([, proto]) => String(proto).toUpperCase() !== "HTTPS")) {
+      fail(`${where}: routeConfiguration.gateway matches no plain-HTTP server's routes (Istio names them http.<port>)`);
+    } else if (!onPort.length) fail(`${where}: the gateway serves nothing on port ${rc.portNumber}`);
+    else if (rc.vhost?.name && !served.has(rc.vhost.name)) fail(`${where}: no virtual host ${rc.vhost.name} (the gateway serves ${[...served].join(", ")})`);
+    else ok(`${where}: matches the gateway's routes`);
+  }
 }
 
 // ---- standalone Envoy configs: every warmroute Wasm filter's configuration

@@ -25,6 +25,7 @@ const nm = path.join(here, "node_modules");
 function modelFor(apiVersion, kind) {
   const [group, version] = apiVersion.includes("/") ? apiVersion.split("/") : ["", apiVersion];
   if (group.endsWith("istio.io")) return `@kubernetes-models/istio/${group}/${version}/${kind}`;
+  if (group === "gateway.networking.k8s.io") return `@kubernetes-models/gateway-api/${group}/${version}/${kind}`;
   if (group === "") return `kubernetes-models/${version}/${kind}`;
   return `kubernetes-models/${group}/${version}/${kind}`;
 }

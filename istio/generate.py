@@ -17,12 +17,20 @@ with the new count and IPs: a backend's address is where its scrapes go, and
 a pod without a subset gets no requests.
 
 Outputs (in --out, default istio/generated/):
+  gateway.yaml                  the Gateway (listener for --external-host): Istio's,
+                                on the pods --gateway-selector picks, or with
+                                --gateway-api a gateway.networking.k8s.io one
   destinationrule.yaml          the Service's traffic policy; in header mode
                                 one subset per pod as well
   virtualservice.yaml           the Gateway's route to the Service (bound to
                                 the Gateway only); in header mode first the
                                 x-warmroute-backend: exact <svc>-<i> -> subset
                                 matches
+  httproute.yaml                --gateway-api, instead of virtualservice.yaml:
+                                the same route as an HTTPRoute on a
+                                gateway.networking.k8s.io Gateway (gateway.yaml),
+                                whose pods Istio labels gateway.networking.k8s.io/
+                                gateway-name=<name>: the gateway objects select that
   virtualservice-mesh.yaml      header mode only: the same routes for the
                                 client sidecar (gateways: [mesh]), exported to
                                 the client's namespace only. In endpoint mode
@@ -33,35 +41,51 @@ Outputs (in --out, default istio/generated/):
                                 WasmPlugin manifests embed
   envoyfilter-wasm-gateway.yaml the same plugin as an EnvoyFilter (ECDS ADD)
   envoyfilter-wasm-sidecar.yaml  with allow_on_headers_stop_iteration: true,
-                                which WasmPlugin cannot express (see README)
+                                which WasmPlugin cannot express (does-not-work/)
   envoyfilter-routing-gateway.yaml  what the proxy running the filter needs
   envoyfilter-routing-sidecar.yaml  whichever form installs it: the body
                                 buffer (request_body_buffer_limit), the strict
                                 scrape cluster metrics.cluster names, in
                                 endpoint mode the admin cluster the pool is
-                                read through, and for the sidecar its
-                                override_host policy and the strip of client
-                                routing headers (the gateway's are
-                                istio/envoyfilter-*.yaml)
+                                read through, the override_host policy on
+                                the vLLM Service's cluster and the strip of
+                                client routing headers
 
 Every EnvoyFilter selects the one workload where warmroute runs (the ingress
 gateway, or the client app's sidecar) and patches only its context: no other
 proxy in the mesh honours a routing header or carries these clusters.
 
-Python 3 standard library only. Deterministic output: re-running with the
-same arguments gives byte-identical files (deploy/validate.sh checks this).
+The module: --image names the oci:// repository (and tag) the image was pushed to, --digest
+the image's manifest digest, which deploy/oci_artifact.py prints (make release). The generated
+uri is oci://<image>@sha256:<digest> and the sha256 field the same digest: istio-agent
+compares the image's manifest digest with it (pkg/wasm/cache.go), so a moved tag can never
+swap the router's code. The .wasm file's own sha256 never matches there.
 
-  python3 istio/generate.py --namespace llm --service vllm --sha256 <digest>
+--config FILE: a JSON object merged over the generated pluginConfig (objects merge key by key,
+anything else replaces), then checked by the filter's own parser (warmroute-check-config).
+Keys this script wires to the Istio objects (pool, backends, route.mode, route.header,
+metrics.cluster) are set by flags and refused there.
+
+Python 3 standard library only (and, with --config, warmroute-check-config: $WARMROUTE_CHECK_CONFIG,
+else target/release/warmroute-check-config, else cargo run). Deterministic output: re-running
+with the same arguments (and --config file) gives byte-identical files (deploy/validate.sh checks
+this with the command line recorded in each file's banner).
+
+  python3 istio/generate.py --namespace llm --service vllm \
+      --image oci://ghcr.io/you/warmroute:0.1.0 --digest sha256:<manifest digest>
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import ipaddress
 import json
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 HEADER = "x-warmroute-backend"
 ENDPOINT_HEADER = "x-gateway-destination-endpoint"
@@ -75,6 +99,8 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # MAX_BODY_BYTES + 1 MiB + 16 KiB, or bodies just past MAX_BODY_BYTES get 413 (deploy/validate.sh
 # checks it). Set per virtual host, it leaves every other listener's buffers as they are.
 REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
+# The listener's per_connection_buffer_limit_bytes: Istio sets none, so Envoy's 1 MiB.
+LISTENER_BUFFER_LIMIT = 1024 * 1024
 RBAC_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 # The scrape cluster the filter's metrics.cluster names, added to each proxy that runs the filter.
 METRICS_CLUSTER = "warmroute-metrics"
@@ -243,7 +269,53 @@ def plugin_config(args) -> dict:
 
 
 def labels(args) -> dict:
-    return {"app.kubernetes.io/part-of": "warmroute", "app.kubernetes.io/managed-by": "warmroute-generate"}
+    out = {"app.kubernetes.io/part-of": "warmroute", "app.kubernetes.io/managed-by": "warmroute-generate"}
+    if args.revision:
+        # Only the istiod of this revision reads the objects (pkg/config LabelsInRevision); an
+        # object without the label is read by every revision.
+        out["istio.io/rev"] = args.revision
+    return out
+
+
+# The Gateway's one listener (plain HTTP for the sample; terminate TLS there in production).
+GATEWAY_PORT = 80
+# The label Istio's Gateway API deployment puts on the pods of a gateway.networking.k8s.io Gateway
+# (manifests/charts/istio-control/istio-discovery/files/kube-gateway.yaml).
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
+
+
+def gateway(args) -> dict:
+    """The Gateway: Istio's own (on the pods --gateway-selector picks) or, with --gateway-api, a
+    gateway.networking.k8s.io one that Istio deploys (its pods carry only GATEWAY_NAME_LABEL)."""
+    namespace, name = args.gateway.split("/", 1)
+    if args.gateway_api:
+        return {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels(args)},
+            "spec": {
+                "gatewayClassName": args.gateway_class,
+                "listeners": [{
+                    "name": "http",
+                    "hostname": args.external_host,
+                    "port": GATEWAY_PORT,
+                    "protocol": "HTTP",
+                    # Routes from the vLLM Service's namespace only.
+                    "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": args.namespace}}}},
+                }],
+            },
+        }
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels(args)},
+        "spec": {
+            "selector": dict(args.gateway_selector),
+            # Plain HTTP on 80 for the sample; terminate TLS here in production (credentialName).
+            "servers": [{"port": {"number": GATEWAY_PORT, "name": "http", "protocol": "HTTP"}, "hosts": [args.external_host]}],
+        },
+    }
 
 
 def destination_rule(args) -> dict:
@@ -311,6 +383,27 @@ def virtual_service(args) -> dict:
     }
 
 
+def http_route(args) -> dict:
+    """--gateway-api: the Gateway's route to the Service (the VirtualService's, in Gateway API)."""
+    namespace, name = args.gateway.split("/", 1)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": {"name": args.service, "namespace": args.namespace, "labels": labels(args)},
+        "spec": {
+            # The Gateway only: no Service parentRef (a mesh route every sidecar would apply).
+            "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name,
+                            "namespace": namespace, "sectionName": "http"}],
+            "hostnames": [args.external_host],
+            "rules": [{
+                "backendRefs": [{"name": args.service, "port": args.port}],
+                # Long generations: no request timeout (0s disables it).
+                "timeouts": {"request": "0s"},
+            }],
+        },
+    }
+
+
 def mesh_virtual_service(args) -> dict:
     """The header routes for the client sidecar that runs warmroute (header mode needs them there).
 
@@ -334,7 +427,7 @@ def mesh_virtual_service(args) -> dict:
 def workload(args, where: str) -> tuple[str, dict, str]:
     """(namespace, selector labels, patch context) of the proxy that runs warmroute."""
     if where == "gateway":
-        return args.gateway_namespace, {"istio": "ingressgateway"}, "GATEWAY"
+        return args.gateway_namespace, dict(args.gateway_selector), "GATEWAY"
     return args.client_namespace, {"app": args.client_app}, "SIDECAR_OUTBOUND"
 
 
@@ -382,10 +475,12 @@ def wasm_envoyfilter(args, config: dict, where: str) -> dict:
                                         "code": {
                                             "remote": {
                                                 # istio-agent pulls oci:// and rewrites this to a local file
-                                                # before Envoy sees it, checking the module against the
-                                                # digest: a moved tag can never swap the router's code.
-                                                "http_uri": {"uri": args.image, "cluster": "_", "timeout": "30s"},
-                                                "sha256": args.sha256,
+                                                # before Envoy sees it. It compares the image's manifest
+                                                # digest with sha256 (not the .wasm's own hash), and the
+                                                # uri pulls by that digest: a moved tag can never swap
+                                                # the router's code.
+                                                "http_uri": {"uri": module_uri(args), "cluster": "_", "timeout": "30s"},
+                                                "sha256": args.digest,
                                             }
                                         },
                                     },
@@ -463,8 +558,11 @@ def routing_envoyfilter(args, where: str) -> dict:
     """
     namespace, selector, context = workload(args, where)
     if where == "gateway":
-        # The routes generated for our Gateway only, whatever hosts and ports it serves.
-        routes = {"gateway": args.gateway}
+        # The route configuration of the Gateway's listener port, its one virtual host. Not
+        # {gateway: <ns>/<name>}: Istio names a plain-HTTP server's routes http.<port>, without
+        # the gateway, and such a match never applies there (envoyfilter/rc_patch.go,
+        # model.ParseGatewayRDSRouteName); it only selects HTTPS servers' routes.
+        routes = {"portNumber": GATEWAY_PORT, "vhost": {"name": f"{args.external_host}:{GATEWAY_PORT}"}}
     else:
         routes = {"portNumber": args.port, "vhost": {"name": f"{fqdn(args.service, args.namespace)}:{args.port}"}}
     patches = [
@@ -530,43 +628,55 @@ def routing_envoyfilter(args, where: str) -> dict:
                 },
             }
         )
+    # Every listener of the gateway; in the sidecar, the outbound listener of the vLLM port.
+    hcm_listener = {"filterChain": {"filter": {"name": HCM}}}
     if where == "sidecar":
-        # The gateway's two are istio/envoyfilter-override-host.yaml and
-        # envoyfilter-strip-routing-headers.yaml, which say why.
-        patches += [
-            {
-                # Endpoint mode: the filter's x-gateway-destination-endpoint picks the pod; with no
-                # header (the filter failed open) round robin still routes.
-                "applyTo": "CLUSTER",
-                "match": {"context": context, "cluster": {"service": fqdn(args.service, args.namespace),
-                                                          "portNumber": args.port}},
-                "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_policy(ROUND_ROBIN)}},
-            },
-            {
-                # The client never picks its pod, even while the filter is not running: Envoy drops
-                # both routing headers before it selects a route.
-                "applyTo": "NETWORK_FILTER",
-                "match": {"context": context, "listener": {"portNumber": args.port, "filterChain": {"filter": {"name": HCM}}}},
-                "patch": {
-                    "operation": "MERGE",
-                    "value": {
-                        "typed_config": {
-                            "@type": HCM_TYPE,
-                            "early_header_mutation_extensions": [
-                                {
-                                    "name": "envoy.http.early_header_mutation.header_mutation",
-                                    "typed_config": {
-                                        "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation"
-                                                 ".header_mutation.v3.HeaderMutation",
-                                        "mutations": [{"remove": ENDPOINT_HEADER}, {"remove": HEADER}],
-                                    },
-                                }
-                            ],
-                        }
-                    },
+        hcm_listener = {"portNumber": args.port, **hcm_listener}
+    patches += [
+        {
+            # The filter's x-gateway-destination-endpoint picks the pod; with no header (the
+            # filter failed open, or an address no longer an endpoint) round robin still
+            # routes. The cluster the filter's pool follows: its endpoints are what istiod
+            # gives this very cluster. In header mode the subset clusters get the policy too,
+            # harmless with one endpoint each. Envoy ignores the DestinationRule's lb_policy
+            # where load_balancing_policy is set. Istio's defaults already allow any number
+            # of outstanding retries and connections per cluster (Envoy's own, 3 retries and
+            # 1024 connections, fail a pod that dies under load: see ../envoy.yaml); a
+            # DestinationRule connectionPool.http.maxRetries or tcp.maxConnections brings
+            # those limits back. Needs envoy.load_balancing_policies.override_host in the
+            # proxy's Envoy (the 1.40 line this project targets has it).
+            "applyTo": "CLUSTER",
+            "match": {"context": context, "cluster": {"service": fqdn(args.service, args.namespace),
+                                                      "portNumber": args.port}},
+            "patch": {"operation": "MERGE", "value": {"load_balancing_policy": override_host_policy(ROUND_ROBIN)}},
+        },
+        {
+            # The client never picks its pod, even while the filter is not running (every
+            # shipped config fails open): Envoy drops both routing headers itself, before it
+            # selects a route and before any HTTP filter runs (early header mutation). The
+            # filter writes its own afterwards.
+            "applyTo": "NETWORK_FILTER",
+            "match": {"context": context, "listener": hcm_listener},
+            "patch": {
+                "operation": "MERGE",
+                "value": {
+                    "typed_config": {
+                        "@type": HCM_TYPE,
+                        "early_header_mutation_extensions": [
+                            {
+                                "name": "envoy.http.early_header_mutation.header_mutation",
+                                "typed_config": {
+                                    "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation"
+                                             ".header_mutation.v3.HeaderMutation",
+                                    "mutations": [{"remove": ENDPOINT_HEADER}, {"remove": HEADER}],
+                                },
+                            }
+                        ],
+                    }
                 },
             },
-        ]
+        },
+    ]
     return {
         "apiVersion": "networking.istio.io/v1alpha3",
         "kind": "EnvoyFilter",
@@ -577,7 +687,7 @@ def routing_envoyfilter(args, where: str) -> dict:
 
 BANNER_START = "# GENERATED by istio/generate.py"
 BANNER = BANNER_START + " -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
-OUTPUTS = ("destinationrule.yaml", "virtualservice.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
+OUTPUTS = ("gateway.yaml", "destinationrule.yaml", "virtualservice.yaml", "httproute.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
            "envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml",
            "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml")
 ADMIN_NOTE = (
@@ -585,6 +695,86 @@ ADMIN_NOTE = (
     "# filter reads the pool's endpoints through. No route may name it: the admin answers every\n"
     "# path to whoever reaches it, POSTs included (POST /quitquitquit stops the proxy).\n"
 )
+
+
+def module_uri(args) -> str:
+    """oci://<repository>[:<tag>]@sha256:<manifest digest>: pulled by digest, the tag kept for people."""
+    return f"{args.image}@sha256:{args.digest}"
+
+
+# Keys of the pluginConfig wired to the Istio objects this script writes: --config may not
+# change them (the flags that set them say so).
+WIRED = {
+    ("pool",): "set by --service, --namespace, --port, --max-backends, --models, --adapters",
+    ("backends",): "set by --route-mode header, --replicas, --pod-ips",
+    ("route", "mode"): "set by --route-mode",
+    ("route", "header"): "set by --route-mode",
+    ("metrics", "cluster"): "the cluster the routing EnvoyFilters add",
+}
+
+
+def merge(base: dict, over: dict, path: tuple = ()) -> dict:
+    """over merged into a copy of base: objects key by key, anything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        here = path + (k,)
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and here not in WIRED:
+            out[k] = merge(out[k], v, here)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def wired_overrides(over: dict, path: tuple = ()) -> list[str]:
+    found = []
+    for k, v in over.items():
+        here = path + (k,)
+        if here in WIRED:
+            found.append(f"{'.'.join(here)} ({WIRED[here]})")
+        elif isinstance(v, dict):
+            found += wired_overrides(v, here)
+    return found
+
+
+def config_checker(root: str) -> list[str]:
+    """The command that runs warmroute-check-config: the filter's own Config::parse."""
+    if os.environ.get("WARMROUTE_CHECK_CONFIG"):
+        return [os.environ["WARMROUTE_CHECK_CONFIG"]]
+    built = os.path.join(root, "target", "release", "warmroute-check-config")
+    if os.access(built, os.X_OK):
+        return [built]
+    return ["cargo", "run", "-q", "--release", "--manifest-path", os.path.join(root, "Cargo.toml"),
+            "-p", "warmroute-core", "--bin", "warmroute-check-config", "--"]
+
+
+def check_config(p, config: dict, source: str) -> None:
+    """Refuse a merged config the filter would refuse, or that overflows the proxy's buffers."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "pluginconfig.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(config, f)
+        # The buffers the routing EnvoyFilters give the filter: body, listener (Envoy's default).
+        cmd = config_checker(root) + ["--buffer-limits", f"{REQUEST_BODY_BUFFER_LIMIT},{LISTENER_BUFFER_LIMIT}", path]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            p.error(f"--config: cannot run warmroute-check-config ({' '.join(cmd[:3])}...): {e}")
+    if r.returncode != 0:
+        why = (r.stdout + r.stderr).strip().replace(path, f"{source} merged over the generated pluginConfig")
+        p.error(f"--config: the filter refuses the result:\n{why}")
+
+
+def selector(p, value: str) -> dict:
+    """--gateway-selector key=value[,key=value...]: the labels the gateway pods carry."""
+    out = {}
+    for item in (v.strip() for v in value.split(",")):
+        k, sep, v = item.partition("=")
+        if not sep or not re.fullmatch(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", k) \
+                or not re.fullmatch(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?", v) or len(v) > 63:
+            p.error(f"--gateway-selector: {item!r} is not a Kubernetes label key=value")
+        out[k] = v
+    return out
 
 
 def names(p, flag: str, value: str) -> list[str]:
@@ -609,21 +799,62 @@ def main(argv=None) -> int:
     p.add_argument("--headless-service", default=None, help="header mode: governing headless Service (default <service>-headless)")
     p.add_argument("--models", default="", help="comma-separated models every pod serves (default: none declared, any goes)")
     p.add_argument("--adapters", default="", help="comma-separated LoRA adapters every pod can load")
-    p.add_argument("--gateway", default="istio-system/warmroute-gateway", help="<ns>/<Gateway> the VirtualService binds")
+    p.add_argument("--gateway", default="istio-system/warmroute-gateway",
+                   help="<ns>/<name> of the Gateway generated (gateway.yaml) and bound by the VirtualService")
     p.add_argument("--external-host", default="llm.example.com")
-    p.add_argument("--gateway-namespace", default="istio-system")
+    p.add_argument("--gateway-namespace", default=None,
+                   help="namespace of the gateway pods, where the gateway EnvoyFilters go (default: --gateway's)")
+    p.add_argument("--gateway-selector", default=None,
+                   help="key=value[,key=value]: labels of the gateway pods (default istio=ingressgateway; "
+                        f"with --gateway-api {GATEWAY_NAME_LABEL}=<name>)")
+    p.add_argument("--gateway-api", action="store_true",
+                   help="a gateway.networking.k8s.io Gateway and HTTPRoute instead of Istio's Gateway and VirtualService")
+    p.add_argument("--gateway-class", default="istio", help="--gateway-api: the Gateway's gatewayClassName")
+    p.add_argument("--revision", default="",
+                   help="Istio revision: every object gets istio.io/rev=<revision>, read by that istiod only")
     p.add_argument("--client-namespace", default="apps")
     p.add_argument("--client-app", default="chat-frontend")
-    p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0")
-    p.add_argument("--sha256", required=True,
-                   help="sha256 of the .wasm module in --image (sha256sum dist/warmroute.wasm of the build you pushed)")
+    p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0",
+                   help="oci://<registry>/<repository>[:<tag>] the image was pushed to")
+    p.add_argument("--digest",
+                   help="sha256:<hex> manifest digest of that image (deploy/oci_artifact.py prints it; "
+                        "not the .wasm's sha256)")
+    p.add_argument("--sha256", help=argparse.SUPPRESS)
+    p.add_argument("--config", help="JSON file merged over the generated pluginConfig, checked by the filter's parser")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated"))
     args = p.parse_args(argv)
 
     if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.service):
         p.error("--service must be a DNS-1123 label")
-    if not re.fullmatch(r"[0-9a-f]{64}", args.sha256):
-        p.error("--sha256 must be 64 lower-case hex digits (sha256sum of the module)")
+    if args.sha256 is not None:
+        p.error("--sha256 (the .wasm file's hash) is gone: istio-agent compares an oci:// module with the "
+                "image's manifest digest, so that pin never matched. Pass --digest sha256:<manifest digest>, "
+                "which deploy/oci_artifact.py prints (make release)")
+    m = re.fullmatch(r"(?:sha256:)?([0-9a-f]{64})", args.digest or "")
+    if not m:
+        p.error("--digest must be sha256:<64 lower-case hex digits>, the image's manifest digest")
+    args.digest = m.group(1)
+    # registry[:port]/repository[:tag], as a reference by tag (the digest is appended).
+    if not re.fullmatch(r"oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?",
+                        args.image):
+        p.error("--image must be oci://<registry>/<repository>[:<tag>], without a digest (--digest gives it)")
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.gateway):
+        p.error("--gateway must be <namespace>/<name>")
+    gw_namespace, gw_name = args.gateway.split("/", 1)
+    args.gateway_namespace = args.gateway_namespace or gw_namespace
+    if args.gateway_api:
+        # Istio deploys a Gateway API gateway's pods in the Gateway's namespace.
+        if args.gateway_namespace != gw_namespace:
+            p.error("--gateway-api: the gateway pods run in the Gateway's namespace; drop --gateway-namespace")
+        if args.route_mode == "header":
+            p.error("--gateway-api routes to the Service; the per-pod subsets of --route-mode header "
+                    "have no HTTPRoute form")
+    elif args.gateway_class != "istio":
+        p.error("--gateway-class is for --gateway-api")
+    args.gateway_selector = selector(p, args.gateway_selector or (
+        f"{GATEWAY_NAME_LABEL}={gw_name}" if args.gateway_api else "istio=ingressgateway"))
+    if args.revision and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", args.revision):
+        p.error("--revision must be an Istio revision name (a DNS-1123 label)")
     args.models = names(p, "--models", args.models)
     args.adapters = names(p, "--adapters", args.adapters)
     args.headless_service = args.headless_service or f"{args.service}-headless"
@@ -670,11 +901,26 @@ def main(argv=None) -> int:
     banner = BANNER.format(argv=" ".join(shown))
 
     config = plugin_config(args)
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                over = json.load(f)
+        except (OSError, ValueError) as e:
+            p.error(f"--config: {e}")
+        if not isinstance(over, dict):
+            p.error("--config: the file must hold one JSON object")
+        wired = wired_overrides(over)
+        if wired:
+            p.error(f"--config sets {', '.join(wired)}: these are wired to the generated Istio objects")
+        config = merge(config, over)
+        check_config(p, config, args.config)
     routing_note = ADMIN_NOTE if args.route_mode == "endpoint" else ""
     os.makedirs(args.out, exist_ok=True)
     files = {
+        "gateway.yaml": banner + documents([gateway(args)]),
         "destinationrule.yaml": banner + documents([destination_rule(args)]),
-        "virtualservice.yaml": banner + documents([virtual_service(args)]),
+        **({"httproute.yaml": banner + documents([http_route(args)])} if args.gateway_api
+           else {"virtualservice.yaml": banner + documents([virtual_service(args)])}),
         "pluginconfig.json": json.dumps(config, indent=2) + "\n",
         "envoyfilter-wasm-gateway.yaml": banner + documents([wasm_envoyfilter(args, config, "gateway")]),
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
