@@ -1,7 +1,7 @@
 """Replays the first requests of a recorded guidellm run through a fresh fleet, one at a time
 per thread at the recorded start offsets (same prompts, same order, streamed), and prints
 where each went and its time to first token. A diagnosis tool for the 40-prefix shape's
-TTFT P99, which is guidellm's opening burst (`bench/notes.md`, session 21).
+TTFT P99, which is guidellm's opening burst (`docs/decisions/0009-pending-prefix-is-no-hit.md`).
 
     cd bench && flock /tmp/warmroute-bench.lock env PYTHONPATH=<checkout>/harness \\
         ../.venv/bin/python burst_replay.py /tmp/warmroute-bench-XXXX/guidellm-1-prefixes40-warmroute_cache_aware \\

@@ -10,7 +10,7 @@ rounds are the overhead section's own (`overhead.paired_rounds`: order reversing
 the p50 at one request in flight, CPU per request at 32 in flight). Prints per build the
 medians of the per-round differences to the floor and the no-filter gateway, and the median
 CPU ratio to the floor. The overhead section measures the shipped build this way; this script
-is for builds with parts cut out (bench/notes.md, session 16), whose patches are one-offs.
+is for builds with parts cut out (e.g. to weigh one step of the request path), whose patches are one-offs.
 """
 
 from __future__ import annotations

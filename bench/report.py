@@ -1,6 +1,6 @@
 """The benchmark's results as targets (PASS/FAIL against the project's limits), the markdown
 report and the plots: bench/results/latest.md, latest.png and decision.png (the decision-time
-curves on their own, for the README), rendered from the results dict that run.py also writes
+curves on their own, for the docs' results page), rendered from the results dict that run.py also writes
 as latest.json.
 
 Everything here reads that dict only, so `run.py --report-only` re-renders the report from
@@ -470,7 +470,7 @@ def markdown(res: dict) -> str:
                      f"{r['parse_us']:.1f} | {r['route_us']:.1f} | {r['total_us']:.1f} |")
         envoy = [r for r in dc if r["axis"].startswith("envoy-")]
         if envoy:
-            # The README quotes these beside the native ones; the table keeps them findable.
+            # These stand beside the native ones; the table keeps them findable.
             steps = [k for k in ("ledger", "sync", "loads", "match", "policy", "account", "record", "log")
                      if all(f"{k}_us" in r for r in envoy)]
             L.append("\nInside Envoy's VM (a `phase-timing` build, one worker, uniform prompts so every request is "
@@ -666,7 +666,7 @@ def decision_panel(ax, dc: list[dict], axis: str) -> None:
 
 def decision_plot(res: dict, path: Path) -> bool:
     """bench/results/decision.png: the decision-time curves as their own figure, for the
-    README's cost section, where latest.png's six panels would be too small to read.
+    docs' results page, where latest.png's six panels would be too small to read.
 
     Writes nothing (and returns False) when latest.json holds no decision rows, so a run
     without the section leaves the last figure in place rather than an empty one."""

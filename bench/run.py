@@ -17,7 +17,7 @@ rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py). A full run
 61 minutes on 2 cores (the independent section about 15, eviction about 14, fleet about 6).
 
 Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
-curves, for the README). Every server binds 127.0.0.1,
+curves, for the docs' results page). Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
 
 The pieces: scenarios.py (workloads, routers, time scale), quality.py (routing-quality
@@ -51,18 +51,16 @@ FIGURES = ((plot, "latest.png"), (decision_plot, "decision.png"))
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-NOTES = HERE / "notes.md"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
             "overhead", "memory", "decision", "mixed", "fleet"]
 
 
-def write_results(res: dict, out: Path, quick: bool) -> None:
-    """Adds the targets and (for a full run) bench/notes.md to `res`, then writes latest.json
-    and latest.md; the plot is the caller's, which may or may not tolerate its failure."""
+def write_results(res: dict, out: Path) -> None:
+    """Adds the targets to `res`, then writes latest.json and latest.md; the plot is the
+    caller's, which may or may not tolerate its failure."""
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
                       + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet")))
-    res["notes"] = [NOTES.read_text()] if NOTES.exists() and not quick else []
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
 
@@ -75,13 +73,13 @@ def main() -> int:
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows/sections of the existing latest.json that this run does not redo")
     ap.add_argument("--report-only", action="store_true",
-                    help="re-render latest.md, latest.png, decision.png (and targets, notes.md) from latest.json, "
+                    help="re-render latest.md, latest.png, decision.png (and targets) from latest.json, "
                          "run nothing")
     a = ap.parse_args()
     if a.report_only:
         out = Path(a.out)
         res = json.loads((out / "latest.json").read_text())
-        write_results(res, out, res["quick"])
+        write_results(res, out)
         for draw, name in FIGURES:
             draw(res, out / name)
         return 0
@@ -158,7 +156,7 @@ def main() -> int:
             lim = int(WORKLOADS["conversation"]["quick" if a.quick else "args"][2])
             cap = WORKLOADS["conversation"]["quick_capacity" if a.quick else "capacity"]
             res["lru"] = {str(c): lru_hit_rate(c, lim) for c in sorted({400_000, cap, 3 * cap, 10**9})}
-        write_results(res, out, a.quick)
+        write_results(res, out)
         for draw, name in FIGURES:
             try:
                 draw(res, out / name)

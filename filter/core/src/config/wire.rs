@@ -21,7 +21,7 @@ pub(super) struct WireBackend {
 }
 
 // The wire structs below take every missing field from their `Default`: each
-// default is declared once, there, and documented in the README's table.
+// default is declared once, there, and documented in docs/configuration.md.
 
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -53,7 +53,7 @@
 //!
 //! | parameter | value | why |
 //! |---|---|---|
-//! | [`SURPLUS_WINDOW`] | 16 reports | on the evicting fleet one gateway sees a surplus in ~1% of reports, where the cut is right, and three gateways rotating each session's turns in ~17%, where the cut lost 2% of hit rate and 4-5% of TTFT against no reports, and with the rule hit rate, TTFT mean and P95 are 1.002x, 0.979x and 0.967x (medians of 10 and 25 paired rounds, `bench/notes.md`, session 19). 16 reports pass without a surplus with probability 0.05 at 17% and 0.85 at 1% |
+//! | [`SURPLUS_WINDOW`] | 16 reports | on the evicting fleet one gateway sees a surplus in ~1% of reports, where the cut is right, and three gateways rotating each session's turns in ~17%, where the cut lost 2% of hit rate and 4-5% of TTFT against no reports, and with the rule hit rate, TTFT mean and P95 are 1.002x, 0.979x and 0.967x (medians of 10 and 25 paired rounds, `docs/decisions/0011-eviction-reports-surplus-rule.md`). 16 reports pass without a surplus with probability 0.05 at 17% and 0.85 at 1% |
 //!
 //! Cost: conversation traffic whose next turns carry the previous answers
 //! reports surpluses even behind one gateway (most reports on the bench's

@@ -25,7 +25,7 @@
 //! a pod busy with one huge prompt or one long generation although request
 //! counts are equal. The bounded loads of `cache_aware` and `prefix_hash`
 //! stay in requests, because every work-based bound measured lost or changed
-//! nothing (`bench/notes.md` has the paired rounds):
+//! nothing (`docs/decisions/0006-bounds-count-requests.md` has the paired rounds):
 //! - with the prefill part, an agent step's tool output still prefilling
 //!   (up to 16k tokens: several typical requests) makes its pod look full,
 //!   and the bound pushes that agent's next steps off the pod holding its

@@ -91,7 +91,7 @@ const REFRESH_MS: u64 = 1000;
 /// index orders a pod's entries by this gateway's uses only: behind several gateways,
 /// a prefix this one last sent long ago may have been kept warm by the others, and
 /// forgetting everything older than the lost block dropped such prefixes (the eviction
-/// bench behind 3 gateways, bench/notes.md). Reports keep coming while the pod still
+/// bench behind 3 gateways, docs/decisions/0011-eviction-reports-surplus-rule.md). Reports keep coming while the pod still
 /// evicts, so a larger gap is closed over a few of them.
 pub const FORGET_SHARE: usize = 8;
 

@@ -87,7 +87,7 @@
 //!   evicting rows unchanged (2 rounds). The spillovers it prevents are the
 //!   three kinds a diagnosis build logged before (64 in two runs): 37 lost on
 //!   the score (35 with 2-74% of the prompt held), 10 over the warm bound, 17
-//!   saturated (`bench/notes.md`, sessions 17, 19 and 20). A continuation that
+//!   saturated (`docs/decisions/0007-sole-holder-keeps-its-conversation.md`). A continuation that
 //!   this gateway has not seen (placed by its anchor, below) still leaves a
 //!   saturated pod: there the hold has no index entry to go on.
 //! - the match of a prompt that is not a continuation leaves out the blocks a
@@ -147,7 +147,7 @@
 //!   prefill and cache room for little: with 40 distinct 3000-word prefixes
 //!   (each used ~6 times), copying them on load alone (without `copies`)
 //!   cost 5-11 points of hit rate and raised the TTFT tail (one guidellm run
-//!   each, see `bench/notes.md`). `cost` makes a longer prefix need a
+//!   each, see `docs/decisions/0008-hot-prefix-spreads.md`). `cost` makes a longer prefix need a
 //!   larger imbalance, `slack` caps it: an agent's 50k-token context is never
 //!   copied this way (nor is a continuation at all).
 //! - **spread over the copies**: among eligible pods whose ratio is within
