@@ -165,7 +165,7 @@ def test_a_document_another_worker_still_prefills_is_no_hit():
     # Each worker VM knows its own prompts until their first byte and the other's from the
     # shared index log. A prompt that shares a document with one the other worker sent and the
     # pod still prefills gets no hit from it (the pod has not computed those blocks): it must
-    # be placed as a new prompt, not counted a hit on the busy pod (session 22's rider).
+    # be placed as a new prompt, not counted a hit on the busy pod (the rider of decision 0009).
     # eps 100 turns the load bound off: only the match and the prefill queue decide.
     overrides = {"balance": {"eps": 100}, "metrics": {"period_ms": 100, "timeout_ms": 80}}
     with Fleet(3, ["--time-scale", "0.5"], filter_overrides=overrides, concurrency=2) as f:

@@ -78,11 +78,11 @@
 //!   a request retried on a fallback pod stays waiting on the pod it was sent
 //!   to first. A prefix on two or more pods is shared (or a conversation
 //!   already moved): its copies compete on their queues too.
-//!   Conversation trace, 4 paired rounds against the hold of session 17 (the
-//!   queue alone, for owners of at least 75% of the prompt): hit rate
+//!   Conversation trace, 4 paired rounds against the earlier hold (the queue
+//!   alone, for owners of at least 75% of the prompt): hit rate
 //!   0.986-1.027x the single-replica reference (median 1.00x) against
-//!   0.931-0.991x in the same rounds (0.944x over all 23 rounds of that build
-//!   this session), spillovers 6-7 of 800 against 23-32, TTFT P95 the same
+//!   0.931-0.991x in the same rounds (0.944x over 23 rounds of that build),
+//!   spillovers 6-7 of 800 against 23-32, TTFT P95 the same
 //!   (medians 0.56x and 0.55x round robin); agent, chat and
 //!   evicting rows unchanged (2 rounds). The spillovers it prevents are the
 //!   three kinds a diagnosis build logged before (64 in two runs): 37 lost on
