@@ -44,7 +44,7 @@ use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{report, TAIL_BYTES};
 use crate::routing::router::{Look, Request, Router, ANCHOR_BYTES};
 use crate::routing::waiting::WaitTicket;
-use crate::worker::stats::{Fallback, Stats};
+use crate::worker::stats::{Stats, Unread};
 use admission::{Admission, Holding};
 
 mod admission;
@@ -242,11 +242,11 @@ impl Worker {
         ex.sized = length.is_some();
         let too_large = length.is_some_and(|l| l > max_body);
         let fallback = if end_of_stream {
-            Some(Fallback::NoBody)
+            Some(Unread::NoBody)
         } else if encoded {
-            Some(Fallback::Compressed)
+            Some(Unread::Compressed)
         } else if too_large {
-            Some(Fallback::TooLarge)
+            Some(Unread::TooLarge)
         } else {
             None
         };
@@ -276,7 +276,7 @@ impl Worker {
         ex.buffered = body_size;
         if body_size > self.router.config().max_body_bytes {
             ex.awaiting_body = false;
-            self.route(host, ex, None, Some(Fallback::TooLarge), Laps::start(host));
+            self.route(host, ex, None, Some(Unread::TooLarge), Laps::start(host));
             return Step::Continue;
         }
         if !end_of_stream {
@@ -295,7 +295,7 @@ impl Worker {
         ex.awaiting_body = false;
         if ex.buffered == 0 {
             // Held at the gate (Pause) or shed (Replied) like any request without a body.
-            self.route(host, ex, None, Some(Fallback::NoBody), Laps::start(host))
+            self.route(host, ex, None, Some(Unread::NoBody), Laps::start(host))
         } else {
             // Whatever Envoy holds, up to one byte past the limit: `route` judges the size.
             let most = self.router.config().max_body_bytes.saturating_add(1);
@@ -318,7 +318,7 @@ impl Worker {
         host: &H,
         ex: &mut Exchange,
         body: Option<&[u8]>,
-        fallback: Option<Fallback>,
+        fallback: Option<Unread>,
         mut laps: Laps,
     ) -> Step {
         let (mut key, why) = self.read_prompt(ex, body, fallback);
@@ -330,7 +330,7 @@ impl Worker {
         }
         // Only a request Envoy holds whole may wait: one whose body is still streaming
         // in (too large to read, compressed) would have it all buffered while held.
-        let whole = body.is_some() || why == Some(Fallback::NoBody);
+        let whole = body.is_some() || why == Some(Unread::NoBody);
         let mut look = None;
         if whole && ex.endpoint.is_some() && self.holding.is_some() {
             match self.admit(host, ex, key.as_ref()) {
@@ -396,8 +396,8 @@ impl Worker {
         &mut self,
         ex: &Exchange,
         body: Option<&[u8]>,
-        fallback: Option<Fallback>,
-    ) -> (Option<PromptKey>, Option<Fallback>) {
+        fallback: Option<Unread>,
+    ) -> (Option<PromptKey>, Option<Unread>) {
         let cfg = self.router.config();
         let mut why = fallback;
         let key = match (ex.endpoint, body) {
@@ -405,17 +405,17 @@ impl Worker {
                 match prompt_key(e, b, cfg.block_bytes, ANCHOR_BYTES) {
                     Ok(k) => Some(k),
                     Err(ParseError::NotJson) => {
-                        why = Some(Fallback::NotJson);
+                        why = Some(Unread::NotJson);
                         None
                     }
                     Err(ParseError::Shape) => {
-                        why = Some(Fallback::BadShape);
+                        why = Some(Unread::BadShape);
                         None
                     }
                 }
             }
             (Some(_), Some(_)) => {
-                why = Some(Fallback::TooLarge);
+                why = Some(Unread::TooLarge);
                 None
             }
             _ => None,
@@ -436,7 +436,7 @@ impl Worker {
         host: &H,
         ex: &mut Exchange,
         key: Option<&PromptKey>,
-        why: Option<Fallback>,
+        why: Option<Unread>,
         look: Option<Look>,
         mut laps: Laps,
     ) -> Step {

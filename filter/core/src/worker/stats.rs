@@ -18,7 +18,7 @@ use crate::routing::policy::Reason;
 
 /// Why a request was routed without reading its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fallback {
+pub enum Unread {
     /// Body is not JSON (or truncated, or nested too deep).
     NotJson,
     /// JSON without the fields the endpoint needs.
@@ -31,23 +31,23 @@ pub enum Fallback {
     NoBody,
 }
 
-impl Fallback {
-    const ALL: [Fallback; 5] = [
-        Fallback::NotJson,
-        Fallback::BadShape,
-        Fallback::TooLarge,
-        Fallback::Compressed,
-        Fallback::NoBody,
+impl Unread {
+    const ALL: [Unread; 5] = [
+        Unread::NotJson,
+        Unread::BadShape,
+        Unread::TooLarge,
+        Unread::Compressed,
+        Unread::NoBody,
     ];
 
     /// Stable name used in stats and the debug header.
     pub fn name(self) -> &'static str {
         match self {
-            Fallback::NotJson => "not_json",
-            Fallback::BadShape => "bad_shape",
-            Fallback::TooLarge => "too_large",
-            Fallback::Compressed => "compressed",
-            Fallback::NoBody => "no_body",
+            Unread::NotJson => "not_json",
+            Unread::BadShape => "bad_shape",
+            Unread::TooLarge => "too_large",
+            Unread::Compressed => "compressed",
+            Unread::NoBody => "no_body",
         }
     }
 }
@@ -185,7 +185,7 @@ impl Stats {
                 .iter()
                 .map(|r| counter(format!("warmroute.decision.{}", r.name())))
                 .collect(),
-            fallbacks: Fallback::ALL
+            fallbacks: Unread::ALL
                 .iter()
                 .map(|f| counter(format!("warmroute.fallback.{}", f.name())))
                 .collect(),
@@ -286,8 +286,8 @@ impl Stats {
     }
 
     /// A request whose prompt could not be read.
-    pub fn fell_back(&mut self, why: Fallback) {
-        if let Some(i) = Fallback::ALL.iter().position(|f| *f == why) {
+    pub fn fell_back(&mut self, why: Unread) {
+        if let Some(i) = Unread::ALL.iter().position(|f| *f == why) {
             add_at(&mut self.fallbacks, i, 1);
         }
     }

@@ -18,7 +18,7 @@ use crate::host::Host;
 use crate::phases::Laps;
 use crate::prompt::prefix::PromptKey;
 use crate::routing::router::{Look, Request};
-use crate::worker::stats::{Fallback, GateEvent};
+use crate::worker::stats::{GateEvent, Unread};
 use std::collections::HashMap;
 
 /// What the gate does with a new request.
@@ -37,7 +37,7 @@ pub(super) enum Admission {
 struct Parked {
     ex: Exchange,
     key: Option<PromptKey>,
-    why: Option<Fallback>,
+    why: Option<Unread>,
     since_ms: u64,
     deadline_ms: u64,
     /// Its place in the gate's record, to put back if the record lost it.
@@ -212,7 +212,7 @@ impl Worker {
         &mut self,
         ex: &mut Exchange,
         key: Option<PromptKey>,
-        why: Option<Fallback>,
+        why: Option<Unread>,
         ticket: Ticket,
     ) -> Step {
         let Some(holding) = self.holding.as_mut() else {
