@@ -3,7 +3,7 @@
 //! ```text
 //! predicted = matched_blocks                     (the index's claim for the pod chosen;
 //!                                                 none for a match lowered for blocks a
-//!                                                 pending prompt brings, [`crate::routing::waiting`]:
+//!                                                 pending prompt brings, [`crate::routing::pending`]:
 //!                                                 whether the pod has them when it admits
 //!                                                 this one depends on timing)
 //! reported  = cached_tokens / prompt_tokens · prompt_blocks

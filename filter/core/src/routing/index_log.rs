@@ -20,7 +20,7 @@
 //!              (little-endian, [`crate::codec`]; kind 0 received: a chain of
 //!               len blocks, as its hashes at the positions the index holds,
 //!               [`crate::routing::index::kept_positions`], and the prefill blocks its
-//!               VM accounted for it ([`crate::routing::waiting`] settles by them);
+//!               VM accounted for it ([`crate::routing::pending`] settles by them);
 //!               kind 1 evicted: no blocks, time_ms is the cut-off)
 //! ```
 //! The index holds a chain only at sampled positions, so the event carries

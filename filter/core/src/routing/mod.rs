@@ -5,7 +5,7 @@
 //! |---|---|
 //! | [`index`] | this VM's replica of which pod holds which block |
 //! | [`index_log`] | the shared change log that replicates the index across VMs |
-//! | [`waiting`] | the prompts waiting for their first token per pod (the sole holder's guard) |
+//! | [`pending`] | the prompts waiting for their first token per pod (the sole holder's guard) |
 //! | [`feedback`] | a pod's own cache report against the index's prediction |
 //! | [`load`] | per-pod load and saturation from in-flight counts and scrapes |
 //! | [`work`] | work in flight per pod, in typical requests |
@@ -18,7 +18,7 @@ pub mod index;
 pub mod index_log;
 pub mod load;
 pub mod models;
+pub mod pending;
 pub mod policy;
 pub mod router;
-pub mod waiting;
 pub mod work;

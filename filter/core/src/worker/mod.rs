@@ -42,8 +42,8 @@ use crate::phases::{Laps, Phase};
 use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{report, TAIL_BYTES};
+use crate::routing::pending::PendingTicket;
 use crate::routing::router::{Look, Request, Router, ANCHOR_BYTES};
-use crate::routing::waiting::WaitTicket;
 use crate::worker::stats::{Stats, Unread};
 use admission::{Admission, Holding};
 
@@ -105,7 +105,7 @@ pub struct Exchange {
     claim: Delta,
     /// Its prompt waits on `chosen` until its first response byte, or its end
     /// ([`Router::close`]).
-    waiting: Option<WaitTicket>,
+    pending: Option<PendingTicket>,
     debug: Option<String>,
     response_done: bool,
     /// A predicted cache hit whose answer will carry the pod's own report.
@@ -475,7 +475,7 @@ impl Worker {
         let primary = routed.decision.order.first().copied();
         ex.chosen = primary;
         ex.claim = routed.claim;
-        ex.waiting = routed.waiting;
+        ex.pending = routed.pending;
         // Set only for a predicted hit whose answer will carry usage.
         ex.awaiting_report = routed
             .last_use_ms
@@ -556,7 +556,7 @@ impl Worker {
                 self.router.fleet_mut().prefilled(b, &mut ex.claim);
             }
             // Its prompt no longer waits on the pod: not a queue shared with it.
-            if let Some(t) = ex.waiting.take() {
+            if let Some(t) = ex.pending.take() {
                 self.router.close(t);
             }
         }
@@ -608,7 +608,7 @@ impl Worker {
         let status: Option<u16> = host.response_status().and_then(|v| v.parse().ok());
         self.stats
             .finished(status.filter(|_| !reset).map(u32::from));
-        if let Some(t) = ex.waiting.take() {
+        if let Some(t) = ex.pending.take() {
             self.router.close(t);
         }
         let claim = std::mem::take(&mut ex.claim);

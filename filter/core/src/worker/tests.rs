@@ -96,18 +96,18 @@ fn a_prompt_waits_on_its_pod_until_its_first_response_byte() {
     let body = chat_body(&"q".repeat(3000));
     let mut first = send(&mut w, &host, &chat_headers(), &body);
     let mut second = send(&mut w, &host, &chat_headers(), &body);
-    assert!(first.waiting.is_some() && second.waiting.is_some());
-    assert_eq!(w.router.waiting_prompts(), 2);
+    assert!(first.pending.is_some() && second.pending.is_some());
+    assert_eq!(w.router.pending_prompts(), 2);
     // The first answer streams: its prompt no longer waits, the second's does.
     host.exchange.borrow_mut().status = Some("200".into());
     w.on_response_headers(&host, &mut first, false);
     w.on_response_body(&host, &mut first, 10, false);
-    assert!(first.waiting.is_none());
-    assert_eq!(w.router.waiting_prompts(), 1);
+    assert!(first.pending.is_none());
+    assert_eq!(w.router.pending_prompts(), 1);
     // The second ends without a byte of body (an error, a reset): its end clears it.
     w.on_log(&host, &mut second);
     w.on_log(&host, &mut first);
-    assert_eq!(w.router.waiting_prompts(), 0);
+    assert_eq!(w.router.pending_prompts(), 0);
 }
 
 #[test]

@@ -63,7 +63,7 @@
 //!   first token there shares (a document or few-shot block many users send,
 //!   arriving together) is not one conversation's, and its requests compete on
 //!   queues like any other prompt: held, they would all queue on the one pod that first
-//!   saw it, which is the tail the queue term is there to cut. Waiting, not
+//!   saw it, which is the tail the queue term is there to cut. Pending, not
 //!   in flight: a trace replayed open-loop (or a client that does not wait
 //!   for the whole answer) sends a turn while the previous one still streams,
 //!   and "in flight" would drop the hold for those turns (5-6 of the 154
@@ -71,7 +71,7 @@
 //!   streaming; none still waiting for its first token). The waiting requests
 //!   are the ones this worker VM routed and has not seen a response byte of
 //!   (their prompts' block hashes are kept per pod, see
-//!   [`crate::routing::waiting`]); another worker's are not seen, which only leaves the
+//!   [`crate::routing::pending`]); another worker's are not seen, which only leaves the
 //!   hold in place. "Shares" is checked at the last block of the pod's match
 //!   (one comparison per prompt waiting there). A request stops waiting at its
 //!   first response byte, or, answered in one piece (not streamed), at its end;
@@ -92,7 +92,7 @@
 //!   saturated pod: there the hold has no index entry to go on.
 //! - the match of a prompt that is not a continuation leaves out the blocks a
 //!   prompt still waiting for its prefill on that pod brings
-//!   ([`crate::routing::waiting`], ready): the pod has not computed them, and a prompt
+//!   ([`crate::routing::pending`], ready): the pod has not computed them, and a prompt
 //!   admitted with it gets no hit from them. Counted, a request sharing a
 //!   prefix with one sent just before stayed on a pod deep in prefill and was
 //!   accounted a few blocks where it cost a whole prompt, so the next new

@@ -45,7 +45,7 @@
 //! the whole set. About 7 µs at 256 pods, 25 µs at 1024 natively (`bench/decision`).
 //! The sole holder's guard costs one comparison per prompt waiting on a pod
 //! that matches past the head, and one copy of each routed prompt's chain
-//! ([`crate::routing::waiting`]).
+//! ([`crate::routing::pending`]).
 
 use crate::config::{PolicyConfig, Strategy};
 use crate::hash::rendezvous_top;

@@ -46,8 +46,8 @@ use crate::routing::index::Index;
 use crate::routing::index_log::Kind;
 use crate::routing::load::{backend_loads, BackendLoad};
 use crate::routing::models::{narrow, Fit};
+use crate::routing::pending::{Pending, PendingTicket};
 use crate::routing::policy::{Chooser, Decision, Reason, RequestKey};
-use crate::routing::waiting::{WaitTicket, Waiting};
 
 /// Anchor length for prompts without message structure (completions).
 pub const ANCHOR_BYTES: usize = 2048;
@@ -87,7 +87,7 @@ pub struct Routed {
     pub last_use_ms: Option<u64>,
     /// The request's prompt waits on the primary until its first response byte
     /// or its end ([`Router::close`]); `None`: nothing kept (not `cache_aware`, no prompt).
-    pub waiting: Option<WaitTicket>,
+    pub pending: Option<PendingTicket>,
     /// Times the decision was made again because another worker wrote the
     /// ledger between its read and this request's write.
     pub redecided: u32,
@@ -105,7 +105,7 @@ pub struct Router {
     requests: u64,
     matched: Vec<u32>,
     /// The backends whose match, for the request being decided, was lowered
-    /// for what pending prompts bring ([`Waiting::ready`]).
+    /// for what pending prompts bring ([`Pending::ready`]).
     lowered: Vec<usize>,
     /// Per backend, for the request being decided: another request this VM sent
     /// there waits for its first token and shares its prompt up to the last
@@ -113,8 +113,8 @@ pub struct Router {
     shared: Vec<bool>,
     /// The prompts this VM routed and has seen no response byte of, and the
     /// other workers' the ledger shows not yet prefilled, per pod (`cache_aware`
-    /// only): the sole holder's guard and what a match has ready ([`crate::routing::waiting`]).
-    waiting: Waiting,
+    /// only): the sole holder's guard and what a match has ready ([`crate::routing::pending`]).
+    pending: Pending,
     /// Times the steps of a routed request (only with `phase-timing`).
     split: Split,
     /// Prompt bytes per pod token, as the pods' reports show it.
@@ -206,7 +206,7 @@ impl Router {
             matched: Vec::with_capacity(n),
             lowered: Vec::new(),
             shared: Vec::with_capacity(n),
-            waiting: Waiting::default(),
+            pending: Pending::default(),
             split: Split::default(),
             ratio: TokenRatio::new(cfg.index.bytes_per_token),
             surplus: Surplus::default(),
@@ -239,7 +239,7 @@ impl Router {
     fn forget_slots(&mut self, changed: &[usize]) {
         for &b in changed {
             self.index.forget(b);
-            self.waiting.forget(b);
+            self.pending.forget(b);
         }
     }
 
@@ -473,8 +473,8 @@ impl Router {
                     false
                 };
                 if with_prompt && self.cfg.strategy == Strategy::CacheAware {
-                    // What the other workers' prompts still bring ([`crate::routing::waiting`]).
-                    self.waiting.settle(|vm, b| r.value.prefill_of(vm, b));
+                    // What the other workers' prompts still bring ([`crate::routing::pending`]).
+                    self.pending.settle(|vm, b| r.value.prefill_of(vm, b));
                 }
                 (Some(r.raw), log_gap)
             }
@@ -548,15 +548,15 @@ impl Router {
                 let head_blocks = (key.anchor_offset / block) as u32;
                 self.lowered.clear();
                 if !key.continuation {
-                    // Not what pending prompts still bring ([`crate::routing::waiting`], ready).
-                    self.waiting.ready(
+                    // Not what pending prompts still bring ([`crate::routing::pending`], ready).
+                    self.pending.ready(
                         &mut self.matched,
                         head_blocks,
                         &key.blocks,
                         &mut self.lowered,
                     );
                 }
-                self.waiting
+                self.pending
                     .shared(&self.matched, head_blocks, &key.blocks, &mut self.shared);
                 self.split.lap(host, Stage::Match);
                 let rk = RequestKey {
@@ -626,7 +626,7 @@ impl Router {
                 log_gap: seen.log_gap,
                 unknown_model: false,
                 last_use_ms: None,
-                waiting: None,
+                pending: None,
                 redecided: 0,
             });
         };
@@ -651,8 +651,8 @@ impl Router {
             true => 0,
             false => self.index.record(chain, primary, seen.now),
         };
-        let waiting = if self.cfg.strategy == Strategy::CacheAware {
-            self.waiting.keep(chain, primary, from)
+        let pending = if self.cfg.strategy == Strategy::CacheAware {
+            self.pending.keep(chain, primary, from)
         } else {
             None
         };
@@ -683,21 +683,21 @@ impl Router {
             log_gap: seen.log_gap,
             unknown_model: false,
             last_use_ms: None,
-            waiting,
+            pending,
             redecided: 0,
         })
     }
 
     /// A routed request got its first response byte (or ended): its prompt no
-    /// longer waits on its pod ([`Waiting::close`]).
-    pub fn close(&mut self, ticket: WaitTicket) {
-        self.waiting.close(ticket);
+    /// longer waits on its pod ([`Pending::close`]).
+    pub fn close(&mut self, ticket: PendingTicket) {
+        self.pending.close(ticket);
     }
 
     /// How many prompts wait on their pods (tests).
     #[cfg(test)]
-    pub(crate) fn waiting_prompts(&self) -> usize {
-        self.waiting.prompts()
+    pub(crate) fn pending_prompts(&self) -> usize {
+        self.pending.prompts()
     }
 
     /// One ledger write ([`FleetView::account`]), timed as its step.

@@ -45,7 +45,7 @@ impl Router {
                                 let from =
                                     self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
                                 if self.cfg.strategy == Strategy::CacheAware {
-                                    self.waiting.keep_foreign(&ev, from);
+                                    self.pending.keep_foreign(&ev, from);
                                 }
                             }
                             Kind::Evicted => self

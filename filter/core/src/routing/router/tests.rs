@@ -243,9 +243,9 @@ fn a_prefix_is_shared_while_another_request_with_it_waits_on_its_pod() {
     );
     assert!(a.shared.iter().enumerate().all(|(c, &s)| c == b || !s));
     // Both answers started: the document waits in no prefill, its next user holds it alone.
-    a.close(first.waiting.unwrap());
-    a.close(second.waiting.unwrap());
-    assert_eq!((a.waiting_prompts(), a.waiting.blocks()), (0, 0));
+    a.close(first.pending.unwrap());
+    a.close(second.pending.unwrap());
+    assert_eq!((a.pending_prompts(), a.pending.blocks()), (0, 0));
     a.route(&host, &prompt(&ask("c")));
     assert!(a.matched[b] > 0 && a.shared.iter().all(|&s| !s));
 }
@@ -323,7 +323,7 @@ fn blocks_a_pending_prompt_brings_are_no_hit_on_any_worker() {
         let mut claim = routed.claim;
         r.fleet_mut()
             .prefilled(routed.decision.order[0], &mut claim);
-        r.close(routed.waiting.unwrap());
+        r.close(routed.pending.unwrap());
     };
     answered(&mut a, &first);
     answered(&mut b, &second);
@@ -335,7 +335,7 @@ fn blocks_a_pending_prompt_brings_are_no_hit_on_any_worker() {
         assert!(next.decision.matched * 2 > next.blocks, "{next:?}");
     }
     // B dropped A's answered prompts; it keeps the one A just sent.
-    assert_eq!(b.waiting.foreign_prompts(), 1);
+    assert_eq!(b.pending.foreign_prompts(), 1);
 }
 
 #[test]
@@ -360,11 +360,11 @@ fn an_event_for_a_slot_this_fleet_lacks_is_not_kept() {
     }
     assert_eq!(rewritten, 1);
     b.route(&host, &prompt(&chat(&[("user", &"y".repeat(4000))])));
-    assert_eq!(b.waiting.foreign_prompts(), 0);
+    assert_eq!(b.pending.foreign_prompts(), 0);
     assert!(
-        b.waiting.foreign_pods() <= b.fleet().slot_count(),
+        b.pending.foreign_pods() <= b.fleet().slot_count(),
         "{}",
-        b.waiting.foreign_pods()
+        b.pending.foreign_pods()
     );
 }
 

@@ -91,7 +91,7 @@ fn held_requests_leave_highest_class_first_as_requests_end() {
     assert_eq!((s3, s4, s5), (Step::Pause, Step::Pause, Step::Pause));
     assert!(resumed(&host).is_empty());
     // Only the two routed prompts wait on their pods; the held ones are not routed yet.
-    assert_eq!(w.router.waiting_prompts(), 2);
+    assert_eq!(w.router.pending_prompts(), 2);
     end(&mut w, &host, &mut a);
     assert_eq!(
         resumed(&host),
@@ -111,7 +111,7 @@ fn held_requests_leave_highest_class_first_as_requests_end() {
         end(&mut w, &host, ex);
     }
     // The released ones were routed, and closed what they kept at their end.
-    assert_eq!(w.router.waiting_prompts(), 0);
+    assert_eq!(w.router.pending_prompts(), 0);
     w.tick(&host);
     assert_eq!(host.metric("warmroute.gate.interactive.released"), Some(2));
     assert_eq!(host.metric("warmroute.gate.batch.released"), Some(1));

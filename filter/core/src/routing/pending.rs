@@ -72,9 +72,9 @@ use crate::routing::index_log::Event;
 /// waiting 128 KB prompts or tens of thousands of chat turns.
 pub const MAX_WAITING_BLOCKS: usize = 1 << 19;
 
-/// A routed prompt kept as waiting on its pod ([`Waiting::keep`], [`Waiting::close`]).
+/// A routed prompt kept as waiting on its pod ([`Pending::keep`], [`Pending::close`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitTicket {
+pub struct PendingTicket {
     backend: usize,
     id: u64,
 }
@@ -116,18 +116,18 @@ impl Foreign {
 
 /// Per backend, the prompts routed there that may still wait for their prefill.
 #[derive(Default)]
-pub struct Waiting {
+pub struct Pending {
     /// This VM's, closed by their tickets.
     lists: Vec<Vec<Prompt>>,
     /// The other VMs', oldest first, settled by the ledger.
     foreign: Vec<VecDeque<Foreign>>,
     /// Block hashes `lists` and `foreign` hold in all.
     blocks: usize,
-    /// The last [`WaitTicket`]'s id.
+    /// The last [`PendingTicket`]'s id.
     tickets: u64,
 }
 
-impl Waiting {
+impl Pending {
     /// Sets `shared` per backend (formula above); empty when nothing waits.
     /// This VM's prompts only: another worker's leave the hold in place.
     pub fn shared(&self, matched: &[u32], head_blocks: u32, chain: &[u64], shared: &mut Vec<bool>) {
@@ -149,7 +149,7 @@ impl Waiting {
 
     /// Lowers each `matched` past the head to `ready` (formula above), again
     /// while it moves: what is left may be what another pending prompt brings.
-    /// Adds the backends it lowered to `lowered`. Call [`Waiting::settle`]
+    /// Adds the backends it lowered to `lowered`. Call [`Pending::settle`]
     /// first, so the others' prompts still kept are pending.
     pub fn ready(
         &self,
@@ -183,8 +183,8 @@ impl Waiting {
     }
 
     /// Keeps `chain` as waiting on `backend`, which held its first `from`
-    /// blocks, until [`Waiting::close`].
-    pub fn keep(&mut self, chain: &[u64], backend: usize, from: u32) -> Option<WaitTicket> {
+    /// blocks, until [`Pending::close`].
+    pub fn keep(&mut self, chain: &[u64], backend: usize, from: u32) -> Option<PendingTicket> {
         if chain.is_empty() || !self.make_room(chain.len(), true) {
             return None;
         }
@@ -199,13 +199,13 @@ impl Waiting {
             from,
         });
         self.blocks += chain.len();
-        Some(WaitTicket { backend, id })
+        Some(PendingTicket { backend, id })
     }
 
     /// Keeps a prompt another VM routed, as its log event `ev` says (a chain
     /// of `ev.len` blocks, its hashes at the kept positions, `ev.head.prefill`
     /// blocks accounted for it), of which its pod held the first `from`, until
-    /// [`Waiting::settle`] finds it prefilled. One accounted no prefill is not
+    /// [`Pending::settle`] finds it prefilled. One accounted no prefill is not
     /// kept; one that brings no block is kept without its hashes (the settling
     /// counts it). This VM's own prompts are not dropped to make room.
     pub fn keep_foreign(&mut self, ev: &Event, from: u32) {
@@ -270,7 +270,7 @@ impl Waiting {
 
     /// The prompt got its first response byte (or its exchange ended): it no
     /// longer waits. A ticket already closed (or dropped by the cap) changes nothing.
-    pub fn close(&mut self, ticket: WaitTicket) {
+    pub fn close(&mut self, ticket: PendingTicket) {
         let Some(list) = self.lists.get_mut(ticket.backend) else {
             return;
         };
@@ -370,7 +370,7 @@ mod tests {
         // position), then its own; backend 1's waiting prompt ends after block 39.
         let mut other: Vec<u64> = (0..92).collect();
         other.extend(1000..1010);
-        let mut waiting = Waiting::default();
+        let mut waiting = Pending::default();
         waiting.keep(&other, 0, 0);
         waiting.keep(&(0..40).collect::<Vec<u64>>(), 1, 0);
         let mut shared = Vec::new();
@@ -382,7 +382,7 @@ mod tests {
         // A match within the head makes no pod the sole holder: nothing is probed.
         waiting.shared(&[92, 40, 0], 40, &chain, &mut shared);
         assert_eq!(shared, [true, false, false]);
-        Waiting::default().shared(&[92, 40, 0], 8, &chain, &mut shared);
+        Pending::default().shared(&[92, 40, 0], 8, &chain, &mut shared);
         assert!(shared.is_empty());
     }
 
@@ -406,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_match_is_ready_only_up_to_what_a_pending_prompt_brings() {
-        let mut w = Waiting::default();
+        let mut w = Pending::default();
         // Backend 0 held 10 blocks of the document before this prompt brought the rest.
         let ticket = w.keep(&chain(1, 60, 80), 0, 10).unwrap();
         let rider = chain(2, 60, 80);
@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn another_workers_prompt_is_pending_while_its_prefill_is_in_the_ledger() {
-        let mut w = Waiting::default();
+        let mut w = Pending::default();
         // VM 7 sent three prompts to backend 1, accounted 100, 100 and 90 blocks of
         // prefill (the last brings blocks 10.. of a document the rider shares up to
         // block 89, past the dense head: only the sampled positions travel); VM 8 one.
@@ -462,7 +462,7 @@ mod tests {
         w.keep_foreign(&event(7, &chain(9, 0, 100), 3), 100);
         assert_eq!(w.foreign_prompts(), 5);
         let rider = chain(2, 90, 120);
-        let ready = |w: &Waiting| {
+        let ready = |w: &Pending| {
             let mut matched = [0, 90, 0];
             w.ready(&mut matched, 4, &rider, &mut Vec::new());
             matched[1]
@@ -485,7 +485,7 @@ mod tests {
     fn a_match_is_lowered_past_every_pending_prompt_it_uses() {
         // One pending prompt brought the document (blocks 0..60), another its
         // second part (60..100); the rider uses both.
-        let mut w = Waiting::default();
+        let mut w = Pending::default();
         let doc = chain(1, 100, 100);
         w.keep(&chain(2, 60, 80), 0, 0);
         w.keep(&doc, 0, 60);
@@ -496,7 +496,7 @@ mod tests {
 
     #[test]
     fn the_other_workers_prompts_never_push_this_ones_out() {
-        let mut w = Waiting::default();
+        let mut w = Pending::default();
         let mine = w.keep(&chain(1, 0, 12), 0, 0).unwrap();
         w.blocks = MAX_WAITING_BLOCKS;
         w.keep_foreign(&event(7, &chain(2, 0, 12), 12), 0);
@@ -521,7 +521,7 @@ mod tests {
 
     #[test]
     fn waiting_prompts_stay_bounded() {
-        let mut w = Waiting::default();
+        let mut w = Pending::default();
         let chain: Vec<u64> = (0..12).collect();
         let first = w.keep(&chain, 0, 0).unwrap();
         let n = w.blocks;
@@ -539,7 +539,7 @@ mod tests {
 
     #[test]
     fn a_changed_slot_forgets_what_waited_on_it() {
-        let mut w = Waiting::default();
+        let mut w = Pending::default();
         let kept = w.keep(&[1, 2, 3], 1, 0).unwrap();
         w.keep(&[4, 5], 0, 0);
         w.forget(1);
