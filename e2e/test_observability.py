@@ -1,0 +1,95 @@
+"""What an operator sees, through the real Envoy: the filter's stats as Prometheus labels (the
+shipped configs' stats_tags), the Grafana dashboard's queries against the series a real run
+exported, and one request's route in the access log.
+
+Counters reach Envoy at the filter's tick, so the checks wait for ticks of the lease holder
+(scrapes), never for seconds; waits have generous timeouts as hang guards only."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+
+import yaml
+
+from warmroute_harness import MODEL, Fleet, chat, post, words
+from warmroute_harness.repo import ROOT
+
+DASHBOARD = ROOT / "deploy" / "grafana" / "warmroute-dashboard.json"
+CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "envoy").glob("*.yaml"))]
+SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
+METRIC = re.compile(r"\bwarmroute_[a-z_]+\b")
+BY = re.compile(r"\bby\s*\(([^)]*)\)")
+LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def exported(admin_port: int) -> dict[str, set[str]]:
+    """Every series of /stats/prometheus named warmroute_*: metric name -> label names seen."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=10).read().decode()
+    out: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        m = SERIES.match(line)
+        if m and m.group(1).startswith("warmroute_"):
+            out.setdefault(m.group(1), set()).update(LABEL.findall(m.group(2) or ""))
+    return out
+
+
+def values(admin_port: int, metric: str, label: str) -> dict[str, float]:
+    """`metric`'s samples by the value of `label`."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=10).read().decode()
+    pat = re.compile(rf'^{metric}\{{(?:[^}}]*,)?{label}="([^"]*)"[^}}]*\}} (\S+)$')
+    return {m.group(1): float(m.group(2)) for line in text.splitlines() if (m := pat.match(line))}
+
+
+def test_every_shipped_config_labels_the_stats_the_same_way():
+    tags = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()).get("stats_config") for p in CONFIGS}
+    assert all(tags.values()), f"a shipped config without stats_config: {[p for p, t in tags.items() if not t]}"
+    first = next(iter(tags.values()))
+    assert all(t == first for t in tags.values()), "the shipped configs' stats_tags differ"
+    names = [t["tag_name"] for t in first["stats_tags"]]
+    assert {"pod", "reason", "class"} <= set(names), names
+
+
+def test_the_dashboard_queries_only_series_a_real_run_exports():
+    gate = {"gate": {"knee": {"requests": 8}}}
+    with Fleet(2, ["--time-scale", "10"], filter_overrides=gate) as f:
+        sent = 6
+        for i in range(sent - 1):
+            r = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, [{"role": "user", "content": words(f"q{i}-", 300)}]))
+            assert r.status == 200, r.status
+        # A body that is not JSON is still proxied (the sim answers 4xx), counted as unread.
+        post(f.envoy.port, "/v1/chat/completions", b"{not json")
+        f.envoy.wait_ticks(3)
+        series = exported(f.envoy.admin_port)
+
+        # Tag extraction: no per-pod, per-reason or per-class metric names, only labels.
+        pods = {s.name.replace("-", "_") for s in f.sims}
+        flat = [n for n in series if any(p in n for p in pods) or n.startswith("warmroute_decision_")
+                or n.startswith("warmroute_gate_interactive")]
+        assert not flat, f"stats not turned into labels: {flat[:5]}"
+        assert {"warmroute_backend_chosen", "warmroute_backend_inflight", "warmroute_backend_healthy",
+                "warmroute_backend_prefill_blocks"} <= set(series), sorted(series)
+        chosen = values(f.envoy.admin_port, "warmroute_backend_chosen", "pod")
+        assert set(chosen) == {s.name for s in f.sims}, chosen
+        assert sum(chosen.values()) == sent, chosen
+        reasons = values(f.envoy.admin_port, "warmroute_decision", "reason")
+        assert sum(reasons.values()) == sent and reasons.get("fallback") == 1, reasons
+        assert values(f.envoy.admin_port, "warmroute_fallback", "unread").get("not_json") == 1
+        # A body the filter could not read still passes the gate (below the knee: admitted).
+        assert values(f.envoy.admin_port, "warmroute_gate_admitted", "class").get("standard") == sent
+
+        # Every panel's query names series this run exported, with the labels it groups by.
+        dash = json.loads(DASHBOARD.read_text())
+        checked = 0
+        for panel in dash["panels"]:
+            for t in panel["targets"]:
+                wanted = {lab.strip() for g in BY.findall(t["expr"]) for lab in g.split(",") if lab.strip()}
+                wanted |= set(LEGEND.findall(t.get("legendFormat", "")))
+                for metric in METRIC.findall(t["expr"]):
+                    assert metric in series, f"panel {panel['title']!r}: {metric} is not exported"
+                    missing = wanted - series[metric]
+                    assert not missing, f"panel {panel['title']!r}: {metric} has no label {missing}"
+                    checked += 1
+        assert checked >= 20, checked
