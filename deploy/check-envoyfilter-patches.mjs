@@ -4,7 +4,8 @@
 // an added cluster or a merged policy passes it and is only refused by the proxy, after istiod
 // has pushed it. Here each workload's patches are applied, as istiod would, to stand-ins of the
 // objects Istio generates for that workload (its outbound cluster for the vLLM Service, an HTTP
-// listener with the HTTP connection manager, a virtual host and the router), and the result goes
+// listener with the HTTP connection manager, a virtual host and the router; the bootstrap's
+// xds-grpc and sds-grpc clusters), and the result goes
 // to `envoy --mode validate`: every field, enum and extension name must be one this Envoy knows.
 // The stand-ins are not Istio's full output, so this says the patches are valid Envoy config,
 // not that a live mesh behaves.
@@ -86,6 +87,20 @@ function standIns(host, port) {
           },
           load_assignment: { cluster_name: "xds-grpc", endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: "127.0.0.1", port_value: 15010 } } } }] }] },
         },
+        {
+          // istio-agent's SDS server, as Istio's bootstrap declares it: the scrape cluster's
+          // Istio mTLS asks it for the secrets `default` (the proxy's certificate) and `ROOTCA`.
+          name: "sds-grpc",
+          type: "STATIC",
+          connect_timeout: "1s",
+          typed_extension_protocol_options: {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+              "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+              explicit_http_config: { http2_protocol_options: {} },
+            },
+          },
+          load_assignment: { cluster_name: "sds-grpc", endpoints: [{ lb_endpoints: [{ endpoint: { address: { pipe: { path: "./var/run/secrets/workload-spiffe-uds/socket" } } } }] }] },
+        },
         vllm,
       ],
     },
@@ -135,6 +150,21 @@ for (const [key, filters] of workloads) {
       else { fail(`${where}: no stand-in for ${op}; teach deploy/check-envoyfilter-patches.mjs`); continue; }
       applied.push(`${p.applyTo} ${p.patch.operation}${p.patch.value?.name ? ` ${p.patch.value.name}` : ""}`);
     }
+  }
+  // `envoy --mode validate` does not resolve the cluster an SDS/xDS gRPC source names (an
+  // Envoy would only find it missing when it subscribes): every such name must be a cluster of
+  // the stand-ins (Istio's bootstrap has xds-grpc and sds-grpc) or one the patches add.
+  const clusters = new Set(s.bootstrap.static_resources.clusters.map((c) => c.name));
+  const grpcRefs = [];
+  const refs = (v) => {
+    if (Array.isArray(v)) return v.forEach(refs);
+    if (!isObject(v)) return;
+    if (isObject(v.envoy_grpc) && v.envoy_grpc.cluster_name !== undefined) grpcRefs.push(v.envoy_grpc.cluster_name);
+    Object.values(v).forEach(refs);
+  };
+  refs(s.bootstrap);
+  for (const name of new Set(grpcRefs)) {
+    if (!clusters.has(name)) fail(`${filters.map(({ f }) => f).join(", ")} (${key}): a gRPC source names cluster ${name}, which neither Istio's bootstrap nor the patches have`);
   }
   const file = path.join(scratch, `${seq++}.json`);
   fs.writeFileSync(file, JSON.stringify(s.bootstrap, null, 2));

@@ -14,7 +14,9 @@
 //    sidecar) and patches only that workload's context, and each such workload gets the strict
 //    scrape cluster metrics.cluster names (EDS from istiod under the vLLM Service's outbound
 //    cluster name, override_host with a fallback that picks no host), the strip of client
-//    routing headers and, in endpoint mode, the override_host policy on the vLLM cluster;
+//    routing headers and, in endpoint mode, the override_host policy on the vLLM cluster; the
+//    scrape cluster speaks Istio mTLS (SDS `default`/`ROOTCA` from sds-grpc) to endpoints marked
+//    tlsMode: istio and plain text to the rest, as Istio's own outbound cluster does;
 //  - a discovered pool (pluginConfig `pool`): route.mode endpoint, pool.cluster is the vLLM
 //    Service's outbound cluster (the one each workload's override_host policy is merged into),
 //    and each workload gets pool.admin_cluster as a STATIC cluster of the proxy's admin
@@ -280,6 +282,31 @@ function notStrict(v) {
   }
   return undefined;
 }
+// Why the scrape cluster would not reach a pod under PeerAuthentication STRICT, or one without a
+// sidecar, if it would not: Istio's auto mTLS per endpoint (cluster_tls.go), the proxy's
+// certificate `default` and the root CA `ROOTCA` from istio-agent's SDS (sds-grpc) to endpoints
+// istiod marks tlsMode: istio, plain text to the rest.
+const sdsCluster = (x) => x?.sds_config?.api_config_source?.grpc_services?.[0]?.envoy_grpc?.cluster_name;
+function notIstioMtls(v) {
+  if (v.transport_socket) return "a transport_socket for every endpoint, not Istio's per-endpoint transport_socket_matches";
+  const m = v.transport_socket_matches ?? [];
+  const i = m.findIndex((x) => x.match?.tlsMode === "istio");
+  if (i < 0) return "no transport_socket_matches entry for tlsMode: istio endpoints: under PeerAuthentication STRICT every scrape fails";
+  const t = m[i].transport_socket?.typed_config ?? {};
+  if (!String(t["@type"] ?? "").endsWith(".tls.v3.UpstreamTlsContext")) return `tlsMode: istio: transport socket ${t["@type"] ?? "none"}, not an UpstreamTlsContext`;
+  const c = t.common_tls_context ?? {};
+  if (!(c.tls_certificate_sds_secret_configs ?? []).some((x) => x.name === "default" && sdsCluster(x) === "sds-grpc")) {
+    return "tlsMode: istio: no certificate `default` from istio-agent (SDS over sds-grpc): a STRICT sidecar refuses the handshake";
+  }
+  const root = c.combined_validation_context?.validation_context_sds_secret_config ?? c.validation_context_sds_secret_config;
+  if (root?.name !== "ROOTCA" || sdsCluster(root) !== "sds-grpc") return "tlsMode: istio: the pod's certificate is not checked against `ROOTCA` from istio-agent (SDS over sds-grpc)";
+  const last = m[m.length - 1];
+  const lastType = String(last?.transport_socket?.typed_config?.["@type"] ?? "");
+  if (m.length - 1 === i || Object.keys(last.match ?? {}).length || !lastType.endsWith(".raw_buffer.v3.RawBuffer")) {
+    return "no plain-text match-all after tlsMode: istio: scrapes of pods without a sidecar would use the cluster's default socket";
+  }
+  return undefined;
+}
 const removes = (p) => new Set((p.patch?.value?.typed_config?.early_header_mutation_extensions ?? [])
   .flatMap((e) => e.typed_config?.mutations ?? []).map((m) => m.remove).filter(Boolean));
 
@@ -299,9 +326,9 @@ for (const [key, w] of workloads) {
       const why = v.type !== "EDS" ? `type ${v.type}, not EDS`
         : eds.service_name !== vllmCluster ? `EDS service_name ${eds.service_name}, not the vLLM Service's ${vllmCluster}`
         : (typeof eds.eds_config?.ads !== "object" || eds.eds_config?.resource_api_version !== "V3") ? "its endpoints do not come from istiod (eds_config: {ads: {}, resource_api_version: V3})"
-        : notStrict(v);
+        : notStrict(v) ?? notIstioMtls(v);
       if (why) fail(`${path.relative(dir, f)}: ${ref.metrics.cluster}: ${why}`);
-      else ok(`${who}: ${ref.metrics.cluster}: ${vllmCluster}'s endpoints, a scrape reaches the header's pod or fails`);
+      else ok(`${who}: ${ref.metrics.cluster}: ${vllmCluster}'s endpoints, a scrape reaches the header's pod or fails, over Istio mTLS to pods with a sidecar`);
     }
   }
   const strips = patches.filter(({ p }) => p.applyTo === "NETWORK_FILTER" && [ENDPOINT_HEADER, BACKEND_HEADER].every((h) => removes(p).has(h)));

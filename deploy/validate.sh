@@ -11,7 +11,8 @@
 # 4. warmroute cross-checks: embedded pluginConfig copies == generated one, the filter's own
 #    verdict on every shipped config (warmroute-check-config, the core's Config::parse), its
 #    max_body_bytes against the Envoy buffers it runs under, every Istio object scoped to the
-#    workload warmroute runs in, the strict scrape cluster metrics.cluster names, the pool's
+#    workload warmroute runs in, the strict scrape cluster metrics.cluster names (and its Istio
+#    mTLS: SDS default/ROOTCA from sds-grpc to tlsMode: istio endpoints), the pool's
 #    cluster and admin cluster, no route to the proxy's admin; in header mode backend <->
 #    DestinationRule subset <-> VirtualService route
 # 5. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
@@ -401,6 +402,24 @@ mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated
   's.replace("service_name: \"outbound|8000||vllm.llm.svc.cluster.local\"", "service_name: \"outbound|8000|vllm-0|vllm.llm.svc.cluster.local\"", 1)'
 expect_reject_because "scrape cluster fed one subset's endpoints" "routing-gateway.yaml: warmroute-metrics: EDS service_name outbound\|8000\|vllm-0" \
   node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
+# Scrapes under PeerAuthentication STRICT: Istio mTLS to pods with a sidecar, plain text to the rest.
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  're.sub(r"                tls_certificate_sds_secret_configs:\n.*?(?=                combined_validation_context:)", "", s, count=1, flags=re.S)'
+expect_reject_because "scrape cluster's Istio mTLS without the proxy's certificate" "routing-gateway.yaml: warmroute-metrics: tlsMode: istio: no certificate .default." \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  're.sub(r"        - name: tlsMode-disabled\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+expect_reject_because "scrape cluster without the plain-text match for pods without a sidecar" "routing-gateway.yaml: warmroute-metrics: no plain-text match-all" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  're.sub(r"        transport_socket_matches:\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+expect_reject_because "scrape cluster in plain text only (every scrape fails under STRICT)" "routing-gateway.yaml: warmroute-metrics: no transport_socket_matches entry for tlsMode: istio" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("cluster_name: sds-grpc", "cluster_name: istio-sds")'
+expect_reject_because "scrape cluster's SDS from a cluster Istio's bootstrap does not have (Envoy's validate lets it pass)" "names cluster istio-sds, which neither" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
 cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
 mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml" \
   're.sub(r"  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_OUTBOUND\n    patch:\n      operation: ADD\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'

@@ -538,6 +538,75 @@ def override_host_policy(fallback: dict) -> dict:
 
 
 ROUND_ROBIN = {"name": f"{LB}.round_robin", "typed_config": {"@type": f"{LB_TYPE}.round_robin.v3.RoundRobin"}}
+# istio-agent's SDS, as Istio's bootstrap names it: the cluster `sds-grpc` (a Unix socket,
+# ./var/run/secrets/workload-spiffe-uds/socket) serves the workload's certificate as `default`
+# and the mesh's root CA as `ROOTCA` (pilot/pkg/security/model/authentication.go).
+SDS_CLUSTER = "sds-grpc"
+SDS_CERT = "default"
+SDS_ROOT = "ROOTCA"
+TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+RAW_BUFFER_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer"
+
+
+def sds_secret(name: str) -> dict:
+    """An SDS secret from istio-agent, as Istio's own clusters ask for it (ConstructSdsSecretConfig)."""
+    return {
+        "name": name,
+        "sds_config": {
+            "api_config_source": {
+                "api_type": "GRPC",
+                "set_node_on_first_message_only": True,
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": SDS_CLUSTER}}],
+            },
+            "initial_fetch_timeout": "0s",
+            "resource_api_version": "V3",
+        },
+    }
+
+
+def istio_mtls_matches(args) -> list[dict]:
+    """The scrape cluster's transport sockets, as Istio's outbound cluster for the Service has them
+    under auto mTLS (pilot/pkg/networking/core/cluster_tls.go): Istio mTLS to an endpoint istiod
+    marks `tlsMode: istio` (a pod with a sidecar), plain text to any other. The proxy's own
+    certificate and the mesh's root CA come from istio-agent over SDS, so a pod under
+    PeerAuthentication STRICT answers the scrape, and one under PERMISSIVE still does. Like
+    Istio's, the peer's certificate is checked against the root CA, not against a service
+    account (the gateway's connections to the pods carry the same trust)."""
+    return [
+        {
+            "name": "tlsMode-istio",
+            "match": {"tlsMode": "istio"},
+            "transport_socket": {
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": TLS_TYPE,
+                    "common_tls_context": {
+                        "tls_params": {"tls_minimum_protocol_version": "TLSv1_2",
+                                       "tls_maximum_protocol_version": "TLSv1_3"},
+                        # What Istio's HTTP/1.1 in-mesh clusters offer (util.ALPNInMeshWithMxc):
+                        # the pod's inbound listener picks its mTLS filter chain by it.
+                        "alpn_protocols": ["istio-peer-exchange", "istio"],
+                        "tls_certificate_sds_secret_configs": [sds_secret(SDS_CERT)],
+                        "combined_validation_context": {
+                            "default_validation_context": {},
+                            "validation_context_sds_secret_config": sds_secret(SDS_ROOT),
+                        },
+                    },
+                    # Istio's SNI for the Service's outbound cluster (outbound_.<port>_.<subset>_.<host>).
+                    "sni": f"outbound_.{args.port}_._.{fqdn(args.service, args.namespace)}",
+                },
+            },
+        },
+        {
+            "name": "tlsMode-disabled",
+            "match": {},
+            "transport_socket": {"name": "envoy.transport_sockets.raw_buffer",
+                                 "typed_config": {"@type": RAW_BUFFER_TYPE}},
+        },
+    ]
+
+
 # Picks no host: the policy requires a fallback, no endpoint carries the selector's key, and
 # NO_FALLBACK then gives up. This is envoy.yaml's pool-metrics policy.
 NO_HOST = {
@@ -581,9 +650,9 @@ def routing_envoyfilter(args, where: str) -> dict:
             # answer for an address that is no longer an endpoint. The endpoints come from istiod:
             # it answers an EDS request for any outbound|<port>|<subset>|<host> name by parsing
             # it (pilot/pkg/xds/eds.go, endpoints/endpoint_builder.go), whichever cluster asks.
-            # Read from Istio's source; not tried in a live cluster here. Plain HTTP: Istio's own
-            # cluster adds mTLS per endpoint, this one does not, so the pods' sidecars must accept
-            # plain text on the port (PeerAuthentication PERMISSIVE, Istio's default).
+            # Read from Istio's source; not tried in a live cluster here. mTLS per endpoint as
+            # Istio's own cluster (istio_mtls_matches): the proxy's certificate to pods with a
+            # sidecar, so scrapes pass PeerAuthentication STRICT; plain text to pods without.
             "applyTo": "CLUSTER",
             "match": {"context": context},
             "patch": {
@@ -597,6 +666,7 @@ def routing_envoyfilter(args, where: str) -> dict:
                         "eds_config": {"ads": {}, "resource_api_version": "V3"},
                     },
                     "load_balancing_policy": override_host_policy(NO_HOST),
+                    "transport_socket_matches": istio_mtls_matches(args),
                 },
             },
         },
