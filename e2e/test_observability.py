@@ -93,3 +93,35 @@ def test_the_dashboard_queries_only_series_a_real_run_exports():
                     assert not missing, f"panel {panel['title']!r}: {metric} has no label {missing}"
                     checked += 1
         assert checked >= 20, checked
+
+
+ROUTE_LOG = "ACCESS %REQ(X-REQUEST-ID)% %UPSTREAM_HOST% route=%FILTER_STATE(wasm.warmroute:PLAIN)%"
+
+
+def test_the_access_log_explains_each_route():
+    with Fleet(2, ["--time-scale", "10"], access_log=ROUTE_LOG) as f:
+        body = chat(MODEL, [{"role": "user", "content": words("explain-", 400)}])
+        ids = [f"req-{i}" for i in range(3)]
+        for rid in ids:
+            assert post(f.envoy.port, "/v1/chat/completions", body, {"x-request-id": rid}).status == 200
+        post(f.envoy.port, "/v1/chat/completions", b"{not json", {"x-request-id": "unread"})
+        sims = {s.address: s.name for s in f.sims}
+
+        def logged():
+            lines = [ln.split() for ln in f.envoy.log_path.read_text().splitlines() if ln.startswith("ACCESS ")]
+            by_id = {ln[1]: ln for ln in lines if len(ln) == 4}
+            return by_id if set(ids) | {"unread"} <= set(by_id) else None
+
+        by_id = f.envoy.wait_for("the four requests in the access log", logged, timeout=30)
+        notes = {}
+        for rid in ids:
+            _, _, upstream, route = by_id[rid]
+            fields = dict(kv.split("=", 1) for kv in route.removeprefix("route=").split(";"))
+            # The pod the filter chose is the one Envoy sent the request to.
+            assert fields["backend"] == sims[upstream], (rid, upstream, route)
+            notes[rid] = fields
+        assert notes["req-0"]["reason"] == "placed" and notes["req-0"]["match"].startswith("0/")
+        # The same prompt again, once the first was answered: a hit on the same pod.
+        assert notes["req-2"]["reason"] == "cache_hit", notes
+        assert notes["req-2"]["backend"] == notes["req-0"]["backend"]
+        assert by_id["unread"][3].endswith(";fallback=not_json"), by_id["unread"]

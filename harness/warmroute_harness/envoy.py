@@ -102,6 +102,7 @@ class Envoy:
     backend_fields: dict[str, dict] = field(default_factory=dict)
     wasm_file: Path = WASM  # the filter module (the overhead bench also loads a floor filter)
     listener_buffer_limit: int | None = None  # replace the listener's per_connection_buffer_limit_bytes
+    access_log: str | None = None  # a text format: log each request to Envoy's stdout (its log file)
     port: int = field(default_factory=free_port)
     admin_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
@@ -137,6 +138,14 @@ class Envoy:
         self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        if self.access_log is not None:
+            hcm["access_log"] = [{
+                "name": "envoy.access_loggers.stdout",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+                    "log_format": {"text_format_source": {"inline_string": self.access_log + "\n"}},
+                },
+            }]
         if not self.with_filter:
             hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
         for cluster in cfg["static_resources"]["clusters"]:

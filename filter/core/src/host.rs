@@ -113,4 +113,7 @@ pub trait Host {
     fn enter_context(&self, context: u32) -> Result<(), HostError>;
     /// Lets the current exchange's paused request go on through Envoy.
     fn resume_request(&self) -> Result<(), HostError>;
+    /// Sets the current exchange's filter-state value `key` (Envoy stores it as
+    /// `wasm.<key>`, which an access log reads with `%FILTER_STATE(wasm.<key>:PLAIN)%`).
+    fn set_filter_state(&self, key: &str, value: &str) -> Result<(), HostError>;
 }

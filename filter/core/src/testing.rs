@@ -32,6 +32,8 @@ pub struct TestExchange {
     pub local_reply: Option<LocalReply>,
     /// The response body chunk being delivered.
     pub response_body: Vec<u8>,
+    /// Filter-state values the worker set, by key.
+    pub filter_state: Vec<(String, String)>,
 }
 
 /// A response the worker sent itself.
@@ -396,6 +398,13 @@ impl Host for MemoryHost {
         self.resumed
             .borrow_mut()
             .push((self.context.get(), headers));
+        Ok(())
+    }
+
+    fn set_filter_state(&self, key: &str, value: &str) -> Result<(), HostError> {
+        let mut e = self.exchange.borrow_mut();
+        e.filter_state.retain(|(k, _)| k != key);
+        e.filter_state.push((key.to_string(), value.to_string()));
         Ok(())
     }
 }

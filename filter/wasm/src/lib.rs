@@ -172,6 +172,10 @@ impl Host for Proxy {
     fn resume_request(&self) -> Result<(), HostError> {
         hostcalls::resume_http_request().map_err(err)
     }
+
+    fn set_filter_state(&self, key: &str, value: &str) -> Result<(), HostError> {
+        hostcalls::set_property(vec![key], Some(value.as_bytes())).map_err(err)
+    }
 }
 
 /// The worker every context of this VM shares.

@@ -295,6 +295,10 @@ pub struct Config {
     /// it was chosen: off by default, since either tells any client whether
     /// someone sent that prefix recently.
     pub debug_match_counts: bool,
+    /// Whether each routed request's route (pod, reason, match) goes into
+    /// Envoy's filter state `wasm.warmroute`, for the access log: one host
+    /// call per request, read only by the operator's log.
+    pub route_log: bool,
     /// Priority classes and deadlines while the fleet is past its knee; `None`: never held.
     pub gate: Option<GateConfig>,
     /// The pods' own cache reports.

@@ -464,6 +464,7 @@ impl TryFrom<WireConfig> for Config {
             index,
             metrics,
             debug_header: w.debug_header,
+            route_log: w.route_log,
             debug_match_counts: w.debug_match_counts,
             gate,
             feedback: FeedbackConfig {

@@ -43,7 +43,7 @@ use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
 use crate::routing::feedback::{report, TAIL_BYTES};
 use crate::routing::pending::PendingTicket;
-use crate::routing::router::{Look, Request, Router, ANCHOR_BYTES};
+use crate::routing::router::{Look, Request, Routed, Router, ANCHOR_BYTES};
 use crate::worker::stats::{Stats, Unread};
 use admission::{Admission, Holding};
 
@@ -55,6 +55,10 @@ mod tick;
 
 /// Response header carrying the decision when `debug_header` is on.
 pub const DEBUG_HEADER: &str = "x-warmroute";
+
+/// The filter-state key of a request's route when `route_log` is on: Envoy
+/// stores it as `wasm.warmroute` (`%FILTER_STATE(wasm.warmroute:PLAIN)%`).
+pub const ROUTE_STATE: &str = "warmroute";
 
 /// What the glue tells Envoy after a request callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -503,25 +507,40 @@ impl Worker {
         laps.lap(host, Phase::Header);
         laps.done();
         if cfg.debug_header {
-            let backend = primary
-                .and_then(|b| self.router.fleet().backend(b))
-                .map_or("", |b| b.name.as_str());
             // The match and the reason only on request: either tells whether anyone
             // sent this prefix lately (a cache hit is a match).
-            let cache = if cfg.debug_match_counts {
-                format!(
-                    ";match={}/{};reason={}",
-                    routed.decision.matched,
-                    routed.blocks,
-                    routed.decision.reason.name()
-                )
-            } else {
-                String::new()
-            };
-            let fallback = why.map_or(String::new(), |w| format!(";fallback={}", w.name()));
-            ex.debug = Some(format!("backend={backend}{cache}{fallback}"));
+            ex.debug = Some(self.route_note(&routed, why, cfg.debug_match_counts));
+        }
+        if cfg.route_log {
+            let note = self.route_note(&routed, why, true);
+            if let Err(e) = host.set_filter_state(ROUTE_STATE, &note) {
+                log::debug!("warmroute: route not noted for the access log: {e:?}");
+            }
         }
         Step::Continue
+    }
+
+    /// One request's route as `backend=<pod>[;match=<held>/<blocks>;reason=<why>][;fallback=<cause>]`,
+    /// with the match and the reason when `counts`.
+    fn route_note(&self, routed: &Routed, why: Option<Unread>, counts: bool) -> String {
+        let backend = routed
+            .decision
+            .order
+            .first()
+            .and_then(|&b| self.router.fleet().backend(b))
+            .map_or("", |b| b.name.as_str());
+        let cache = if counts {
+            format!(
+                ";match={}/{};reason={}",
+                routed.decision.matched,
+                routed.blocks,
+                routed.decision.reason.name()
+            )
+        } else {
+            String::new()
+        };
+        let fallback = why.map_or(String::new(), |w| format!(";fallback={}", w.name()));
+        format!("backend={backend}{cache}{fallback}")
     }
 
     /// Response headers: adds the debug header when configured.

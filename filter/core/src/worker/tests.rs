@@ -139,6 +139,44 @@ fn a_request_is_routed_through_the_callbacks() {
 }
 
 #[test]
+fn each_route_is_noted_for_the_access_log_unless_turned_off() {
+    let note = |host: &MemoryHost| {
+        let e = host.exchange.borrow();
+        e.filter_state
+            .iter()
+            .find(|(k, _)| k == ROUTE_STATE)
+            .map(|(_, v)| v.clone())
+    };
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    let body = chat_body(&"n".repeat(3000));
+    let mut ex = send(&mut w, &host, &chat_headers(), &body);
+    let first = note(&host).unwrap();
+    assert!(
+        first.starts_with("backend=")
+            && first.contains(";match=0/")
+            && first.ends_with(";reason=placed"),
+        "{first}"
+    );
+    // Answered: its prompt is in the pod's cache now, and the same prompt is a hit.
+    host.exchange.borrow_mut().status = Some("200".into());
+    w.on_log(&host, &mut ex);
+    send(&mut w, &host, &chat_headers(), &body);
+    let second = note(&host).unwrap();
+    assert!(second.ends_with(";reason=cache_hit"), "{second}");
+    assert!(!second.contains(";match=0/"), "{second}");
+    // An unreadable body says why it was routed by load alone.
+    send(&mut w, &host, &chat_headers(), b"{not json");
+    assert!(note(&host).unwrap().ends_with(";fallback=not_json"));
+
+    let quiet = CONFIG.replacen('{', r#"{"route_log":false,"#, 1);
+    let host = MemoryHost::default();
+    let mut w = Worker::configure(&host, quiet.as_bytes()).unwrap();
+    send(&mut w, &host, &chat_headers(), &body);
+    assert_eq!(note(&host), None);
+}
+
+#[test]
 fn a_body_that_ends_with_trailers_is_routed_on_what_was_buffered() {
     let host = MemoryHost::default();
     let mut w = worker(&host);
