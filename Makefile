@@ -73,7 +73,7 @@ release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), isti
 	  python3 istio/generate.py $(GENERATE_ARGS) --image oci://$(IMAGE) --digest $$digest --out dist/istio && \
 	  (cd dist && sha256sum warmroute.wasm warmroute-oci.tar istio/* > SHA256SUMS) && \
 	  printf '\nimage %s@%s\npush:  skopeo copy oci:dist/oci:latest docker://%s\napply: kubectl apply %s\n' \
-	    "$(IMAGE)" "$$digest" "$(IMAGE)" "$$(printf -- '-f dist/istio/%s ' gateway.yaml destinationrule.yaml virtualservice.yaml envoyfilter-routing-gateway.yaml envoyfilter-wasm-gateway.yaml)"
+	    "$(IMAGE)" "$$digest" "$(IMAGE)" "$$(for f in gateway.yaml httproute.yaml destinationrule.yaml virtualservice.yaml envoyfilter-routing-gateway.yaml envoyfilter-wasm-gateway.yaml; do [ -f dist/istio/$$f ] && printf -- '-f dist/istio/%s ' $$f; done)"
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider

@@ -193,7 +193,7 @@ def build(wasm_path: pathlib.Path, out: pathlib.Path, env: dict | None = None) -
     """The CLI, as make release runs it: the printed digest."""
     r = subprocess.run([sys.executable, str(HERE / "oci_artifact.py"), "build", str(wasm_path),
                         "--layout", str(out / "oci"), "--tar", str(out / "warmroute-oci.tar")],
-                       capture_output=True, text=True, env=env, check=True)
+                       capture_output=True, text=True, env=env, check=True, timeout=120)
     return r.stdout.strip()
 
 
@@ -214,13 +214,18 @@ def ensure_packages() -> None:
     try:
         t0 = time.monotonic()
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
+        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True, timeout=600)
         subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-                       check=True, env=env, capture_output=True)
+                       check=True, env=env, capture_output=True, timeout=600)
         print(f"\ninstalled {' '.join(missing)} with apt-get in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     finally:
         if added:
             guard.unlink()
+    # The package enables its service for the next boot too: disable it (systemd and sysvinit).
+    if "docker-registry" in missing:
+        for cmd in (["systemctl", "disable", "docker-registry.service"], ["update-rc.d", "docker-registry", "disable"]):
+            if shutil.which(cmd[0]):
+                subprocess.run(cmd, capture_output=True, timeout=60)
 
 
 @pytest.fixture(scope="session")
@@ -263,7 +268,7 @@ def registry(tmp_path_factory):
 def push(layout: pathlib.Path, registry: str, repo_tag: str) -> None:
     subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
                     f"oci:{layout}:latest", f"docker://{registry}/{repo_tag}"],
-                   check=True, capture_output=True, text=True)
+                   check=True, capture_output=True, text=True, timeout=120)
 
 
 def push_http(layout: pathlib.Path, registry: str, repo: str, tag: str) -> None:
@@ -291,7 +296,7 @@ def generate(tmp: pathlib.Path, image: str, digest: str) -> dict:
     """istio/generate.py's module pin: {file: (uri, sha256)} of the Wasm EnvoyFilters it writes."""
     out = tmp / "generated"
     subprocess.run([sys.executable, str(ROOT / "istio" / "generate.py"), "--namespace", "llm",
-                    "--image", image, "--digest", digest, "--out", str(out)], check=True, capture_output=True)
+                    "--image", image, "--digest", digest, "--out", str(out)], check=True, capture_output=True, timeout=120)
     pins = {}
     for name in ("envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml"):
         text = (out / name).read_text()
@@ -328,7 +333,7 @@ def test_same_module_same_bytes(wasm, tmp_path):
         assert (a / rel).read_bytes() == (b / rel).read_bytes(), rel
     # The digest printed is the one the layout names, and every blob hashes to its name.
     assert subprocess.run([sys.executable, str(HERE / "oci_artifact.py"), "digest", str(a / "oci")],
-                          capture_output=True, text=True, check=True).stdout.strip() == da
+                          capture_output=True, text=True, check=True, timeout=120).stdout.strip() == da
     # What makes it so: no timestamp, owner or file name in the layer.
     manifest = json.loads((a / "oci/blobs/sha256" / da.removeprefix("sha256:")).read_bytes())
     gz = (a / "oci/blobs/sha256" / manifest["layers"][0]["digest"].removeprefix("sha256:")).read_bytes()
@@ -353,7 +358,7 @@ def test_other_module_other_digest(wasm, tmp_path):
 def test_not_wasm_refused(tmp_path):
     (tmp_path / "plugin.wasm").write_bytes(b"#!/bin/sh\necho not wasm\n")
     r = subprocess.run([sys.executable, str(HERE / "oci_artifact.py"), "build", str(tmp_path / "plugin.wasm"),
-                        "--layout", str(tmp_path / "oci")], capture_output=True, text=True)
+                        "--layout", str(tmp_path / "oci")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "not a WebAssembly module" in r.stderr
 
 
@@ -377,7 +382,7 @@ def test_istio_pulls_the_module_the_manifests_pin(wasm, registry, tmp_path):
     # The tar form pushes to the same digest.
     subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
                     f"oci-archive:{tmp_path / 'warmroute-oci.tar'}", f"docker://{registry}/warmroute/filter:tar"],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, timeout=120)
     assert _get(f"http://{registry}/v2/warmroute/filter/manifests/tar", ACCEPT)[1]["docker-content-digest"] == digest
 
 
