@@ -30,7 +30,7 @@
 //! head, the part other requests most likely share.
 
 use crate::codec::{put, Reader};
-use crate::fleet::store::Store;
+use crate::fleet::store::{Store, MIN_SLOT_BYTES};
 use crate::host::{Host, HostError};
 use crate::routing::index::kept_positions;
 
@@ -74,6 +74,8 @@ pub struct Event {
 
 const EVENT_VERSION: u8 = 5;
 const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4 + 4;
+// A slot of the store's ring holds at least one header and one block.
+const _: () = assert!(EVENT_HEADER + 8 <= MIN_SLOT_BYTES);
 
 /// The index log's slots in shared data.
 impl<H: Host> Store<'_, H> {
@@ -91,11 +93,7 @@ impl<H: Host> Store<'_, H> {
     /// Writes the event of a reserved `head.seq` into its slot (the seq is ours
     /// alone, so unconditionally).
     pub fn write_event(&self, head: Head, blocks: &[u64]) -> Result<(), HostError> {
-        let event = Event::encode(
-            head,
-            blocks,
-            self.keys.log_shape().slot_bytes.max(EVENT_HEADER + 8),
-        );
+        let event = Event::encode(head, blocks, self.keys.log_shape().slot_bytes);
         self.host
             .set_shared(self.keys.log_slot(head.seq), &event, None)
     }

@@ -73,13 +73,17 @@ use crate::host::{Host, HostError, Versioned};
 /// Slot size the index log's ring aims for.
 const SLOT_TARGET: usize = 16 << 10;
 
+/// Least a log slot holds: one event's header and one block (the index log
+/// checks that its header fits).
+pub const MIN_SLOT_BYTES: usize = 48;
+
 /// Geometry of the index log's ring of slots ([`crate::routing::index_log`])
 /// for a `log_bytes` budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogShape {
     /// Number of slots in the ring.
     pub slots: u64,
-    /// Bytes of one slot.
+    /// Largest encoded event a slot holds.
     pub slot_bytes: usize,
 }
 
@@ -89,7 +93,7 @@ impl LogShape {
         let slots = (log_bytes / SLOT_TARGET).clamp(16, 1024);
         LogShape {
             slots: slots as u64,
-            slot_bytes: log_bytes / slots,
+            slot_bytes: (log_bytes / slots).max(MIN_SLOT_BYTES),
         }
     }
 

@@ -233,7 +233,7 @@ fn log_shape_fits_the_budget() {
     for bytes in [4096, 65_536, 262_144, 1 << 20, 64 << 20] {
         let s = LogShape::new(bytes);
         assert!((16..=1024).contains(&s.slots), "{s:?}");
-        assert!(s.slots as usize * s.slot_bytes <= bytes);
+        assert!(s.slots as usize * s.slot_bytes <= bytes.max(16 * MIN_SLOT_BYTES));
     }
     assert_eq!(
         LogShape::new(1 << 20),
