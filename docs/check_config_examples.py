@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks the documentation's configuration examples against the filter's own parser.
 
-Run by `make docs` (and so by `make test`). Two checks:
+Run by `make docs` (and so by `make test`). Three checks:
 
 1. Every JSON block marked as a warmroute configuration passes `warmroute-check-config`, the
    core's `Config::parse`, the parser `on_configure` runs. A block is marked by an HTML comment

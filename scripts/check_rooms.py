@@ -28,6 +28,19 @@ ALLOWED = {
     "testing": {"config", "prompt", "fleet", "routing", "gate", "worker"},
 }
 PATH = re.compile(r"\bcrate::([a-z_]+)")
+# `use crate::{fleet::x, routing::y}`: every path of the group names its room.
+GROUP = re.compile(r"\bcrate::\{([^}]*)\}")
+SEGMENT = re.compile(r"(?:^|,)\s*([a-z_]+)")
+
+
+def targets(code: str) -> list[tuple[int, str]]:
+    """(line, room or foundation module) for every `crate::` path in `code`, groups included
+    (a group may span lines)."""
+    line = lambda at: code.count("\n", 0, at) + 1
+    found = [(line(m.start()), m.group(1)) for m in PATH.finditer(code)]
+    for g in GROUP.finditer(code):
+        found += [(line(g.start()), seg) for seg in SEGMENT.findall(g.group(1))]
+    return found
 
 
 def room_of(path: pathlib.Path) -> str:
@@ -46,11 +59,10 @@ def main() -> int:
             continue
         room = room_of(path)
         ok = ALLOWED[room] | {room} | FOUNDATION | {"testing"}
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            code = line.split("//", 1)[0]
-            for target in PATH.findall(code):
-                if target in ALLOWED and target not in ok:
-                    broken.append(f"{path.relative_to(SRC)}:{n}: {room} imports {target}")
+        code = "\n".join(line.split("//", 1)[0] for line in path.read_text().splitlines())
+        for n, target in targets(code):
+            if target in ALLOWED and target not in ok:
+                broken.append(f"{path.relative_to(SRC)}:{n}: {room} imports {target}")
     for b in broken:
         print(b)
     rooms = ", ".join(r for r in ALLOWED if r not in ("foundation", "testing"))

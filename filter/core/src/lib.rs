@@ -7,9 +7,10 @@
 //! [`worker::Worker`]. The same code runs natively in unit tests, against
 //! [`testing::MemoryHost`] (feature `testing`), and compiled to wasm32.
 //!
-//! The rooms, bottom up: a room imports only the rooms above it in this
-//! list (the foundation, `config` and `prompt` import no other room; the
-//! fleet never imports routing).
+//! The rooms, bottom up: a room imports only rooms listed before it here
+//! (`config` imports none; `prompt`, `fleet` and `gate` at most `config`;
+//! the fleet never imports routing). `scripts/check_rooms.py`, run by
+//! `make lint`, holds the code to it.
 //!
 //! | room | job |
 //! |---|---|

@@ -31,11 +31,12 @@ pub enum Phase {
 /// The router's steps inside [`Phase::Route`], in the order they run.
 #[derive(Debug, Clone, Copy)]
 pub enum Stage {
-    /// Reading the ledger (one host call) and decoding it.
+    /// Reading the ledger (one host call), decoding it, and applying this
+    /// VM's view to it (its unwritten releases, each slot's standing).
     Ledger,
     /// Applying the index events other VMs appended (host calls per event).
     Sync,
-    /// Each pod's standing and load picture.
+    /// Each pod's load picture.
     Loads,
     /// The index's longest-prefix lookup.
     Match,

@@ -12,6 +12,7 @@
 //! | [`passive`] | Envoy's own view: how the requests routed to each pod ended |
 //! | [`lora`] | the LoRA adapters each pod reported, and their shared record |
 //! | [`inflight`] | what this gateway has in flight per pod, and its changes |
+//! | [`view`] | one VM's view of all of the above: mirrored at the tick, read per request as a snapshot |
 //! | [`store`] | fleet state in proxy-wasm shared data, with CAS: ledger, rotation, health, lease, slot table, LoRA state, last answers, the fleets registry, the index log's ring |
 
 pub mod health;

@@ -29,7 +29,7 @@
 //! | `mod.rs` | the request path: headers, body, route, response, log |
 //! | `tick.rs` | the tick and the VM's end |
 //! | `callouts.rs` | the pool's endpoints and the scrapes: sent from the tick, and their replies |
-//! | `admission.rs` | the gate: admit, hold, release, shed |
+//! | `admission/` | the gate: admit, hold, release, shed |
 //! | [`stats`], [`steering`] | the filter's Envoy stats; the header that steers Envoy |
 
 use crate::config::{Config, ConfigError};
