@@ -117,7 +117,7 @@ variant() { # $1 = DIR, $2 = what, rest = generate.py arguments
   node "$here/check-warmroute.mjs" "$dir" || die "$what: warmroute cross-checks"
   node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${files[@]}" || die "$what: EnvoyFilter patches refused by Envoy"
 }
-digest="$(grep -oE -- '--digest (sha256:)?[0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)"
+digest="$(grep -oE -- '--digest (sha256:)?[0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)" || die "no --digest in the generated banner's command: $gen_args"
 
 step "the per-pod alternative: generate.py --route-mode header"
 hdr="$tmp/header"

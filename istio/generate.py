@@ -218,7 +218,7 @@ def serves(args) -> dict:
 def pool(args) -> dict:
     return {
         # Istio's outbound cluster for the Service: the endpoints override_host routes among
-        # (envoyfilter-override-host.yaml), which istiod keeps to the Service's ready pods.
+        # (the override_host CLUSTER MERGE in envoyfilter-routing-*.yaml), which istiod keeps to the Service's ready pods.
         "cluster": cluster_name(args.service, args.namespace, args.port),
         "admin_cluster": ADMIN_CLUSTER,
         "max_backends": args.max_backends,
@@ -646,7 +646,7 @@ def routing_envoyfilter(args, where: str) -> dict:
         {
             # The scrape cluster: the vLLM Service's endpoints, and a scrape reaches the pod
             # x-gateway-destination-endpoint names or fails. Istio's own cluster would fall back
-            # to round robin (envoyfilter-override-host.yaml), and another pod's /metrics would
+            # to round robin (the override_host CLUSTER MERGE in envoyfilter-routing-*.yaml), and another pod's /metrics would
             # answer for an address that is no longer an endpoint. The endpoints come from istiod:
             # it answers an EDS request for any outbound|<port>|<subset>|<host> name by parsing
             # it (pilot/pkg/xds/eds.go, endpoints/endpoint_builder.go), whichever cluster asks.
