@@ -1,0 +1,284 @@
+// warmroute's Envoy Gateway objects (deploy/envoy-gateway/generate.py), checked offline.
+//
+//  1. every EnvoyPatchPolicy against Envoy Gateway's own CRD schema (envoypatchpolicy.schema.json,
+//     the openAPIV3Schema of envoyproxy/gateway v1.9.0), strict: a field the schema does not
+//     declare is refused, as `kubectl apply --validate=strict` would;
+//  2. its JSON patches applied, as Envoy Gateway applies them (RFC 6902 on the resource's
+//     proto-JSON, internal/xds/translator/jsonpatch.go), to stand-ins of the xDS Envoy Gateway
+//     generates for the Gateway and HTTPRoute beside it: listener and route configuration
+//     <gw-ns>/<gw>/<listener>, one EDS cluster httproute/<ns>/<name>/rule/<i> per rule, its
+//     bootstrap (admin at 127.0.0.1:19000, xds_cluster, prometheus_stats). A patch naming a
+//     resource the stand-ins lack, or a path whose parent does not exist, fails here as it fails
+//     there. The result goes to `envoy --mode validate`;
+//  3. the filter as patched in: allow_on_headers_stop_iteration true, the module pinned by
+//     sha256 and fetched through a cluster that exists, its configuration equal to
+//     generated/pluginconfig.json and accepted by the filter itself (warmroute-check-config
+//     --shipped, with the body and listener buffer limits it runs under); pool.cluster an
+//     HTTPRoute rule's cluster with the override_host policy; metrics.cluster an EDS cluster
+//     of the same endpoints that never falls back to another pod; pool.admin_cluster the proxy's
+//     admin; both routing headers stripped early; no route to the admin cluster.
+//
+// The stand-ins are not Envoy Gateway's full output, so this says the patches apply and give
+// valid Envoy config, not that a live gateway behaves.
+//
+//   WARMROUTE_CHECK_CONFIG=BIN node check.mjs ENVOY_BIN DIR   (DIR: gateway.yaml, httproute.yaml,
+//                                                             envoypatchpolicy.yaml, pluginconfig.json)
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { createRequire } from "node:module";
+import { isDeepStrictEqual } from "node:util";
+import { parseAllDocuments } from "yaml";
+
+const require = createRequire(path.join(path.dirname(new URL(import.meta.url).pathname), "..", "package.json"));
+const [envoy, dir] = process.argv.slice(2);
+const checker = process.env.WARMROUTE_CHECK_CONFIG;
+if (!envoy || !dir || !checker) {
+  console.error("usage: WARMROUTE_CHECK_CONFIG=BIN node check.mjs ENVOY_BIN DIR");
+  process.exit(2);
+}
+let failed = 0;
+const fail = (m) => { failed++; console.log(`FAIL ${m}`); };
+const ok = (m) => console.log(`ok   ${m}`);
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
+
+const all = fs.readdirSync(dir).filter((f) => f.endsWith(".yaml")).sort().flatMap((f) =>
+  parseAllDocuments(fs.readFileSync(path.join(dir, f), "utf8"), { uniqueKeys: true })
+    .map((d) => d.toJS()).filter(Boolean).map((o) => ({ f, o })));
+const policies = all.filter(({ o }) => o.kind === "EnvoyPatchPolicy");
+const gateways = all.filter(({ o }) => o.kind === "Gateway");
+const routes = all.filter(({ o }) => o.kind === "HTTPRoute");
+if (!policies.length) fail(`${dir}: no EnvoyPatchPolicy`);
+
+// ---------------------------------------------------------------- 1. CRD schema
+const schemaFile = path.join(path.dirname(new URL(import.meta.url).pathname), "envoypatchpolicy.schema.json");
+const strict = (s) => {
+  if (Array.isArray(s)) return s.map(strict);
+  if (!isObject(s)) return s;
+  const out = Object.fromEntries(Object.entries(s).filter(([k]) => k !== "$comment").map(([k, v]) => [k, strict(v)]));
+  if (out.properties && out.additionalProperties === undefined && !out["x-kubernetes-preserve-unknown-fields"]) out.additionalProperties = false;
+  return out;
+};
+const schema = strict(JSON.parse(fs.readFileSync(schemaFile, "utf8")));
+schema.properties.metadata = { type: "object", required: ["name", "namespace"], properties: { name: { type: "string" }, namespace: { type: "string" }, labels: { type: "object" }, annotations: { type: "object" } }, additionalProperties: false };
+const Ajv = require("ajv").default;
+const ajv = new Ajv({ strict: false, allErrors: true });
+require("ajv-formats").default(ajv);
+ajv.addFormat("int64", { type: "number", validate: Number.isInteger });
+ajv.addFormat("int32", { type: "number", validate: (n) => Number.isInteger(n) && n >= -(2 ** 31) && n < 2 ** 31 });
+const validate = ajv.compile(schema);
+for (const { f, o } of policies) {
+  const label = `${f} EnvoyPatchPolicy/${o.metadata?.name}`;
+  if (o.apiVersion !== "gateway.envoyproxy.io/v1alpha1") fail(`${label}: apiVersion ${o.apiVersion}, not gateway.envoyproxy.io/v1alpha1`);
+  else if (!validate(o)) {
+    fail(`${label}: Envoy Gateway's CRD schema (v1.9.0)`);
+    for (const e of validate.errors) console.log(`       ${e.instancePath || "/"} ${e.message}${e.params?.additionalProperty ? ` (${e.params.additionalProperty})` : ""}${e.params?.allowedValues ? ` ${JSON.stringify(e.params.allowedValues)}` : ""}`);
+  } else ok(`${label} (Envoy Gateway CRD schema v1.9.0, strict)`);
+}
+
+// ---------------------------------------------------------------- 2. stand-ins + JSON patches
+const LB = "type.googleapis.com/envoy.extensions.load_balancing_policies";
+const HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+const TYPES = {
+  "type.googleapis.com/envoy.config.listener.v3.Listener": "listeners",
+  "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": "routes",
+  "type.googleapis.com/envoy.config.cluster.v3.Cluster": "clusters",
+};
+const EG_ADMIN = { address: "127.0.0.1", port_value: 19000 };
+const EG_BUFFER = 32768; // Envoy Gateway's per_connection_buffer_limit_bytes
+
+function standIns(gw) {
+  const ns = gw.metadata.namespace;
+  const xds = { listeners: [], routes: [], clusters: [] };
+  for (const [i, l] of (gw.spec?.listeners ?? []).entries()) {
+    const name = `${ns}/${gw.metadata.name}/${l.name}`;
+    xds.listeners.push({
+      name,
+      address: { socket_address: { address: "0.0.0.0", port_value: 10080 + i } },
+      per_connection_buffer_limit_bytes: EG_BUFFER,
+      drain_type: "MODIFY_ONLY",
+      default_filter_chain: { name, filters: [{ name: "envoy.filters.network.http_connection_manager", typed_config: {
+        "@type": HCM_TYPE, stat_prefix: `http-${l.port}`, codec_type: "AUTO", use_remote_address: true, normalize_path: true,
+        server_header_transformation: "PASS_THROUGH", common_http_protocol_options: { headers_with_underscores_action: "REJECT_REQUEST" },
+        rds: { config_source: { ads: {}, resource_api_version: "V3" }, route_config_name: name },
+        http_filters: [{ name: "envoy.filters.http.router", typed_config: { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router", suppress_envoy_headers: true } }],
+      } }] },
+    });
+    const vhosts = [];
+    for (const { o: r } of routes) {
+      const attached = (r.spec?.parentRefs ?? []).some((p) => (p.kind ?? "Gateway") === "Gateway" && p.name === gw.metadata.name
+        && (p.namespace ?? r.metadata.namespace) === ns && (p.sectionName ?? l.name) === l.name);
+      if (!attached) continue;
+      for (const host of r.spec?.hostnames ?? [l.hostname ?? "*"]) {
+        let vh = vhosts.find((v) => v.domains[0] === host);
+        if (!vh) vhosts.push(vh = { name: `${name}/${host.replaceAll(".", "_")}`, domains: [host], routes: [] });
+        for (const [ri, rule] of (r.spec?.rules ?? []).entries()) {
+          const cluster = `httproute/${r.metadata.namespace}/${r.metadata.name}/rule/${ri}`;
+          vh.routes.push({ name: `${cluster}/match/0/${host.replaceAll(".", "_")}`, match: { prefix: "/" }, route: { cluster, timeout: "0s" } });
+          if (!xds.clusters.some((c) => c.name === cluster)) {
+            xds.clusters.push({
+              name: cluster, type: "EDS", connect_timeout: "10s", dns_lookup_family: "V4_PREFERRED", ignore_health_on_host_removal: true,
+              per_connection_buffer_limit_bytes: EG_BUFFER, common_lb_config: {},
+              circuit_breakers: { thresholds: [{ max_retries: 1024 }] },
+              eds_cluster_config: { service_name: cluster, eds_config: { ads: {}, resource_api_version: "V3" } },
+              load_balancing_policy: { policies: [{ typed_extension_config: { name: "envoy.load_balancing_policies.least_request",
+                typed_config: { "@type": `${LB}.least_request.v3.LeastRequest`, locality_lb_config: { locality_weighted_lb_config: {} } } } }] },
+            });
+          }
+        }
+      }
+    }
+    xds.routes.push({ name, ignore_port_in_host_matching: true, virtual_hosts: vhosts });
+  }
+  return xds;
+}
+
+// RFC 6901 / 6902, strict as Envoy Gateway's library: the parent of the target must exist.
+const unescape = (t) => t.replaceAll("~1", "/").replaceAll("~0", "~");
+function applyOp(doc, op) {
+  const tokens = op.path.split("/").slice(1).map(unescape);
+  const last = tokens.pop();
+  let parent = doc;
+  for (const [i, t] of tokens.entries()) {
+    const next = Array.isArray(parent) ? parent[Number(t)] : isObject(parent) ? parent[t] : undefined;
+    if (next === undefined || (Array.isArray(parent) && !/^(0|[1-9][0-9]*)$/.test(t))) throw new Error(`path ${op.path}: /${tokens.slice(0, i + 1).join("/")} does not exist`);
+    parent = next;
+  }
+  if (Array.isArray(parent)) {
+    const idx = last === "-" ? parent.length : Number(last);
+    if (!(last === "-" || /^(0|[1-9][0-9]*)$/.test(last)) || idx > parent.length || (op.op !== "add" && idx >= parent.length)) throw new Error(`path ${op.path}: index ${last} out of range (${parent.length} elements)`);
+    if (op.op === "add") parent.splice(idx, 0, structuredClone(op.value));
+    else if (op.op === "replace") parent[idx] = structuredClone(op.value);
+    else if (op.op === "remove") parent.splice(idx, 1);
+    else if (op.op === "test" && !isDeepStrictEqual(parent[idx], op.value)) throw new Error(`test ${op.path} failed`);
+  } else if (isObject(parent)) {
+    if (op.op !== "add" && !(last in parent)) throw new Error(`path ${op.path}: ${last} does not exist`);
+    if (op.op === "add" || op.op === "replace") parent[last] = structuredClone(op.value);
+    else if (op.op === "remove") delete parent[last];
+    else if (op.op === "test" && !isDeepStrictEqual(parent[last], op.value)) throw new Error(`test ${op.path} failed`);
+  } else throw new Error(`path ${op.path}: parent is not an object or array`);
+}
+
+const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "warmroute-eg-"));
+let ref;
+try { ref = JSON.parse(fs.readFileSync(path.join(dir, "pluginconfig.json"), "utf8")); } catch (e) { fail(`${dir}/pluginconfig.json: ${e.message}`); }
+for (const { f, o: pol } of policies) {
+  const tr = pol.spec?.targetRef ?? {};
+  const gw = gateways.find(({ o }) => tr.kind === "Gateway" && o.metadata?.name === tr.name && o.metadata?.namespace === pol.metadata?.namespace)?.o;
+  const who = `${f} EnvoyPatchPolicy/${pol.metadata?.name}`;
+  if (!gw) { fail(`${who}: targetRef ${JSON.stringify(tr)} is no Gateway here in namespace ${pol.metadata?.namespace} (the policy must be in the Gateway's namespace)`); continue; }
+  const xds = standIns(gw);
+  const applied = [];
+  for (const [i, p] of [...(pol.spec?.jsonPatches ?? [])].entries()) {
+    const where = `${who} jsonPatches[${i}] ${p.operation?.op} ${p.name}${p.operation?.path ?? ""}`;
+    const kind = TYPES[p.type];
+    if (!kind) { fail(`${where}: type ${p.type} has no stand-in here`); continue; }
+    if (p.operation?.jsonPath) { fail(`${where}: jsonPath is not applied by this check; use path`); continue; }
+    const op = { op: p.operation?.op, path: p.operation?.path ?? "", value: p.operation?.value };
+    if (op.op === "add" && op.path === "") {
+      if (op.value?.name !== p.name) { fail(`${where}: adds a resource named ${op.value?.name}, not ${p.name}`); continue; }
+      if (xds[kind].some((r) => r.name === p.name)) { fail(`${where}: ${p.name} already exists`); continue; }
+      xds[kind].push(structuredClone(op.value));
+    } else {
+      const target = xds[kind].find((r) => r.name === p.name);
+      if (!target) { fail(`${where}: Envoy Gateway generates no ${kind.slice(0, -1)} named ${p.name} for Gateway ${gw.metadata.namespace}/${gw.metadata.name} (ResourceNotFound)`); continue; }
+      try { applyOp(target, op); } catch (e) { fail(`${where}: ${e.message}`); continue; }
+    }
+    applied.push(`${p.operation.op} ${p.name}${op.path}`);
+  }
+
+  // The patched xDS as one static bootstrap: each route configuration inlined where RDS names it.
+  const listeners = structuredClone(xds.listeners);
+  for (const l of listeners) {
+    const hcm = l.default_filter_chain?.filters?.find((x) => x.typed_config?.["@type"] === HCM_TYPE)?.typed_config;
+    if (hcm?.rds) { hcm.route_config = structuredClone(xds.routes.find((r) => r.name === hcm.rds.route_config_name)); delete hcm.rds; }
+  }
+  const bootstrap = {
+    node: { id: "warmroute-check", cluster: "warmroute-check" },
+    admin: { address: { socket_address: EG_ADMIN } },
+    dynamic_resources: { ads_config: { api_type: "DELTA_GRPC", transport_api_version: "V3", grpc_services: [{ envoy_grpc: { cluster_name: "xds_cluster" } }] } },
+    static_resources: {
+      listeners,
+      clusters: [
+        { name: "prometheus_stats", type: "STATIC", connect_timeout: "0.250s", load_assignment: { cluster_name: "prometheus_stats", endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: EG_ADMIN } } }] }] } },
+        { name: "xds_cluster", type: "STATIC", connect_timeout: "10s",
+          typed_extension_protocol_options: { "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": { "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions", explicit_http_config: { http2_protocol_options: {} } } },
+          load_assignment: { cluster_name: "xds_cluster", endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: "127.0.0.1", port_value: 18000 } } } }] }] } },
+        ...xds.clusters,
+      ],
+    },
+  };
+  const file = path.join(scratch, `${pol.metadata?.name}.json`);
+  fs.writeFileSync(file, JSON.stringify(bootstrap, null, 2));
+  const r = spawnSync(envoy, ["--mode", "validate", "-c", file, "-l", "critical", "--log-format", "%v"], { encoding: "utf8" });
+  if (r.status === 0) ok(`envoy --mode validate: ${who} on Envoy Gateway's xDS for ${gw.metadata.namespace}/${gw.metadata.name}: ${applied.join("; ")}`);
+  else {
+    fail(`envoy --mode validate: ${who}`);
+    console.log(`       ${`${r.stderr}${r.stdout}${r.error ?? ""}`.trim().split("\n")[0].replace(file, "stand-in").replace(/\s+/g, " ").slice(0, 400)}`);
+  }
+
+  // ---------------------------------------------------------------- 3. the filter as patched in
+  const clusters = new Map(xds.clusters.map((c) => [c.name, c]));
+  const ruleClusters = new Set(xds.routes.flatMap((rc) => rc.virtual_hosts.flatMap((vh) => vh.routes.map((x) => x.route?.cluster))));
+  for (const l of xds.listeners) {
+    const hcm = l.default_filter_chain?.filters?.find((x) => x.typed_config?.["@type"] === HCM_TYPE)?.typed_config ?? {};
+    const wasm = (hcm.http_filters ?? []).filter((h) => h.typed_config?.["@type"] === WASM_TYPE);
+    if (wasm.length !== 1) { fail(`${who}: listener ${l.name}: ${wasm.length} Wasm filters, want the one warmroute filter`); continue; }
+    const cfg = wasm[0].typed_config.config ?? {};
+    const at = `${who}: listener ${l.name}`;
+    if (cfg.allow_on_headers_stop_iteration !== true) fail(`${at}: allow_on_headers_stop_iteration is ${cfg.allow_on_headers_stop_iteration}, not true: Envoy never hands the body to the filter that paused on the headers`);
+    else ok(`${at}: Wasm filter with allow_on_headers_stop_iteration: true`);
+    if ((hcm.http_filters ?? []).at(-1)?.name !== "envoy.filters.http.router") fail(`${at}: the router is not the last HTTP filter`);
+    const remote = cfg.vm_config?.code?.remote;
+    if (!remote) fail(`${at}: the module is not fetched by code.remote (nothing else reaches the gateway's pods without an EnvoyProxy volume)`);
+    else {
+      if (!/^[0-9a-f]{64}$/.test(String(remote.sha256 ?? ""))) fail(`${at}: code.remote.sha256 ${remote.sha256} is not a sha256: any file at the URL would run`);
+      if (!clusters.has(remote.http_uri?.cluster)) fail(`${at}: code.remote.http_uri.cluster ${remote.http_uri?.cluster} is no cluster of the gateway`);
+      else ok(`${at}: module ${remote.http_uri.uri} pinned to sha256 ${String(remote.sha256).slice(0, 12)}..., fetched through ${remote.http_uri.cluster}`);
+    }
+    let conf;
+    try { conf = JSON.parse(cfg.configuration?.value ?? ""); } catch (e) { fail(`${at}: configuration is not JSON: ${e.message}`); continue; }
+    if (!isDeepStrictEqual(conf, ref)) fail(`${at}: configuration differs from pluginconfig.json`);
+    // The buffers it runs under: the least body limit of any route, and the listener's.
+    const rc = xds.routes.find((x) => x.name === hcm.rds?.route_config_name);
+    const listenerLimit = Number(l.per_connection_buffer_limit_bytes ?? 1048576);
+    let body = Infinity;
+    for (const vh of rc?.virtual_hosts ?? []) for (const rt of vh.routes?.length ? vh.routes : [{}]) body = Math.min(body, Number(rt.request_body_buffer_limit ?? vh.request_body_buffer_limit ?? listenerLimit));
+    const tmp = path.join(scratch, "config.json");
+    fs.writeFileSync(tmp, cfg.configuration.value);
+    const v = spawnSync(checker, ["--shipped", "--buffer-limits", `${body},${listenerLimit}`, tmp], { encoding: "utf8" });
+    const line = (v.stdout || v.stderr || `${v.error ?? "no output"}`).trim().replace(tmp, `${at} configuration`);
+    if (v.status === 0) ok(line.replace(/^ok +/, "")); else fail(line.replace(/^FAIL +/, ""));
+    // pool.cluster: an HTTPRoute rule's cluster on this listener, with override_host.
+    const overrideHost = (c) => c?.load_balancing_policy?.policies?.[0]?.typed_extension_config?.typed_config;
+    const pool = conf.pool?.cluster;
+    const oh = overrideHost(clusters.get(pool));
+    if (!ruleClusters.has(pool)) fail(`${at}: pool.cluster ${pool} is no HTTPRoute rule's cluster on this gateway (${[...ruleClusters].join(", ")})`);
+    else if (oh?.["@type"] !== `${LB}.override_host.v3.OverrideHost` || !oh.override_host_sources?.some((s) => s.header === conf.route?.header))
+      fail(`${at}: pool.cluster ${pool} has no override_host policy reading ${conf.route?.header}: requests go where Envoy Gateway's own policy sends them`);
+    else ok(`${at}: pool.cluster ${pool} routes by ${conf.route.header} (override_host)`);
+    const mc = clusters.get(conf.metrics?.cluster);
+    const mfb = overrideHost(mc)?.fallback_policy?.policies?.[0]?.typed_extension_config?.typed_config;
+    if (!mc) fail(`${at}: metrics.cluster ${conf.metrics?.cluster} is no cluster of the gateway`);
+    else if (mc.name === pool || ruleClusters.has(mc.name)) fail(`${at}: metrics.cluster ${mc.name} is a routing cluster, whose fallback answers a scrape from another pod`);
+    else if (mc.type !== "EDS" || mc.eds_cluster_config?.service_name !== pool) fail(`${at}: metrics.cluster ${mc.name}: not EDS of ${pool}'s endpoints`);
+    else if (mfb?.fallback_policy !== "NO_FALLBACK") fail(`${at}: metrics.cluster ${mc.name}: override_host fallback is not a subset policy with NO_FALLBACK: a stale address is answered by another pod`);
+    else ok(`${at}: metrics.cluster ${mc.name}: ${pool}'s endpoints, no fallback host`);
+    const ac = clusters.get(conf.pool?.admin_cluster);
+    const aeps = (ac?.load_assignment?.endpoints ?? []).flatMap((e) => e.lb_endpoints ?? []).map((e) => e.endpoint?.address?.socket_address);
+    if (!ac || ac.type !== "STATIC" || aeps.length !== 1 || aeps[0].address !== EG_ADMIN.address || Number(aeps[0].port_value) !== EG_ADMIN.port_value)
+      fail(`${at}: pool.admin_cluster ${conf.pool?.admin_cluster}: not a STATIC cluster of the proxy's admin ${EG_ADMIN.address}:${EG_ADMIN.port_value} (${JSON.stringify(aeps)})`);
+    else ok(`${at}: pool.admin_cluster ${ac.name} is the proxy's admin`);
+    for (const vh of rc?.virtual_hosts ?? []) for (const rt of vh.routes ?? []) {
+      if (rt.route?.cluster === ac?.name || rt.route?.cluster_header) fail(`${at}: route ${rt.name} reaches the admin (or lets the client name a cluster)`);
+    }
+    const removed = new Set((hcm.early_header_mutation_extensions ?? []).flatMap((e) => e.typed_config?.mutations ?? []).map((m) => m.remove).filter(Boolean));
+    const missing = ["x-gateway-destination-endpoint", "x-warmroute-backend"].filter((h) => !removed.has(h));
+    if (missing.length) fail(`${at}: clients' ${missing.join(", ")} not stripped before the route is picked`);
+    else ok(`${at}: clients' routing headers stripped (early header mutation)`);
+  }
+}
+fs.rmSync(scratch, { recursive: true, force: true });
+process.exit(failed ? 1 : 0);
