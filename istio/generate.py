@@ -854,6 +854,22 @@ def names(p, flag: str, value: str) -> list[str]:
     return out
 
 
+def read_overrides(p: argparse.ArgumentParser, path: str) -> dict:
+    """The JSON object of `--config`, refused (naming the keys) where it sets what the
+    generated objects wire themselves."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            over = json.load(f)
+    except (OSError, ValueError) as e:
+        p.error(f"--config: {e}")
+    if not isinstance(over, dict):
+        p.error("--config: the file must hold one JSON object")
+    wired = wired_overrides(over)
+    if wired:
+        p.error(f"--config sets {', '.join(wired)}: these are wired to the generated objects")
+    return over
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--namespace", required=True, help="namespace of the vLLM Service and its pods")
@@ -972,17 +988,7 @@ def main(argv=None) -> int:
 
     config = plugin_config(args)
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                over = json.load(f)
-        except (OSError, ValueError) as e:
-            p.error(f"--config: {e}")
-        if not isinstance(over, dict):
-            p.error("--config: the file must hold one JSON object")
-        wired = wired_overrides(over)
-        if wired:
-            p.error(f"--config sets {', '.join(wired)}: these are wired to the generated Istio objects")
-        config = merge(config, over)
+        config = merge(config, read_overrides(p, args.config))
         check_config(p, config, args.config)
     routing_note = ADMIN_NOTE if args.route_mode == "endpoint" else ""
     os.makedirs(args.out, exist_ok=True)

@@ -284,17 +284,7 @@ def main(argv=None) -> int:
     config = ig.plugin_config(iargs)
     config["pool"]["cluster"] = pool_cluster(args)
     if args.config:
-        try:
-            with open(args.config, encoding="utf-8") as f:
-                over = json.load(f)
-        except (OSError, ValueError) as e:
-            p.error(f"--config: {e}")
-        if not isinstance(over, dict):
-            p.error("--config: the file must hold one JSON object")
-        wired = ig.wired_overrides(over)
-        if wired:
-            p.error(f"--config sets {', '.join(wired)}: these are wired to the generated objects")
-        config = ig.merge(config, over)
+        config = ig.merge(config, ig.read_overrides(p, args.config))
         # Checked under Istio's buffers (1 MiB listener), stricter than Envoy Gateway's 32 KiB;
         # check.mjs checks it again under the gateway's own.
         ig.check_config(p, config, args.config)
