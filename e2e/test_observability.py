@@ -99,7 +99,7 @@ ROUTE_LOG = "ACCESS %REQ(X-REQUEST-ID)% %UPSTREAM_HOST% route=%FILTER_STATE(wasm
 
 
 def test_the_access_log_explains_each_route():
-    with Fleet(2, ["--time-scale", "10"], access_log=ROUTE_LOG) as f:
+    with Fleet(2, ["--time-scale", "10"], access_log=ROUTE_LOG, filter_overrides={"route_log": True}) as f:
         body = chat(MODEL, [{"role": "user", "content": words("explain-", 400)}])
         ids = [f"req-{i}" for i in range(3)]
         for rid in ids:

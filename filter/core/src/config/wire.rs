@@ -335,7 +335,7 @@ impl Default for WireConfig {
             index: WireIndex::default(),
             metrics: WireMetrics::default(),
             debug_header: false,
-            route_log: true,
+            route_log: false,
             debug_match_counts: false,
             gate: None,
             feedback: WireFeedback::default(),

@@ -139,7 +139,7 @@ fn a_request_is_routed_through_the_callbacks() {
 }
 
 #[test]
-fn each_route_is_noted_for_the_access_log_unless_turned_off() {
+fn each_route_is_noted_for_the_access_log_when_asked() {
     let note = |host: &MemoryHost| {
         let e = host.exchange.borrow();
         e.filter_state
@@ -147,8 +147,9 @@ fn each_route_is_noted_for_the_access_log_unless_turned_off() {
             .find(|(k, _)| k == ROUTE_STATE)
             .map(|(_, v)| v.clone())
     };
+    let noted = CONFIG.replacen('{', r#"{"route_log":true,"#, 1);
     let host = MemoryHost::default();
-    let mut w = worker(&host);
+    let mut w = Worker::configure(&host, noted.as_bytes()).unwrap();
     let body = chat_body(&"n".repeat(3000));
     let mut ex = send(&mut w, &host, &chat_headers(), &body);
     let first = note(&host).unwrap();
@@ -169,9 +170,9 @@ fn each_route_is_noted_for_the_access_log_unless_turned_off() {
     send(&mut w, &host, &chat_headers(), b"{not json");
     assert!(note(&host).unwrap().ends_with(";fallback=not_json"));
 
-    let quiet = CONFIG.replacen('{', r#"{"route_log":false,"#, 1);
+    // Off by default.
     let host = MemoryHost::default();
-    let mut w = Worker::configure(&host, quiet.as_bytes()).unwrap();
+    let mut w = worker(&host);
     send(&mut w, &host, &chat_headers(), &body);
     assert_eq!(note(&host), None);
 }
