@@ -291,6 +291,10 @@ function notIstioMtls(v) {
   if (v.transport_socket) return "a transport_socket for every endpoint, not Istio's per-endpoint transport_socket_matches";
   const m = v.transport_socket_matches ?? [];
   const i = m.findIndex((x) => x.match?.tlsMode === "istio");
+  // Envoy takes the first entry that matches: a match-all before it would win every endpoint.
+  if (m.slice(0, Math.max(i, 0)).some((x) => !Object.keys(x.match ?? {}).length)) {
+    return "a match-all entry before tlsMode: istio: Envoy takes the first match, so no scrape would use TLS";
+  }
   if (i < 0) return "no transport_socket_matches entry for tlsMode: istio endpoints: under PeerAuthentication STRICT every scrape fails";
   const t = m[i].transport_socket?.typed_config ?? {};
   if (!String(t["@type"] ?? "").endsWith(".tls.v3.UpstreamTlsContext")) return `tlsMode: istio: transport socket ${t["@type"] ?? "none"}, not an UpstreamTlsContext`;

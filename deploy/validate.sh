@@ -597,6 +597,8 @@ eg_neg "patch path that does not exist in Envoy Gateway's listener (filter_chain
   's.replace("path: /default_filter_chain/filters/0/typed_config/http_filters/0", "path: /filter_chains/0/filters/0/typed_config/http_filters/0", 1)'
 eg_neg "listener named as under XDSNameSchemeV2 (tcp-80), which the default scheme does not generate" "generates no listener named tcp-80" \
   're.sub(r"name: llm/warmroute/http\n", "name: tcp-80\n", s, count=1)'
+eg_neg "a copy whose from does not exist (RFC 6902 copy is applied, not skipped)" "path /nowhere: nowhere does not exist" \
+  's.replace("op: add\n      path: /default_filter_chain/filters/0/typed_config/http_filters/0\n", "op: copy\n      from: /nowhere\n      path: /default_filter_chain/filters/0/typed_config/http_filters/0\n", 1)'
 eg_neg "override_host on a cluster Envoy Gateway does not generate (rule/1)" "generates no cluster named httproute/llm/vllm/rule/1" \
   's.replace("name: httproute/llm/vllm/rule/0\n", "name: httproute/llm/vllm/rule/1\n", 1)'
 eg_neg "scrape cluster with eds_cluster_confg (the CRD's free-form value lets it pass)" "eds_cluster_confg" \

@@ -139,11 +139,20 @@ function standIns(gw) {
 // RFC 6901 / 6902, strict as Envoy Gateway's library: the parent of the target must exist.
 const unescape = (t) => t.replaceAll("~1", "/").replaceAll("~0", "~");
 function applyOp(doc, op) {
+  if (op.op === "move" || op.op === "copy") {
+    // RFC 6902 4.4/4.5: read `from` (it must exist), for move remove it, then add the value.
+    if (typeof op.from !== "string") throw new Error(`${op.op} ${op.path}: no from`);
+    const value = applyOp(doc, { op: "test-read", path: op.from });
+    if (op.op === "move") applyOp(doc, { op: "remove", path: op.from });
+    return applyOp(doc, { op: "add", path: op.path, value });
+  }
+  if (!["add", "remove", "replace", "test", "test-read"].includes(op.op)) throw new Error(`${op.path}: op ${op.op} is not RFC 6902`);
+  if (typeof op.path !== "string" || (op.path !== "" && !op.path.startsWith("/"))) throw new Error(`path ${op.path}: must be empty or start with /`);
   const tokens = op.path.split("/").slice(1).map(unescape);
   const last = tokens.pop();
   let parent = doc;
   for (const [i, t] of tokens.entries()) {
-    const next = Array.isArray(parent) ? parent[Number(t)] : isObject(parent) ? parent[t] : undefined;
+    const next = Array.isArray(parent) ? parent[Number(t)] : isObject(parent) && Object.hasOwn(parent, t) ? parent[t] : undefined;
     if (next === undefined || (Array.isArray(parent) && !/^(0|[1-9][0-9]*)$/.test(t))) throw new Error(`path ${op.path}: /${tokens.slice(0, i + 1).join("/")} does not exist`);
     parent = next;
   }
@@ -154,11 +163,13 @@ function applyOp(doc, op) {
     else if (op.op === "replace") parent[idx] = structuredClone(op.value);
     else if (op.op === "remove") parent.splice(idx, 1);
     else if (op.op === "test" && !isDeepStrictEqual(parent[idx], op.value)) throw new Error(`test ${op.path} failed`);
+    else if (op.op === "test-read") return structuredClone(parent[idx]);
   } else if (isObject(parent)) {
-    if (op.op !== "add" && !(last in parent)) throw new Error(`path ${op.path}: ${last} does not exist`);
+    if (op.op !== "add" && !Object.hasOwn(parent, last)) throw new Error(`path ${op.path}: ${last} does not exist`);
     if (op.op === "add" || op.op === "replace") parent[last] = structuredClone(op.value);
     else if (op.op === "remove") delete parent[last];
     else if (op.op === "test" && !isDeepStrictEqual(parent[last], op.value)) throw new Error(`test ${op.path} failed`);
+    else if (op.op === "test-read") return structuredClone(parent[last]);
   } else throw new Error(`path ${op.path}: parent is not an object or array`);
 }
 
@@ -177,7 +188,7 @@ for (const { f, o: pol } of policies) {
     const kind = TYPES[p.type];
     if (!kind) { fail(`${where}: type ${p.type} has no stand-in here`); continue; }
     if (p.operation?.jsonPath) { fail(`${where}: jsonPath is not applied by this check; use path`); continue; }
-    const op = { op: p.operation?.op, path: p.operation?.path ?? "", value: p.operation?.value };
+    const op = { op: p.operation?.op, path: p.operation?.path ?? "", from: p.operation?.from, value: p.operation?.value };
     if (op.op === "add" && op.path === "") {
       if (op.value?.name !== p.name) { fail(`${where}: adds a resource named ${op.value?.name}, not ${p.name}`); continue; }
       if (xds[kind].some((r) => r.name === p.name)) { fail(`${where}: ${p.name} already exists`); continue; }

@@ -48,7 +48,15 @@ def spawn_envoy(cfg: dict, name: str, logdir: Path, admin_port: int, concurrency
         stderr=subprocess.STDOUT,
         cwd=ROOT,
     )
-    wait_http(admin_port, "/ready", timeout=30, proc=proc)
+    try:
+        wait_http(admin_port, "/ready", timeout=30, proc=proc)
+    except BaseException:
+        # The caller never gets the process: stop it here rather than leak it.
+        proc.kill()
+        proc.wait(5)
+        raise
+    finally:
+        log.close()  # the child keeps its own copy of the descriptor
     return proc
 
 
