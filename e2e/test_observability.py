@@ -2,8 +2,8 @@
 shipped configs' stats_tags), the Grafana dashboard's queries against the series a real run
 exported, and one request's route in the access log.
 
-Counters reach Envoy at the filter's tick, so the checks wait for ticks of the lease holder
-(scrapes), never for seconds; waits have generous timeouts as hang guards only."""
+Counters reach Envoy at each VM's tick, so the checks wait until Envoy counts every request
+sent (an event, never a span of seconds); waits have generous timeouts as hang guards only."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ BY = re.compile(r"\bby\s*\(([^)]*)\)")
 LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
-def exported(admin_port: int) -> dict[str, set[str]]:
-    """Every series of /stats/prometheus named warmroute_*: metric name -> label names seen."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=10).read().decode()
+def prometheus(admin_port: int) -> str:
+    return urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=10).read().decode()
+
+
+def exported(text: str) -> dict[str, set[str]]:
+    """Every series named warmroute_*: metric name -> label names seen."""
     out: dict[str, set[str]] = {}
     for line in text.splitlines():
         m = SERIES.match(line)
@@ -36,11 +39,22 @@ def exported(admin_port: int) -> dict[str, set[str]]:
     return out
 
 
-def values(admin_port: int, metric: str, label: str) -> dict[str, float]:
+def values(text: str, metric: str, label: str) -> dict[str, float]:
     """`metric`'s samples by the value of `label`."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/stats/prometheus", timeout=10).read().decode()
     pat = re.compile(rf'^{metric}\{{(?:[^}}]*,)?{label}="([^"]*)"[^}}]*\}} (\S+)$')
     return {m.group(1): float(m.group(2)) for line in text.splitlines() if (m := pat.match(line))}
+
+
+def counted(f: Fleet, n: int) -> None:
+    """Waits until Envoy's stats count `n` ended requests: each VM adds what it counted at its
+    tick, after the request's on_log, so every counter of those requests is in by then."""
+    outcomes = [f"wasmcustom.warmroute.requests.cache_aware.{o}" for o in ("2xx", "4xx", "5xx", "reset")]
+
+    def total() -> int:
+        st = f.envoy.stats()
+        return sum(f.envoy.stat(name, st) for name in outcomes)
+
+    f.envoy.wait_for(f"{n} requests counted", lambda: total() >= n, detail=lambda: f"{total()} counted")
 
 
 def test_every_shipped_config_labels_the_stats_the_same_way():
@@ -61,8 +75,9 @@ def test_the_dashboard_queries_only_series_a_real_run_exports():
             assert r.status == 200, r.status
         # A body that is not JSON is still proxied (the sim answers 4xx), counted as unread.
         post(f.envoy.port, "/v1/chat/completions", b"{not json")
-        f.envoy.wait_ticks(3)
-        series = exported(f.envoy.admin_port)
+        counted(f, sent)
+        text = prometheus(f.envoy.admin_port)
+        series = exported(text)
 
         # Tag extraction: no per-pod, per-reason or per-class metric names, only labels.
         pods = {s.name.replace("-", "_") for s in f.sims}
@@ -71,14 +86,14 @@ def test_the_dashboard_queries_only_series_a_real_run_exports():
         assert not flat, f"stats not turned into labels: {flat[:5]}"
         assert {"warmroute_backend_chosen", "warmroute_backend_inflight", "warmroute_backend_healthy",
                 "warmroute_backend_prefill_blocks"} <= set(series), sorted(series)
-        chosen = values(f.envoy.admin_port, "warmroute_backend_chosen", "pod")
+        chosen = values(text, "warmroute_backend_chosen", "pod")
         assert set(chosen) == {s.name for s in f.sims}, chosen
         assert sum(chosen.values()) == sent, chosen
-        reasons = values(f.envoy.admin_port, "warmroute_decision", "reason")
+        reasons = values(text, "warmroute_decision", "reason")
         assert sum(reasons.values()) == sent and reasons.get("fallback") == 1, reasons
-        assert values(f.envoy.admin_port, "warmroute_fallback", "unread").get("not_json") == 1
+        assert values(text, "warmroute_fallback", "unread").get("not_json") == 1
         # A body the filter could not read still passes the gate (below the knee: admitted).
-        assert values(f.envoy.admin_port, "warmroute_gate_admitted", "class").get("standard") == sent
+        assert values(text, "warmroute_gate_admitted", "class").get("standard") == sent
 
         # Every panel's query names series this run exported, with the labels it groups by.
         dash = json.loads(DASHBOARD.read_text())
@@ -102,8 +117,11 @@ def test_the_access_log_explains_each_route():
     with Fleet(2, ["--time-scale", "10"], access_log=ROUTE_LOG, filter_overrides={"route_log": True}) as f:
         body = chat(MODEL, [{"role": "user", "content": words("explain-", 400)}])
         ids = [f"req-{i}" for i in range(3)]
-        for rid in ids:
+        for i, rid in enumerate(ids):
             assert post(f.envoy.port, "/v1/chat/completions", body, {"x-request-id": rid}).status == 200
+            # Ended in the filter too (its prompt no longer pending), not only at the client:
+            # then the next one finds it in the pod's cache, whatever the timing.
+            counted(f, i + 1)
         post(f.envoy.port, "/v1/chat/completions", b"{not json", {"x-request-id": "unread"})
         sims = {s.address: s.name for s in f.sims}
 
