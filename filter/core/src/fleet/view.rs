@@ -119,8 +119,8 @@ pub struct FleetView {
 impl FleetView {
     /// The view of `cfg`'s fleet; takes a fleet-unique VM id from shared data
     /// and creates the shared values this configuration uses.
-    pub fn new<H: Host>(cfg: &Config, host: &H) -> FleetView {
-        let keys = Keys::new(fleet_id(cfg), cfg.index.log_bytes);
+    pub fn new<H: Host>(cfg: Config, host: &H) -> FleetView {
+        let keys = Keys::new(fleet_id(&cfg), cfg.index.log_bytes);
         let n = cfg.slot_count();
         let store = Store {
             host,
@@ -157,7 +157,7 @@ impl FleetView {
             unreleased: vec![Delta::default(); n],
             open_requests: 0,
             last_now: host.now_ms(),
-            cfg: cfg.clone(),
+            cfg,
         };
         view.set_all_health(health);
         view.apply_slots(slots);
@@ -167,6 +167,11 @@ impl FleetView {
     /// When slot `b`'s pod joined it (0: a fixed fleet's, or an empty slot).
     pub fn joined_ms(&self, b: usize) -> u64 {
         self.slots.joined_ms(b)
+    }
+
+    /// The validated configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
     }
 
     /// Slots of per-pod state.

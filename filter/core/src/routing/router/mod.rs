@@ -95,8 +95,7 @@ pub struct Routed {
 
 /// Per-VM routing state.
 pub struct Router {
-    cfg: Config,
-    /// This VM's view of the fleet.
+    /// This VM's view of the fleet (which holds the configuration).
     fleet: FleetView,
     /// This VM's replica of the prefix index.
     index: Index,
@@ -194,13 +193,15 @@ fn output_budget(key: Option<&PromptKey>, policy: &PolicyConfig) -> i32 {
 impl Router {
     /// A router for `cfg`; takes a fleet-unique VM id from shared data.
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
-        let fleet = FleetView::new(&cfg, host);
+        let index = Index::new(cfg.slot_count(), cfg.index.max_blocks, cfg.index.ttl_ms);
+        let bytes_per_token = cfg.index.bytes_per_token;
+        let fleet = FleetView::new(cfg, host);
         let n = fleet.slot_count();
         // Start reading the log where it is now: older events describe a past we cannot date.
         let applied_seq = fleet.store(host).log_next_seq().unwrap_or(0);
         let mut router = Router {
             fleet,
-            index: Index::new(n, cfg.index.max_blocks, cfg.index.ttl_ms),
+            index,
             applied_seq,
             requests: 0,
             matched: Vec::with_capacity(n),
@@ -208,10 +209,9 @@ impl Router {
             shared: Vec::with_capacity(n),
             pending: Pending::default(),
             split: Split::default(),
-            ratio: TokenRatio::new(cfg.index.bytes_per_token),
+            ratio: TokenRatio::new(bytes_per_token),
             surplus: Surplus::default(),
-            sized_ratio: cfg.index.bytes_per_token,
-            cfg,
+            sized_ratio: bytes_per_token,
         };
         router.resize_index();
         router
@@ -219,7 +219,7 @@ impl Router {
 
     /// The validated configuration.
     pub fn config(&self) -> &Config {
-        &self.cfg
+        self.fleet.config()
     }
 
     /// This VM's view of the fleet.
@@ -342,7 +342,7 @@ impl Router {
     /// on a ledger that changed before its write is worth making again).
     fn decides_on_load(&self) -> bool {
         !matches!(
-            self.cfg.strategy,
+            self.fleet.config().strategy,
             Strategy::RoundRobin | Strategy::Random | Strategy::StickySession
         )
     }
@@ -371,7 +371,9 @@ impl Router {
                     ..routed
                 });
         }
-        if self.cfg.gate.is_some() && seen.loads.iter().any(|l| l.healthy && l.headroom > 0.0) {
+        if self.fleet.config().gate.is_some()
+            && seen.loads.iter().any(|l| l.healthy && l.headroom > 0.0)
+        {
             // Keep each pod below its knee while any is ([`crate::gate`]).
             for l in seen.loads.iter_mut().filter(|l| l.headroom <= 0.0) {
                 l.healthy = false;
@@ -383,7 +385,7 @@ impl Router {
         // not one lowered for what a pending prompt brings (see `crate::routing::feedback`).
         let last_use_ms = match (req.key, decision.order.first()) {
             (Some(k), Some(&b))
-                if self.cfg.feedback.enabled
+                if self.fleet.config().feedback.enabled
                     && k.reports_usage
                     && decision.matched > 0
                     && !self.lowered.contains(&b) =>
@@ -472,7 +474,7 @@ impl Router {
                 } else {
                     false
                 };
-                if with_prompt && self.cfg.strategy == Strategy::CacheAware {
+                if with_prompt && self.fleet.config().strategy == Strategy::CacheAware {
                     // What the other workers' prompts still bring ([`crate::routing::pending`]).
                     self.pending.settle(|vm, b| r.value.prefill_of(vm, b));
                 }
@@ -489,9 +491,9 @@ impl Router {
             self.fleet.health(),
             &standing,
             now,
-            self.cfg.metrics.stale_after_ms,
-            &self.cfg.policy,
-            self.cfg.gate.as_ref().map(|g| &g.knee),
+            self.fleet.config().metrics.stale_after_ms,
+            &self.fleet.config().policy,
+            self.fleet.config().gate.as_ref().map(|g| &g.knee),
         );
         self.split.lap(host, Stage::Loads);
         Observed {
@@ -509,7 +511,7 @@ impl Router {
     fn draw<H: Host>(&mut self, host: &H, req: &Request<'_>, seen: &mut Observed) -> (u64, u64) {
         self.requests = self.requests.wrapping_add(1);
         let random = mix(seen.now ^ self.fleet.vm_id().rotate_left(32) ^ self.requests);
-        let needs_rotation = match self.cfg.strategy {
+        let needs_rotation = match self.fleet.config().strategy {
             Strategy::RoundRobin => true,
             Strategy::StickySession => req.session.is_none(),
             _ => false,
@@ -535,12 +537,12 @@ impl Router {
         (random, rotation): (u64, u64),
     ) -> (Decision, u32) {
         let chooser = Chooser {
-            cfg: &self.cfg.policy,
+            cfg: &self.fleet.config().policy,
             loads: &seen.loads,
             ids: self.fleet.ids(),
-            fallbacks: self.cfg.route.fallbacks,
+            fallbacks: self.fleet.config().route.fallbacks,
         };
-        let block = self.cfg.block_bytes.max(1);
+        let block = self.fleet.config().block_bytes.max(1);
         let (decision, blocks) = match req.key {
             Some(key) => {
                 self.index
@@ -572,13 +574,13 @@ impl Router {
                     random,
                 };
                 (
-                    chooser.choose(self.cfg.strategy, &rk),
+                    chooser.choose(self.fleet.config().strategy, &rk),
                     key.blocks.len() as u32,
                 )
             }
             // These strategies do not need the body: apply them as configured.
             None if matches!(
-                self.cfg.strategy,
+                self.fleet.config().strategy,
                 Strategy::StickySession | Strategy::RoundRobin
             ) =>
             {
@@ -588,7 +590,7 @@ impl Router {
                     random,
                     ..Default::default()
                 };
-                (chooser.choose(self.cfg.strategy, &rk), 0)
+                (chooser.choose(self.fleet.config().strategy, &rk), 0)
             }
             None => (chooser.fallback(random), 0),
         };
@@ -634,7 +636,7 @@ impl Router {
             requests: 1,
             prefill_blocks: i32::try_from(blocks.saturating_sub(decision.matched))
                 .unwrap_or(i32::MAX),
-            decode_tokens: output_budget(req.key, &self.cfg.policy),
+            decode_tokens: output_budget(req.key, &self.fleet.config().policy),
         };
         let chain = req.key.map_or(&[][..], |k| &k.blocks[..]);
         self.fleet.hold(primary, claim);
@@ -651,7 +653,7 @@ impl Router {
             true => 0,
             false => self.index.record(chain, primary, seen.now),
         };
-        let pending = if self.cfg.strategy == Strategy::CacheAware {
+        let pending = if self.fleet.config().strategy == Strategy::CacheAware {
             self.pending.keep(chain, primary, from)
         } else {
             None

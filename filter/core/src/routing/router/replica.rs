@@ -44,7 +44,7 @@ impl Router {
                                 let len = ev.len as usize;
                                 let from =
                                     self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
-                                if self.cfg.strategy == Strategy::CacheAware {
+                                if self.fleet.config().strategy == Strategy::CacheAware {
                                     self.pending.keep_foreign(&ev, from);
                                 }
                             }
@@ -141,10 +141,11 @@ impl Router {
     /// A pod's report counted `tokens` for a prompt of `blocks` full blocks:
     /// learns the ratio, and resizes the index once it moved by a tenth.
     pub fn learn_ratio(&mut self, blocks: u32, tokens: u64) {
-        if !self.cfg.index.learn_bytes_per_token {
+        if !self.fleet.config().index.learn_bytes_per_token {
             return;
         }
-        self.ratio.observe(blocks, self.cfg.block_bytes, tokens);
+        self.ratio
+            .observe(blocks, self.fleet.config().block_bytes, tokens);
         let moved = self.ratio.bytes_per_token() / self.sized_ratio.max(f64::MIN_POSITIVE);
         if !(0.9..=1.1).contains(&moved) {
             self.resize_index();
@@ -164,7 +165,7 @@ impl Router {
     /// Sizes the index to each backend's real KV capacity, when known.
     pub(super) fn resize_index(&mut self) {
         self.sized_ratio = self.ratio.bytes_per_token();
-        let blocks_per_token = self.sized_ratio / self.cfg.block_bytes.max(1) as f64;
+        let blocks_per_token = self.sized_ratio / self.fleet.config().block_bytes.max(1) as f64;
         let known: Vec<Option<usize>> = self
             .fleet
             .health()
