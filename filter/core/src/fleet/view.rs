@@ -24,7 +24,7 @@ use crate::fleet::inflight::{Delta, InFlight};
 use crate::fleet::lora::Lora;
 use crate::fleet::membership::{parse_endpoints, Changes, ReplyError, Slots};
 use crate::fleet::passive::{recent, Answer, Passive, SERVED_SLACK};
-use crate::fleet::store::{Keys, Ledger, Read, Store, Writer, FLEET_IDLE_MS};
+use crate::fleet::store::{Accounted, Keys, Ledger, Read, Store, Writer, FLEET_IDLE_MS};
 use crate::hash::{address_id, mix};
 use crate::host::{Host, HostError, Versioned};
 
@@ -610,21 +610,8 @@ impl FleetView {
         reserve: bool,
         if_unchanged: bool,
     ) -> Result<Option<u64>, HostError> {
-        let store = Store {
-            host,
-            keys: &self.keys,
-            n: self.backends.len(),
-        };
-        let writer = self.writer(now);
-        let accounted = match seed {
-            Some(seed) if if_unchanged => {
-                store.account_if_unchanged(seed, writer, &self.unreleased, reserve)
-            }
-            seed => store.account(seed, writer, &self.unreleased, reserve),
-        }?;
-        self.unreleased.fill(Delta::default());
-        note_reclaimed(&accounted.reclaimed);
-        Ok(accounted.seq)
+        self.write(host, seed, now, reserve, if_unchanged)
+            .map(|a| a.seq)
     }
 
     /// One ledger write of the waiting releases and this VM's heartbeat.
@@ -634,13 +621,30 @@ impl FleetView {
         seed: Option<Versioned>,
         now_ms: u64,
     ) -> Result<Vec<InFlight>, HostError> {
-        let writer = self.writer(now_ms);
-        let accounted = self
-            .store(host)
-            .account(seed, writer, &self.unreleased, false)?;
+        self.write(host, seed, now_ms, false, false)
+            .map(|a| a.ledger.inflight)
+    }
+
+    /// The ledger write both make: this VM's releases are in it once it succeeds.
+    fn write<H: Host>(
+        &mut self,
+        host: &H,
+        seed: Option<Versioned>,
+        now: u64,
+        reserve: bool,
+        if_unchanged: bool,
+    ) -> Result<Accounted, HostError> {
+        let writer = self.writer(now);
+        let store = self.store(host);
+        let accounted = match seed {
+            Some(seed) if if_unchanged => {
+                store.account_if_unchanged(seed, writer, &self.unreleased, reserve)
+            }
+            seed => store.account(seed, writer, &self.unreleased, reserve),
+        }?;
         self.unreleased.fill(Delta::default());
         note_reclaimed(&accounted.reclaimed);
-        Ok(accounted.ledger.inflight)
+        Ok(accounted)
     }
 
     /// This VM as a ledger writer at `now_ms`.
