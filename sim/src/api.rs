@@ -470,6 +470,8 @@ struct Common {
     max_tokens: usize,
     stream: bool,
     include_usage: bool,
+    /// vLLM's `SamplingParams.skip_reading_prefix_cache`: set when prompt logprobs are asked.
+    skip_reading_prefix_cache: bool,
 }
 
 fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -534,7 +536,19 @@ fn resolve_model(st: &AppState, obj: &Map<String, Value>) -> Result<Target, ApiE
     }
 }
 
-fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiError> {
+/// Whether vLLM would compute prompt logprobs, and so skip its prefix-cache reads: an explicit
+/// `prompt_logprobs`, or `echo` with `logprobs` (completions) or `top_logprobs` (chat, where it
+/// defaults to 0) (`to_sampling_params`, then `SamplingParams.__post_init__`).
+fn skips_prefix_cache(kind: Kind, obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    let set = |key: &str| !matches!(obj.get(key), None | Some(Value::Null));
+    let echo_logprobs = match kind {
+        Kind::Completion => set("logprobs"),
+        Kind::Chat => !matches!(obj.get("top_logprobs"), Some(Value::Null)),
+    };
+    Ok(set("prompt_logprobs") || (opt_bool(obj, "echo")?.unwrap_or(false) && echo_logprobs))
+}
+
+fn parse_common(st: &AppState, kind: Kind, obj: &Map<String, Value>) -> Result<Common, ApiError> {
     let target = resolve_model(st, obj)?;
     let max_tokens = match opt_count(obj, "max_completion_tokens")? {
         Some(n) => n,
@@ -551,6 +565,7 @@ fn parse_common(st: &AppState, obj: &Map<String, Value>) -> Result<Common, ApiEr
         max_tokens,
         stream,
         include_usage,
+        skip_reading_prefix_cache: skips_prefix_cache(kind, obj)?,
     })
 }
 
@@ -685,7 +700,7 @@ enum Kind {
 async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
     let result = (|| {
         let obj = parse_body(&body)?;
-        let common = parse_common(&st, &obj)?;
+        let common = parse_common(&st, Kind::Chat, &obj)?;
         let prompt = render_chat(&obj)?;
         Ok::<_, ApiError>((common, vec![tokenize(&prompt)]))
     })();
@@ -698,7 +713,7 @@ async fn chat_completions(State(st): State<AppState>, body: Bytes) -> Response {
 async fn completions(State(st): State<AppState>, body: Bytes) -> Response {
     let result = (|| {
         let obj = parse_body(&body)?;
-        let common = parse_common(&st, &obj)?;
+        let common = parse_common(&st, Kind::Completion, &obj)?;
         Ok::<_, ApiError>((common, completion_prompts(&obj)?))
     })();
     match result {
@@ -745,6 +760,7 @@ async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Tok
             index,
             events: tx.clone(),
             lora: common.target.lora.clone(),
+            skip_reading_prefix_cache: common.skip_reading_prefix_cache,
         });
     }
     drop(tx);
@@ -966,6 +982,29 @@ mod tests {
         assert_eq!(a.len(), 7);
         assert_eq!(b[..a.len()], a[..]);
         assert_eq!(b[a.len()..a.len() + 2], tokenize("the cache")[..]);
+    }
+
+    #[test]
+    fn prompt_logprobs_skip_the_cache_as_vllm_derives_them() {
+        let skips = |kind, v: Value| skips_prefix_cache(kind, &obj(v)).unwrap_or(false);
+        for kind in [Kind::Chat, Kind::Completion] {
+            assert!(!skips(kind, json!({})));
+            assert!(skips(kind, json!({"prompt_logprobs": 0})));
+            assert!(!skips(kind, json!({"prompt_logprobs": null})));
+            assert!(!skips(kind, json!({"echo": false, "logprobs": 1})));
+        }
+        assert!(skips(
+            Kind::Completion,
+            json!({"echo": true, "logprobs": 0})
+        ));
+        assert!(!skips(Kind::Completion, json!({"echo": true})));
+        // Chat's `top_logprobs` defaults to 0, so echo alone asks for prompt logprobs.
+        assert!(skips(Kind::Chat, json!({"echo": true})));
+        assert!(!skips(
+            Kind::Chat,
+            json!({"echo": true, "top_logprobs": null})
+        ));
+        assert!(skips_prefix_cache(Kind::Chat, &obj(json!({"echo": "yes"}))).is_err());
     }
 
     #[test]

@@ -104,6 +104,9 @@ pub struct SeqRequest {
     pub events: mpsc::UnboundedSender<SeqEvent>,
     /// The LoRA adapter the request runs under; `None` for the base model.
     pub lora: Option<Arc<str>>,
+    /// Match nothing in the prefix cache (vLLM does so for prompt logprobs); the prompt's
+    /// blocks are still cached once computed.
+    pub skip_reading_prefix_cache: bool,
 }
 
 /// One series of `vllm:lora_requests_info`: a combination of running and waiting adapters and
@@ -399,7 +402,11 @@ impl Engine {
             }
             let n = seq.prompt_len();
             let max_hit = n.saturating_sub(1) / self.cfg.block_size;
-            let hit = self.cache.match_prefix(&seq.prompt_hashes).min(max_hit);
+            let hit = if seq.req.skip_reading_prefix_cache {
+                0
+            } else {
+                self.cache.match_prefix(&seq.prompt_hashes).min(max_hit)
+            };
             let private = self.blocks_for(n + seq.req.max_tokens).saturating_sub(hit);
             if !self.cache.admit(&seq.prompt_hashes[..hit], private) {
                 break;
@@ -781,6 +788,7 @@ mod tests {
             index: 0,
             events: tx,
             lora: lora.map(Arc::from),
+            skip_reading_prefix_cache: false,
         });
         rx
     }
@@ -834,6 +842,29 @@ mod tests {
         assert_eq!(text2, text, "deterministic output");
         let expected = 12.0 + 8.0 * 0.06 + 0.15;
         assert!((plans[0].cost_ms - expected).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_request_that_skips_cache_reads_prefills_all_and_leaves_the_cache() {
+        let mut e = Engine::new(cfg());
+        let p = prompt("w", 1000);
+        let _rx = submit(&mut e, p.clone(), 1);
+        run_to_idle(&mut e);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        e.add(SeqRequest {
+            tokens: p.clone(),
+            max_tokens: 1,
+            index: 0,
+            events: tx,
+            lora: None,
+            skip_reading_prefix_cache: true,
+        });
+        let plans = run_to_idle(&mut e);
+        assert_eq!(plans[0].prefill_tokens, 1000);
+        assert_eq!(usage_of(&mut rx).1.cached_tokens, 0);
+        let mut rx = submit(&mut e, p, 1);
+        run_to_idle(&mut e);
+        assert_eq!(usage_of(&mut rx).1.cached_tokens, 992, "still cached");
     }
 
     #[test]
