@@ -63,3 +63,27 @@ def test_an_operator_may_ask_the_pods_for_usage_on_streams():
             if ask:
                 assert usage[-1]["prompt_tokens"] >= 300
                 assert f.envoy.counter("warmroute.feedback.usage_requested") == 1
+
+
+def test_requests_that_skip_the_pods_cache_forget_nothing():
+    # Prompt logprobs make vLLM skip its prefix-cache reads: the pod reports 0 cached tokens
+    # for a prefix it still holds. Taken as evictions, 20 of them would forget most of a
+    # pod's older entries (up to an eighth of them each) in every VM.
+    with Fleet(2, ["--time-scale", "20", "--kv-capacity-tokens", "200000"],
+               filter_overrides={"metrics": {"period_ms": 200, "timeout_ms": 150}, **DEBUG}) as f:
+        prompts = [words(f"doc{i}", 300) for i in range(50)]
+        for p in prompts:
+            assert ask(f.envoy.port, p).status == 200
+        # The newest 20 again, each predicted where it is cached, with prompt logprobs or echo.
+        for i, p in enumerate(prompts[30:]):
+            skips = {"prompt_logprobs": 1} if i % 2 else {"echo": True}
+            reply = post(f.envoy.port, "/v1/chat/completions",
+                         {"model": MODEL, "max_tokens": 2, **skips,
+                          "messages": [{"role": "user", "content": p}]})
+            assert matched(reply) > 0 and cached(reply) == 0, (skips, reply.headers)
+        assert f.envoy.counter("warmroute.feedback.evictions") == 0
+        hits = 0
+        for p in prompts:
+            reply = ask(f.envoy.port, p)
+            hits += matched(reply) > 0 and cached(reply) > 0
+        assert hits >= 45, hits

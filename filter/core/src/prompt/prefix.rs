@@ -61,6 +61,10 @@ pub struct PromptKey {
     /// A stream that sets no `stream_options`: the filter may ask for usage
     /// there (`feedback.request_usage`) without overriding a client's choice.
     pub can_ask_usage: bool,
+    /// Its parameters make the pod compute the prompt again whatever it
+    /// holds (`prompt_logprobs`, `echo`, ...): its report of cached tokens
+    /// says nothing of the pod's cache ([`crate::routing::feedback`]).
+    pub skips_cache_reads: bool,
 }
 
 use crate::hash::murmur;
@@ -209,6 +213,7 @@ impl PrefixHasher {
             max_output_tokens: None,
             reports_usage: false,
             can_ask_usage: false,
+            skips_cache_reads: false,
         }
     }
 }

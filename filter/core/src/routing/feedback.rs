@@ -26,6 +26,30 @@
 //! the pod's are tokens; it does not see other gateways' traffic), hence the
 //! slack: only a clear shortfall counts.
 //!
+//! ## Requests the pod computes again whatever it holds
+//! Some parameters make the engine skip its prefix-cache *reads*: it prefills
+//! the whole prompt (or all past a point) and reports few or no cached
+//! tokens, while the cache stays as it was. Such a report is no evidence of
+//! an eviction, and taken as one it would let any client wipe the index
+//! (each such request on a predicted hit would forget the pod's older
+//! entries in every VM). So the prompt reader marks them
+//! ([`crate::prompt::prefix::PromptKey::skips_cache_reads`]) and their reports
+//! are not read; they route as usual. The parameters, from the engines' source:
+//!
+//! | parameter | engine | why it skips |
+//! |---|---|---|
+//! | `prompt_logprobs` not null (chat, completions) | vLLM | `SamplingParams.__post_init__`: `skip_reading_prefix_cache = prompt_logprobs is not None` (`vllm/sampling_params.py`); `Request.get_skip_reading_prefix_cache` and `KVCacheManager.get_computed_blocks` then match nothing (`vllm/v1/request.py`, `vllm/v1/core/kv_cache_manager.py`) |
+//! | `echo: true` (completions, with `logprobs`; chat, with `top_logprobs`, which defaults to 0) | vLLM | `to_sampling_params`: `if prompt_logprobs is None and self.echo: prompt_logprobs = self.logprobs` (completions) or `self.top_logprobs` (chat) |
+//! | `logprob_start_len` ≥ 0 with `return_logprob` | SGLang | `Req._compute_max_prefix_len` caps the match at `logprob_start_len` (`sglang/srt/managers/schedule_batch.py`); its native field, taken wherever it appears |
+//! | `echo: true` with `logprobs` (completions) | SGLang, older | its first OpenAI adapter (`openai_api/adapter.py`) set `logprob_start_len = 0` for them; today's `serving_completions.py` computes no prompt logprobs there and only warns |
+//! | `skip_reading_prefix_cache: true` | vLLM | the sampling parameter itself |
+//!
+//! `echo: true` is taken as skipping on either endpoint even without logprobs:
+//! that costs only the evidence of the few echoed requests that do read the
+//! cache. Streamed, vLLM refuses `prompt_logprobs` (400), so no report comes.
+//! A request under another `cache_salt` is not among them: the salt is in
+//! its blocks' hashes ([`crate::prompt::prefix`]), so the index predicts no hit.
+//!
 //! ## When this index's order is not the pods'
 //! ```text
 //! surplus  ⇔ predicted + 2 + reported / 10 < reported      (the pod clearly had more)

@@ -328,7 +328,11 @@ impl Worker {
         let (mut key, why) = self.read_prompt(ex, body, fallback);
         laps.lap(host, Phase::Parse);
         if let (Some(k), Some(b)) = (key.as_mut(), body) {
-            if k.can_ask_usage && ex.sized && self.router.config().feedback.request_usage {
+            if k.can_ask_usage
+                && !k.skips_cache_reads
+                && ex.sized
+                && self.router.config().feedback.request_usage
+            {
                 k.reports_usage = self.ask_usage(host, b);
             }
         }

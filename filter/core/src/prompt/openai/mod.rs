@@ -300,6 +300,29 @@ struct Common<'a> {
     max_tokens: Option<&'a [u8]>,
     stream: Option<&'a [u8]>,
     stream_options: Option<&'a [u8]>,
+    /// The [`CACHE_READS`] fields, raw.
+    cache_reads: [Option<&'a [u8]>; 4],
+}
+
+/// Parameters under which vLLM or SGLang computes the whole prompt again
+/// (or most of it) whatever it holds: the list and its sources are in
+/// [`crate::routing::feedback`]. Chat and completions read them, after their
+/// own fields.
+const CACHE_READS: [&str; 4] = [
+    "prompt_logprobs",
+    "echo",
+    "logprob_start_len",
+    "skip_reading_prefix_cache",
+];
+
+/// Whether the [`CACHE_READS`] fields, raw and in that order, make the pod
+/// skip its prefix cache. Read raw, like `tokens`: the pod judges their types.
+fn skips_cache_reads(fields: [Option<&[u8]>; 4]) -> bool {
+    let [prompt_logprobs, echo, logprob_start_len, skip] = fields;
+    prompt_logprobs.is_some()
+        || echo == Some(b"true")
+        || tokens(logprob_start_len).is_some()
+        || skip == Some(b"true")
 }
 
 /// Turns a request body into its routing key.
@@ -318,14 +341,15 @@ pub fn prompt_key(
 
 /// `Common`'s field `i`: model, cache_salt and the output limit are the first
 /// three names of every endpoint's list; Chat's and Completions' go on with
-/// stream and stream_options.
+/// stream and stream_options, and end with the [`CACHE_READS`] (from 5 on).
 fn common<'a>(c: &mut Common<'a>, r: &mut JsonReader<'a>, i: usize) -> Result<(), ParseError> {
     match i {
         0 => c.model = optional_string(r)?,
         1 => c.cache_salt = optional_string(r)?,
         2 => c.max_tokens = optional_raw(r)?,
         3 => c.stream = optional_raw(r)?,
-        _ => c.stream_options = optional_raw(r)?,
+        4 => c.stream_options = optional_raw(r)?,
+        _ => c.cache_reads[i - 5] = optional_raw(r)?,
     }
     Ok(())
 }
@@ -344,6 +368,7 @@ impl<'a> Common<'a> {
             max_output_tokens: tokens(limit.or(self.max_tokens)),
             reports_usage: reports_usage(self.stream, self.stream_options),
             can_ask_usage: can_ask_usage(self.stream, self.stream_options),
+            skips_cache_reads: skips_cache_reads(self.cache_reads),
             ..h.finish()
         }
     }
@@ -366,15 +391,19 @@ fn read(
                 "max_tokens",
                 "stream",
                 "stream_options",
+                CACHE_READS[0],
+                CACHE_READS[1],
+                CACHE_READS[2],
+                CACHE_READS[3],
                 "max_completion_tokens",
                 "tools",
                 "messages",
             ];
             fields(&mut r, &names, |r, i| {
                 match i {
-                    5 => completion_limit = optional_raw(r)?,
-                    6 => tools = optional_raw(r)?,
-                    7 => all = messages(r)?,
+                    9 => completion_limit = optional_raw(r)?,
+                    10 => tools = optional_raw(r)?,
+                    11 => all = messages(r)?,
                     _ => common(&mut c, r, i)?,
                 }
                 Ok(())
@@ -424,11 +453,15 @@ fn read(
                 "max_tokens",
                 "stream",
                 "stream_options",
+                CACHE_READS[0],
+                CACHE_READS[1],
+                CACHE_READS[2],
+                CACHE_READS[3],
                 "prompt",
             ];
             fields(&mut r, &names, |r, i| {
                 match i {
-                    5 => prompt = Some(text(r)?),
+                    9 => prompt = Some(text(r)?),
                     _ => common(&mut c, r, i)?,
                 }
                 Ok(())

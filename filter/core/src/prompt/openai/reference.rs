@@ -4,8 +4,8 @@
 //! route: serde decodes every escaped string into a copy before it is hashed.
 
 use super::{
-    can_ask_usage, feed_escaped, feed_tag, hasher, reports_usage, tokens, Endpoint, ParseError,
-    GROUP,
+    can_ask_usage, feed_escaped, feed_tag, hasher, reports_usage, skips_cache_reads, tokens,
+    Endpoint, ParseError, GROUP,
 };
 use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use serde::Deserialize;
@@ -37,6 +37,14 @@ struct Chat<'a> {
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
+    prompt_logprobs: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    echo: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    logprob_start_len: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    skip_reading_prefix_cache: Option<&'a RawValue>,
+    #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
     #[serde(borrow)]
     messages: Vec<Message<'a>>,
@@ -54,6 +62,14 @@ struct Completion<'a> {
     stream_options: Option<&'a RawValue>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    prompt_logprobs: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    echo: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    logprob_start_len: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    skip_reading_prefix_cache: Option<&'a RawValue>,
     #[serde(borrow)]
     prompt: Text<'a>,
 }
@@ -151,6 +167,18 @@ fn raw(v: Option<&RawValue>) -> Option<&[u8]> {
     v.map(|r| r.get().as_bytes())
 }
 
+/// `super::CACHE_READS`, in its order.
+macro_rules! cache_reads {
+    ($req:expr) => {
+        skips_cache_reads([
+            raw($req.prompt_logprobs),
+            raw($req.echo),
+            raw($req.logprob_start_len),
+            raw($req.skip_reading_prefix_cache),
+        ])
+    };
+}
+
 /// [`super::prompt_key`] as serde_json reads the body.
 pub fn prompt_key(
     endpoint: Endpoint,
@@ -208,6 +236,7 @@ pub fn prompt_key(
                 max_output_tokens: tokens(raw(req.max_completion_tokens.or(req.max_tokens))),
                 reports_usage: reports_usage(raw(req.stream), raw(req.stream_options)),
                 can_ask_usage: can_ask_usage(raw(req.stream), raw(req.stream_options)),
+                skips_cache_reads: cache_reads!(req),
                 ..h.finish()
             })
         }
@@ -229,6 +258,7 @@ pub fn prompt_key(
                 max_output_tokens: tokens(raw(req.max_tokens)),
                 reports_usage: reports_usage(raw(req.stream), raw(req.stream_options)),
                 can_ask_usage: can_ask_usage(raw(req.stream), raw(req.stream_options)),
+                skips_cache_reads: cache_reads!(req),
                 ..h.finish()
             })
         }

@@ -321,6 +321,47 @@ fn models_and_salts_do_not_share() {
 }
 
 #[test]
+fn parameters_that_skip_the_pods_cache_are_seen_and_change_no_hash() {
+    let key = |endpoint, extra: &str| {
+        let body = match endpoint {
+            Endpoint::Chat => format!(
+                r#"{{"model":"m",{extra}"messages":[{{"role":"user","content":"0123456789abcdef"}}]}}"#
+            ),
+            _ => format!(r#"{{"model":"m",{extra}"prompt":"0123456789abcdef"}}"#),
+        };
+        prompt_key(endpoint, body.as_bytes(), 8, 64).unwrap()
+    };
+    for endpoint in [Endpoint::Chat, Endpoint::Completions] {
+        let plain = key(endpoint, "");
+        assert!(!plain.skips_cache_reads);
+        for skips in [
+            r#""prompt_logprobs":0,"#,
+            r#""prompt_logprobs":5,"#,
+            r#""echo":true,"logprobs":1,"#,
+            r#""echo":true,"#,
+            r#""return_logprob":true,"logprob_start_len":0,"#,
+            r#""skip_reading_prefix_cache":true,"#,
+        ] {
+            let k = key(endpoint, skips);
+            assert!(k.skips_cache_reads, "{endpoint:?} {skips}");
+            assert_eq!(k.blocks, plain.blocks, "{skips}");
+        }
+        for reads in [
+            r#""prompt_logprobs":null,"#,
+            r#""echo":false,"logprobs":1,"#,
+            r#""logprobs":5,"top_logprobs":5,"#,
+            r#""logprob_start_len":-1,"#,
+            r#""skip_reading_prefix_cache":false,"#,
+        ] {
+            assert!(
+                !key(endpoint, reads).skips_cache_reads,
+                "{endpoint:?} {reads}"
+            );
+        }
+    }
+}
+
+#[test]
 fn hostile_bodies_are_errors_not_panics() {
     let deep = "[".repeat(100_000);
     let cases: Vec<(&[u8], ParseError)> = vec![
@@ -494,6 +535,18 @@ mod properties {
                 mostly(any::<bool>().prop_map(serde_json::Value::from)),
             ),
             ("stream_options", 0.2, value().boxed()),
+            ("prompt_logprobs", 0.1, value().boxed()),
+            (
+                "echo",
+                0.1,
+                mostly(any::<bool>().prop_map(serde_json::Value::from)),
+            ),
+            ("logprob_start_len", 0.1, value().boxed()),
+            (
+                "skip_reading_prefix_cache",
+                0.1,
+                mostly(any::<bool>().prop_map(serde_json::Value::from)),
+            ),
             ("n", 0.2, value().boxed()),
         ])
     }

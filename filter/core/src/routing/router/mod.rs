@@ -381,12 +381,14 @@ impl Router {
         }
         let drawn = self.draw(host, req, &mut seen);
         let (decision, blocks) = self.decide(host, req, &seen, drawn);
-        // Only a predicted hit whose answer carries usage is checked against it, and
-        // not one lowered for what a pending prompt brings (see `crate::routing::feedback`).
+        // Only a predicted hit whose answer carries usage is checked against it; not
+        // one lowered for what a pending prompt brings, nor one the pod computes again
+        // whatever it holds (see `crate::routing::feedback`).
         let last_use_ms = match (req.key, decision.order.first()) {
             (Some(k), Some(&b))
                 if self.fleet.config().feedback.enabled
                     && k.reports_usage
+                    && !k.skips_cache_reads
                     && decision.matched > 0
                     && !self.lowered.contains(&b) =>
             {
