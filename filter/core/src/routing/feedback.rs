@@ -53,7 +53,7 @@
 //! ## When this index's order is not the pods'
 //! ```text
 //! surplus  ⇔ predicted + 2 + reported / 10 < reported      (the pod clearly had more)
-//! forget (above) only if none of this VM's previous SURPLUS_WINDOW reports was a surplus
+//! forget (above) only if none of this VM's previous SURPLUS_WINDOW reports of that pod was a surplus
 //! ```
 //! The cut goes by this index's order of uses, which is the pods' only if they
 //! see no prompts this index did not. Behind several gateway replicas (or
@@ -70,14 +70,15 @@
 //! out by capacity and TTL as it would without reports. A cut one VM makes
 //! still reaches every VM through the log.
 //!
-//! Pooled over the pods: the other clients are most often other gateways,
-//! which send to every pod, and each VM reads only a share of the reports
-//! (behind 3 gateways of 2 workers, ~28 reports per VM in a run of the
-//! eviction bench, ~9 per pod).
+//! Kept per pod: pooled, one pod that always reports a full cache (a bug or
+//! a lie) would turn the cut off for every pod. The other clients are most
+//! often other gateways, which send to every pod, so each pod's own reports
+//! show them too, only fewer per window: behind 3 gateways of 2 workers a VM
+//! reads ~9 reports per pod in a run of the eviction bench (~28 in all).
 //!
 //! | parameter | value | why |
 //! |---|---|---|
-//! | [`SURPLUS_WINDOW`] | 16 reports | on the evicting fleet one gateway sees a surplus in ~1% of reports, where the cut is right, and three gateways rotating each session's turns in ~17%, where the cut lost 2% of hit rate and 4-5% of TTFT against no reports, and with the rule hit rate, TTFT mean and P95 are 1.002x, 0.979x and 0.967x (medians of 10 and 25 paired rounds, `docs/decisions/0011-eviction-reports-surplus-rule.md`). 16 reports pass without a surplus with probability 0.05 at 17% and 0.85 at 1% |
+//! | [`SURPLUS_WINDOW`] | 16 reports | on the evicting fleet one gateway sees a surplus in ~1% of reports, where the cut is right, and three gateways rotating each session's turns in ~17%, where the cut lost 2% of hit rate and 4-5% of TTFT against no reports, and with the rule hit rate, TTFT mean and P95 are 1.002x, 0.979x and 0.967x (medians of 10 and 25 paired rounds, `docs/decisions/0011-eviction-reports-surplus-rule.md`; measured with the window pooled over the pods). 16 reports pass without a surplus with probability 0.05 at 17% and 0.85 at 1% |
 //!
 //! Cost: conversation traffic whose next turns carry the previous answers
 //! reports surpluses even behind one gateway (most reports on the bench's
@@ -88,8 +89,9 @@
 //! ## Bytes per token, learned
 //! ```text
 //! on each report of a prompt of ≥ 32 full blocks (8 KB at the default block size):
-//!   B ← 0.98·B + blocks · block_bytes      T ← 0.98·T + prompt_tokens
-//! bytes_per_token = B / T    (starting from index.bytes_per_token, worth 4096 tokens)
+//!   b = blocks · block_bytes    r = clamp(b / prompt_tokens, ratio / 1.5, ratio · 1.5)
+//!   B ← 0.98·B + b              T ← 0.98·T + b / r
+//! ratio = bytes_per_token = B / T    (starting from index.bytes_per_token, worth 4096 tokens)
 //! ```
 //! The index sizes each pod's share from its capacity in tokens
 //! (`vllm:cache_config_info`), in prompt bytes: a wrong ratio makes the index
@@ -100,6 +102,13 @@
 //! the tokenizer the pods really run, over the last ~50 reports. Short prompts
 //! are left out: their partial last block (the bytes past the last full block
 //! are not counted: under 1/32 here) and chat template weigh too much.
+//! The new ratio is a weighted mean of the old one and the report's `r`, so
+//! one report moves it by 1.5× at the most, whatever token count it claims: a
+//! report of 10^15 tokens would otherwise pin the ratio at its floor for
+//! ~1,500 reports and shrink the index's idea of every pod 8×. The bound costs
+//! little where the ratio really moves: from the configured 4 to the
+//! simulator's 7.3 bytes per token, 90% of the way takes 12 reports of 40
+//! blocks (10 unbounded; 23 with a bound of 1.25×).
 //!
 //! The report is read from the response without delaying a byte: only for a
 //! request the index predicted a hit for, whose answer will carry usage (not
@@ -124,6 +133,30 @@ impl Surplus {
         let clear = self.recent == 0;
         self.recent = (self.recent << 1) | u16::from(surplus);
         clear
+    }
+}
+
+/// A [`Surplus`] window per pod, by slot; a slot taken by another pod starts clear.
+#[derive(Debug, Default)]
+pub struct Surpluses {
+    pods: Vec<(u64, Surplus)>,
+}
+
+impl Surpluses {
+    /// [`Surplus::observe`] for the pod `id` in `slot`.
+    pub fn observe(&mut self, slot: usize, id: u64, surplus: bool) -> bool {
+        if self.pods.len() <= slot {
+            self.pods.resize(slot + 1, (id, Surplus::default()));
+        }
+        match self.pods.get_mut(slot) {
+            Some(pod) => {
+                if pod.0 != id {
+                    *pod = (id, Surplus::default());
+                }
+                pod.1.observe(surplus)
+            }
+            None => true,
+        }
     }
 }
 
@@ -162,13 +195,19 @@ impl TokenRatio {
         }
     }
 
+    /// The most one report moves the ratio, either way.
+    const STEP: f64 = 1.5;
+
     /// One report: a prompt of `blocks` full blocks of `block_bytes` was `tokens` pod tokens.
     pub fn observe(&mut self, blocks: u32, block_bytes: usize, tokens: u64) {
         if blocks < RATIO_MIN_BLOCKS || tokens == 0 {
             return;
         }
-        self.bytes = self.bytes * Self::DECAY + f64::from(blocks) * block_bytes as f64;
-        self.tokens = self.tokens * Self::DECAY + tokens as f64;
+        let bytes = f64::from(blocks) * block_bytes as f64;
+        let now = self.bytes_per_token();
+        let own = (bytes / tokens as f64).clamp(now / Self::STEP, now * Self::STEP);
+        self.bytes = self.bytes * Self::DECAY + bytes;
+        self.tokens = self.tokens * Self::DECAY + bytes / own;
     }
 
     /// Prompt bytes per token, within the range `index.bytes_per_token` accepts.
@@ -314,6 +353,42 @@ mod tests {
         // A third of reports in surplus (three gateways rotating turns): never after the first.
         let rotating: Vec<bool> = (0..60).map(|i| s.observe(i % 3 == 0)).collect();
         assert!(!rotating[1..].iter().any(|&f| f), "{rotating:?}");
+    }
+
+    #[test]
+    fn one_pods_surpluses_leave_the_others_forgetting() {
+        let mut s = Surpluses::default();
+        for _ in 0..40 {
+            s.observe(1, 7, true);
+        }
+        assert!(s.observe(0, 5, false));
+        assert!(s.observe(2, 9, false));
+        assert!(!s.observe(1, 7, false));
+        // Another pod in slot 1 starts with a clear window.
+        assert!(s.observe(1, 8, false));
+    }
+
+    #[test]
+    fn one_report_moves_the_ratio_a_little_whatever_it_claims() {
+        for tokens in [1, u64::MAX, 1_000_000_000_000_000] {
+            let mut r = TokenRatio::new(4.0);
+            r.observe(512, 256, tokens);
+            let moved = r.bytes_per_token() / 4.0;
+            assert!((0.66..=1.5).contains(&moved), "{tokens}: {moved}");
+        }
+        // Settled on 7.3 bytes per token, a forged report moves it by about 1%: far
+        // from the tenth that resizes the index.
+        let mut r = TokenRatio::new(4.0);
+        for _ in 0..200 {
+            r.observe(40, 256, 1400);
+        }
+        let settled = r.bytes_per_token();
+        r.observe(40, 256, 1_000_000_000_000_000);
+        assert!(
+            r.bytes_per_token() / settled > 0.98,
+            "{}",
+            r.bytes_per_token()
+        );
     }
 
     #[test]

@@ -603,6 +603,14 @@ impl Worker {
             return;
         }
         self.router.learn_ratio(p.of, reported.prompt_tokens);
+        // Envoy's last try: a retry may have moved the request off the pod the
+        // index credited, whose cache this report then says nothing of.
+        if host
+            .upstream_address()
+            .is_some_and(|a| self.router.fleet().backend_at(&a) != Some(b))
+        {
+            return;
+        }
         let verdict = self
             .router
             .reported(host, b, (p.blocks, p.of), reported, p.last_use_ms);

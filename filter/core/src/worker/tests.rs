@@ -996,6 +996,42 @@ fn a_pods_report_of_an_eviction_makes_every_vm_forget_what_it_used_before() {
 }
 
 #[test]
+fn a_report_from_the_pod_a_retry_moved_to_is_no_evidence_on_the_one_predicted() {
+    let two = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}]}"#;
+    for retried in [false, true] {
+        let host = MemoryHost::default();
+        let mut w = Worker::configure(&host, two.as_bytes()).unwrap();
+        let body = chat_body(&"a long conversation ".repeat(500));
+        host.now.set(1000);
+        answered_with(&mut w, &host, &body, Some(0));
+        host.now.set(2000);
+        let mut ex = send(&mut w, &host, &chat_headers(), &body);
+        assert!(ex.awaiting_report.is_some());
+        let chosen = routed_to(&host).unwrap_or_default();
+        let chosen = chosen.split(',').next().unwrap_or_default().to_string();
+        let other = if chosen == "127.0.0.1:1" {
+            "127.0.0.1:2"
+        } else {
+            "127.0.0.1:1"
+        };
+        {
+            let mut e = host.exchange.borrow_mut();
+            e.upstream = Some(if retried { other.into() } else { chosen });
+            e.response_body = br#"{"choices":[],"usage":{"prompt_tokens":10000,"prompt_tokens_details":{"cached_tokens":0}}}"#.to_vec();
+        }
+        let size = host.exchange.borrow().response_body.len();
+        w.on_response_body(&host, &mut ex, size, true);
+        w.on_log(&host, &mut ex);
+        w.tick(&host);
+        assert_eq!(
+            host.metric("warmroute.feedback.evictions"),
+            Some(i64::from(!retried)),
+            "retried: {retried}"
+        );
+    }
+}
+
+#[test]
 fn a_pod_that_holds_what_this_index_never_sent_it_forgets_nothing_on_a_shortfall() {
     let one_pod = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"}]}"#;
     let host = MemoryHost::default();

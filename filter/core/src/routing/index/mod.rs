@@ -305,12 +305,14 @@ impl Index {
     }
 
     /// Sizes each backend's share: its known capacity in blocks, else an equal
-    /// share; scaled down together so the sum never exceeds `max_blocks`.
+    /// share. When they add up to more than `max_blocks`, the bound is filled
+    /// max-min fairly: each backend gets what it asks up to an equal share of
+    /// what those asking less left over. A scraped capacity is foreign input:
+    /// a pod that claims a vast cache takes at most an equal share of the
+    /// bound from the others, never theirs.
     pub fn set_capacities(&mut self, known: &[Option<usize>]) {
         let n = self.lru.len().max(1);
         let share = self.max_blocks / n;
-        // A scraped capacity is foreign input: clamped to the bound, and summed
-        // in 64 bits, so no value can wrap the sum on wasm32.
         let wanted: Vec<usize> = (0..self.lru.len())
             .map(|b| {
                 known
@@ -321,13 +323,16 @@ impl Index {
                     .clamp(1, self.max_blocks.max(1))
             })
             .collect();
-        let sum: u64 = wanted.iter().map(|&w| w as u64).sum();
-        for (lru, w) in self.lru.iter_mut().zip(wanted) {
-            lru.capacity = if sum > self.max_blocks as u64 {
-                ((w as u128 * self.max_blocks as u128) / u128::from(sum)).max(1) as usize
-            } else {
-                w
-            };
+        let mut order: Vec<usize> = (0..wanted.len()).collect();
+        order.sort_by_key(|&b| wanted[b]);
+        let mut left = self.max_blocks;
+        for (i, &b) in order.iter().enumerate() {
+            let fair = left / (order.len() - i);
+            let got = wanted[b].min(fair).max(1);
+            left = left.saturating_sub(got);
+            if let Some(lru) = self.lru.get_mut(b) {
+                lru.capacity = got;
+            }
         }
     }
 

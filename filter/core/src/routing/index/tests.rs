@@ -145,6 +145,29 @@ fn hostile_capacities_never_wrap_the_bound() {
 }
 
 #[test]
+fn a_pod_that_claims_a_vast_cache_takes_no_other_pods_share() {
+    let mut ix = Index::new(3, 3000, 1000);
+    // Within the bound, each gets what it asks.
+    ix.set_capacities(&[Some(500), Some(1000), Some(1200)]);
+    assert_eq!(
+        (0..3).map(|b| ix.capacity(b)).collect::<Vec<_>>(),
+        [500, 1000, 1200]
+    );
+    // One claims 10^12 blocks: the others keep theirs, it gets what is left.
+    ix.set_capacities(&[Some(500), Some(1_000_000_000_000), Some(1200)]);
+    assert_eq!(
+        (0..3).map(|b| ix.capacity(b)).collect::<Vec<_>>(),
+        [500, 1300, 1200]
+    );
+    // Two honest pods that ask more than an equal share split the bound evenly with the liar.
+    ix.set_capacities(&[Some(2000), Some(usize::MAX), Some(2000)]);
+    assert_eq!(
+        (0..3).map(|b| ix.capacity(b)).collect::<Vec<_>>(),
+        [1000, 1000, 1000]
+    );
+}
+
+#[test]
 fn a_long_prompt_costs_a_sample_of_entries_but_counts_all_its_blocks() {
     let mut ix = Index::new(1, 1 << 20, 60_000);
     ix.record(&chain(1, 512), 0, 0);
@@ -245,7 +268,10 @@ fn capacities_never_exceed_the_bound() {
     let mut ix = Index::new(2, 2048, 1000);
     ix.set_capacities(&[Some(10_000), None]);
     assert!(ix.capacity(0) + ix.capacity(1) <= 2048);
-    assert!(ix.capacity(0) > ix.capacity(1));
+    // The unknown one asks an equal share, and keeps it.
+    assert_eq!((ix.capacity(0), ix.capacity(1)), (1024, 1024));
+    ix.set_capacities(&[Some(10_000), Some(100)]);
+    assert_eq!((ix.capacity(0), ix.capacity(1)), (1948, 100));
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]

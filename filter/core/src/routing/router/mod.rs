@@ -41,7 +41,7 @@ use crate::hash::{mix, session_hash};
 use crate::host::{Host, HostError};
 use crate::phases::{Split, Stage};
 use crate::prompt::prefix::PromptKey;
-use crate::routing::feedback::{Surplus, TokenRatio};
+use crate::routing::feedback::{Surpluses, TokenRatio};
 use crate::routing::index::Index;
 use crate::routing::index_log::Kind;
 use crate::routing::load::{backend_loads, BackendLoad};
@@ -118,8 +118,8 @@ pub struct Router {
     split: Split,
     /// Prompt bytes per pod token, as the pods' reports show it.
     ratio: TokenRatio,
-    /// Whether the pods' recent reports showed cache this index did not credit them with.
-    surplus: Surplus,
+    /// Whether each pod's recent reports showed cache this index did not credit it with.
+    surplus: Surpluses,
     /// The ratio the index's capacities were last sized with.
     sized_ratio: f64,
 }
@@ -210,7 +210,7 @@ impl Router {
             pending: Pending::default(),
             split: Split::default(),
             ratio: TokenRatio::new(bytes_per_token),
-            surplus: Surplus::default(),
+            surplus: Surpluses::default(),
             sized_ratio: bytes_per_token,
         };
         router.resize_index();

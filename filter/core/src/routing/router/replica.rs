@@ -101,9 +101,9 @@ impl Router {
     /// credited `backend` with, what it last used at or before
     /// `last_use_ms` (the deepest predicted block's last use, before this
     /// request) is forgotten there, here and, through the log, in every VM
-    /// ([`crate::routing::feedback`]), unless one of this VM's recent reports showed
-    /// a pod holding more than this index credited it with (then this index's
-    /// order of uses is not the pods'). Returns what the report showed.
+    /// ([`crate::routing::feedback`]), unless one of this VM's recent reports of
+    /// that pod showed it holding more than this index credited it with (then
+    /// this index's order of uses is not the pod's). Returns what the report showed.
     pub fn reported<H: Host>(
         &mut self,
         host: &H,
@@ -114,7 +114,9 @@ impl Router {
     ) -> Verdict {
         let (predicted_blocks, prompt_blocks) = predicted;
         let surplus = report.shows_surplus(predicted_blocks, prompt_blocks);
-        let ordered = self.surplus.observe(surplus);
+        let ordered = self
+            .surplus
+            .observe(backend, self.fleet.pod_id(backend), surplus);
         let shortfall = report.shows_eviction(predicted_blocks, prompt_blocks);
         let verdict = Verdict {
             shortfall,
