@@ -144,3 +144,31 @@ def test_nothing_is_held_below_the_knee():
         stats = f.envoy.settled_stats()
         assert stats["wasmcustom.warmroute.gate.standard.admitted"] == "20"
         assert stats["wasmcustom.warmroute.gate.standard.held"] == "0"
+
+
+def test_a_compressed_body_waits_its_turn_at_a_saturated_pod():
+    # The gate cannot read a gzip body, but Envoy holds it whole (it is within max_body_bytes):
+    # it waits in its class's queue like any other request, not ahead of them at a pod past its knee.
+    import gzip
+    with Fleet(1, filter_overrides=KNEE_ONE) as f:
+        pod = f.sims[0]
+        holder = Holder(f.envoy.port, words("hold", 20))
+        until("the holder on its pod", lambda: pod.metrics().get("vllm:num_requests_running", 0) >= 1)
+        replies: dict = {}
+        threads = send_in_order(f, [("plain", {})], "standard.queued", replies)
+
+        def compressed() -> None:
+            data = gzip.compress(json.dumps(body(words("zipped", 50))).encode())
+            replies["zipped"] = post(f.envoy.port, "/v1/chat/completions", data,
+                                     headers={"content-encoding": "gzip"})
+        threads.append(threading.Thread(target=compressed, daemon=True))
+        threads[-1].start()
+        until("the compressed request held", lambda: gauge(f, "standard.queued") == 2)
+        assert not replies, "nothing is forwarded while the pod is at its knee"
+        holder.close()
+        for t in threads:
+            t.join(30)
+        assert replies["plain"].status == 200
+        # The pod, like vLLM, does not decompress request bodies: a 400 from the pod itself.
+        assert replies["zipped"].status == 400 and replies["zipped"].replica is not None
+        assert f.envoy.counter("warmroute.fallback.compressed") == 1

@@ -101,6 +101,8 @@ pub struct Exchange {
     endpoint: Option<Endpoint>,
     session: Option<String>,
     awaiting_body: bool,
+    /// A compressed body buffered whole for the gate, which cannot read it.
+    compressed: bool,
     /// Body bytes Envoy has buffered so far.
     buffered: usize,
     /// The backend this request was routed to.
@@ -245,9 +247,12 @@ impl Worker {
         let length = header("content-length").and_then(|l| l.trim().parse::<usize>().ok());
         ex.sized = length.is_some();
         let too_large = length.is_some_and(|l| l > max_body);
+        // With a gate, a compressed body is buffered like any other (within
+        // `max_body_bytes`), unread, so that it waits its turn with the rest.
+        ex.compressed = encoded && self.holding.is_some();
         let fallback = if end_of_stream {
             Some(Unread::NoBody)
-        } else if encoded {
+        } else if encoded && !ex.compressed {
             Some(Unread::Compressed)
         } else if too_large {
             Some(Unread::TooLarge)
@@ -280,6 +285,7 @@ impl Worker {
         ex.buffered = body_size;
         if body_size > self.router.config().max_body_bytes {
             ex.awaiting_body = false;
+            ex.compressed = false;
             self.route(host, ex, None, Some(Unread::TooLarge), Laps::start(host));
             return Step::Continue;
         }
@@ -309,6 +315,9 @@ impl Worker {
 
     /// Reads up to `size` bytes of the buffered body and routes on them.
     fn route_body<H: Host>(&mut self, host: &H, ex: &mut Exchange, size: usize) -> Step {
+        if ex.compressed {
+            return self.route(host, ex, None, Some(Unread::Compressed), Laps::start(host));
+        }
         let mut laps = Laps::start(host);
         let body = host.request_body(size).unwrap_or_default();
         laps.lap(host, Phase::Body);
@@ -337,8 +346,8 @@ impl Worker {
             }
         }
         // Only a request Envoy holds whole may wait: one whose body is still streaming
-        // in (too large to read, compressed) would have it all buffered while held.
-        let whole = body.is_some() || why == Some(Unread::NoBody);
+        // in (too large to read) would have it all buffered while held.
+        let whole = body.is_some() || why == Some(Unread::NoBody) || ex.compressed;
         let mut look = None;
         if whole && ex.endpoint.is_some() && self.holding.is_some() {
             match self.admit(host, ex, key.as_ref()) {

@@ -196,24 +196,30 @@ fn only_a_request_envoy_holds_whole_waits() {
     let mut w = gated(&host);
     let (_a, _) = send(&mut w, &host, 1, &[]);
     let (_b, _) = send(&mut w, &host, 2, &[]);
-    let mut at_headers = |context: u32, extra: &[(&str, &str)], end_of_stream: bool| {
+    let mut at_headers = |w: &mut Worker, context: u32, extra: &[(&str, &str)], body: &[u8]| {
         let mut headers = vec![(":method", "POST"), (":path", "/v1/chat/completions")];
         headers.extend_from_slice(extra);
-        *host.exchange.borrow_mut() = TestExchange::request(&headers, b"");
+        *host.exchange.borrow_mut() = TestExchange::request(&headers, body);
         let mut ex = Exchange::new(context);
-        w.on_request_headers(&host, &mut ex, end_of_stream)
+        let step = w.on_request_headers(&host, &mut ex, body.is_empty());
+        (step, ex)
     };
     // No body: it waits at its headers.
-    assert_eq!(at_headers(3, &[], true), Step::Pause);
-    // A body still to come that will not be read: routed at once, not buffered while held.
+    assert_eq!(at_headers(&mut w, 3, &[], b"").0, Step::Pause);
+    // A body too large to buffer: routed at once, not held.
     assert_eq!(
-        at_headers(4, &[("content-encoding", "gzip")], false),
+        at_headers(&mut w, 5, &[("content-length", "99999999")], b"{}").0,
         Step::Continue
     );
+    // A compressed body the gate cannot read is buffered whole, and then waits.
+    let zipped = [0x1f, 0x8b, 8, 0];
+    let (step, mut ex) = at_headers(&mut w, 4, &[("content-encoding", "gzip")], &zipped);
+    assert_eq!(step, Step::Pause);
     assert_eq!(
-        at_headers(5, &[("content-length", "99999999")], false),
-        Step::Continue
+        w.on_request_body(&host, &mut ex, zipped.len(), true),
+        Step::Pause
     );
+    assert!(ex.parked);
 }
 
 #[test]
