@@ -196,7 +196,7 @@ fn only_a_request_envoy_holds_whole_waits() {
     let mut w = gated(&host);
     let (_a, _) = send(&mut w, &host, 1, &[]);
     let (_b, _) = send(&mut w, &host, 2, &[]);
-    let mut at_headers = |w: &mut Worker, context: u32, extra: &[(&str, &str)], body: &[u8]| {
+    let at_headers = |w: &mut Worker, context: u32, extra: &[(&str, &str)], body: &[u8]| {
         let mut headers = vec![(":method", "POST"), (":path", "/v1/chat/completions")];
         headers.extend_from_slice(extra);
         *host.exchange.borrow_mut() = TestExchange::request(&headers, body);
