@@ -13,6 +13,11 @@ use crate::host::{Callout, HeaderPair, Host, HostError, MetricKind, Versioned};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
+/// `bytes` as lowercase hex: the tests pin each shared record's layout with it.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The HTTP exchange a test is driving, as the host sees it.
 #[derive(Debug, Clone, Default)]
 pub struct TestExchange {

@@ -286,4 +286,27 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn the_record_keeps_its_layout() {
+        let h = Health {
+            scraped_ms: 5,
+            failed_ms: 6,
+            failures: 2,
+            successes: 1,
+            down: true,
+            scrape: Scrape {
+                running: 1.0,
+                waiting: 2.0,
+                kv_usage: 0.5,
+                capacity_tokens: Some(4096),
+                own_inflight: 3,
+            },
+        };
+        assert_eq!(
+            crate::testing::hex(&encode_health(&[h, Health::default()])),
+            "05000000000000000600000000000000020000000100000001000000000000f03f0000000000000040000000000000e03f000000000000b0400300000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000f0bf00000000",
+            "health.v2"
+        );
+    }
 }

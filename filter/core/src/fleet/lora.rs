@@ -201,4 +201,18 @@ vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waitin
         assert_eq!(decode_lora(&bytes, 2), vec![None, None]);
         assert_eq!(decode_lora(&bytes[..bytes.len() - 1], 3), vec![None; 3]);
     }
+
+    #[test]
+    fn the_record_keeps_its_layout() {
+        let l = Lora {
+            running: vec!["sql".into()],
+            waiting: vec!["law".into(), "chat".into()],
+            max_lora: 2,
+        };
+        assert_eq!(
+            crate::testing::hex(&encode_lora(&[Some(l), None])),
+            "0200000001020000000100030073716c020003006c617704006368617400",
+            "lora.v1"
+        );
+    }
 }

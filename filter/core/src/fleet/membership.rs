@@ -576,4 +576,12 @@ mod tests {
         assert_eq!(Slots::decode(&bytes[..bytes.len() - 1], 3), None);
         assert_eq!(Slots::decode(&[], 3), None);
     }
+
+    #[test]
+    fn the_record_keeps_its_layout() {
+        let mut s = Slots::empty(3);
+        s.assign(&eps(&["10.0.0.1:8000", "10.0.0.2:8000"]), 10);
+        s.assign(&eps(&["10.0.0.2:8000"]), 20);
+        assert_eq!(crate::testing::hex(&s.encode()), "0300000014000000000000000a00000000000000000000000000000000000000000a000000000000000100000d0031302e302e302e323a38303030000000000000000000000000000000000000000000", "members.v1");
+    }
 }

@@ -535,4 +535,23 @@ mod tests {
         assert_eq!(v["error"]["code"], "queue_full");
         assert_eq!(v["error"]["type"], "rate_limit_error");
     }
+
+    #[test]
+    fn the_record_keeps_its_layout() {
+        let q = Queue {
+            next_seq: 4,
+            releases: 2,
+            tickets: vec![
+                ticket(1, 2, 0, 9000),
+                Ticket {
+                    granted_ms: 500,
+                    pod: 1,
+                    eligible: vec![0b101],
+                    seq: 3,
+                    ..ticket(5, 6, 1, 7000)
+                },
+            ],
+        };
+        assert_eq!(crate::testing::hex(&q.encode()), "01040000000000000002000000000000000100000000000000020000000700000000282300000000000000000000000000000000000000000000000000000500000000000000060000000700000001581b0000000000000300000000000000f4010000000000000100010005", "gate.v1");
+    }
 }

@@ -350,4 +350,10 @@ mod tests {
         }
         assert_eq!(s.log_event(0).unwrap().map(|e| e.head.seq), Some(16));
     }
+
+    #[test]
+    fn an_event_keeps_its_layout() {
+        let received = Event::encode(head(Kind::Received, 9, 7, 2, 1234), &[11, 12, 13], 4096);
+        assert_eq!(crate::testing::hex(&received), "0500090000000000000007000000000000000200d2040000000000000700000003000000030000000b000000000000000c000000000000000d00000000000000", "index_log.v1");
+    }
 }

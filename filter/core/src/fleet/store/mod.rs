@@ -142,6 +142,13 @@ pub struct Keys {
 
 impl Keys {
     /// Keys for the fleet identified by `fleet`, with an index log of `log_bytes`.
+    ///
+    /// Every key names its record's layout version (`.vN`): during a rolling
+    /// reload the old listener's VMs keep serving while the new ones start
+    /// (an LDS drain), and a release that changes a layout must bump its
+    /// version, so each keeps its own record instead of misreading the
+    /// other's. The tests pin each record's bytes, so a change of layout
+    /// without a new version fails them.
     pub fn new(fleet: u64, log_bytes: usize) -> Keys {
         let k = |n: &str| format!("warmroute.{fleet:016x}.{n}");
         let log_shape = LogShape::new(log_bytes);
@@ -149,16 +156,19 @@ impl Keys {
             fleet,
             log_bytes,
             ledger: k("ledger.v4"),
-            rotation: k("rotation"),
-            vm_seq: k("vm_seq"),
-            lease: k("lease"),
-            health: k("health"),
-            served: k("served"),
-            members: k("members"),
-            lora: k("lora"),
+            rotation: k("rotation.v1"),
+            vm_seq: k("vm_seq.v1"),
+            lease: k("lease.v1"),
+            // v1 was the same name without a version, before `own_inflight`.
+            health: k("health.v2"),
+            served: k("served.v1"),
+            members: k("members.v1"),
+            lora: k("lora.v1"),
             gate: k("gate.v1"),
+            // The events carry their own layout version too ([`crate::fleet::store`]
+            // only names the slots).
             log_slots: (0..log_shape.slots)
-                .map(|i| k(&format!("index_log.{i}")))
+                .map(|i| k(&format!("index_log.v1.{i}")))
                 .collect(),
             log_shape,
         }

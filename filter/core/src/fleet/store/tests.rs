@@ -1,5 +1,5 @@
 use super::*;
-use crate::testing::MemoryHost;
+use crate::testing::{hex, MemoryHost};
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -365,4 +365,77 @@ mod properties {
             prop_assert!(damaged.shares.iter().all(|s| s.inflight.iter().all(|(b, _)| (*b as usize) < N)));
         }
     }
+}
+
+#[test]
+fn every_key_names_its_layout_version() {
+    let keys = Keys::new(0xfeed, 1 << 20);
+    let versioned = |k: &str| {
+        k.split('.').any(|part| {
+            part.strip_prefix('v')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    let all: Vec<&str> = keys.every().chain([FLEETS_KEY]).collect();
+    assert!(all.len() > 16);
+    for k in all {
+        assert!(versioned(k), "{k}");
+    }
+}
+
+#[test]
+fn the_stores_own_records_keep_their_layout() {
+    let ledger = Ledger {
+        inflight: Vec::new(),
+        next_seq: 7,
+        shares: vec![Share {
+            vm: 2,
+            heartbeat_ms: 1000,
+            lease_ms: 1500,
+            inflight: vec![(
+                1,
+                InFlight {
+                    requests: 3,
+                    ..InFlight::default()
+                },
+            )],
+        }],
+    };
+    assert_eq!(
+        hex(&ledger.encode()),
+        "0700000000000000010000000200000000000000e803000000000000dc050000000000000100000001000000030000000000000000000000",
+        "ledger.v4"
+    );
+    assert_eq!(
+        hex(&encode_served(&[5, 0])),
+        "05000000000000000000000000000000",
+        "served.v1"
+    );
+    let host = MemoryHost::default();
+    let keys = Keys::new(1, 1 << 20);
+    let s = shared(&host, &keys);
+    host.now.set(100);
+    assert_eq!(s.try_lease(9, 50), Ok(true));
+    assert_eq!(s.next_rotation(), Ok(0));
+    assert_eq!(s.new_vm_id(), Ok(1));
+    let read = |k: &str| {
+        hex(&host
+            .get_shared(k)
+            .ok()
+            .and_then(|v| v.0)
+            .unwrap_or_default())
+    };
+    assert_eq!(
+        read(&keys.lease),
+        "09000000000000009600000000000000",
+        "lease.v1"
+    );
+    assert_eq!(read(&keys.rotation), "0100000000000000", "rotation.v1");
+    assert_eq!(read(&keys.vm_seq), "0100000000000000", "vm_seq.v1");
+    s.sweep_fleets(100, 30_000).ok();
+    assert_eq!(
+        read(FLEETS_KEY),
+        "0100000000000000640000000000000000001000000000003075000000000000",
+        "fleets.v1"
+    );
 }

@@ -427,7 +427,7 @@ fn a_vm_creates_the_shared_values_as_it_is_configured() {
     let r = Router::new(cfg("cache_aware"), &host);
     assert_eq!(kept(&host, ".ledger.v4"), 1);
     assert_eq!(
-        kept(&host, ".rotation"),
+        kept(&host, ".rotation.v1"),
         0,
         "only strategies that rotate keep one"
     );
@@ -439,7 +439,7 @@ fn a_vm_creates_the_shared_values_as_it_is_configured() {
         .iter()
         .all(|f| f.requests == 0));
     Router::new(cfg("round_robin"), &host);
-    assert_eq!(kept(&host, ".rotation"), 1);
+    assert_eq!(kept(&host, ".rotation.v1"), 1);
 }
 
 #[test]
