@@ -255,6 +255,9 @@ pub struct PoolConfig {
     pub admin_cluster: String,
     /// Slots: most pods the fleet holds at once ([`crate::fleet::membership`]).
     pub max_backends: usize,
+    /// How long answers listing no endpoint at all keep the last members
+    /// ([`crate::fleet::membership`]).
+    pub empty_grace_ms: u64,
 }
 
 /// One Envoy cluster of a discovered pool.

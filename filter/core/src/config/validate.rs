@@ -100,6 +100,7 @@ fn pool_config(p: WirePool) -> Result<PoolConfig, ConfigError> {
         clusters,
         admin_cluster: cluster_name("pool.admin_cluster", p.admin_cluster)?,
         max_backends: in_range("pool.max_backends", p.max_backends, 1, MAX_BACKENDS)?,
+        empty_grace_ms: in_range("pool.empty_grace_ms", p.empty_grace_ms, 0, 3_600_000)?,
     })
 }
 

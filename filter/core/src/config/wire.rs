@@ -189,6 +189,7 @@ pub(super) struct WirePool {
     pub(super) clusters: Vec<WirePoolCluster>,
     pub(super) admin_cluster: String,
     pub(super) max_backends: usize,
+    pub(super) empty_grace_ms: u64,
     pub(super) models: Vec<String>,
     pub(super) adapters: Vec<String>,
 }
@@ -200,6 +201,7 @@ impl Default for WirePool {
             clusters: Vec::new(),
             admin_cluster: "envoy-admin".into(),
             max_backends: 64,
+            empty_grace_ms: 30_000,
             models: Vec::new(),
             adapters: Vec::new(),
         }

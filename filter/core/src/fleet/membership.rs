@@ -25,6 +25,7 @@
 //! | parameter | default | why |
 //! |---|---|---|
 //! | `pool.max_backends` | 64 | slots: a pool with more endpoints leaves the rest out (the first fill takes them in address order, later pods take slots as they free up), and the log says so; every per-pod structure is sized by it |
+//! | `pool.empty_grace_ms` | 30 000 | answers that list no endpoint at all keep the last members this long: a control plane that restarts or a transient empty EDS push would otherwise empty every slot and lose the index; a pool really scaled to zero empties after it |
 //!
 //! Envoy's admin is the source because it holds exactly the set that
 //! `override_host` routes to, kept current by EDS (Kubernetes, Istio, a file),
@@ -36,7 +37,9 @@
 //! naming any other cluster (an Envoy too old for `filter` answers with every
 //! cluster), larger than
 //! [`MAX_REPLY_BYTES`] or does not parse changes nothing: a broken read never
-//! empties the fleet. A cluster without endpoints does. Endpoints Envoy would
+//! empties the fleet. A cluster that loses some endpoints loses those
+//! members; answers that list none at all change nothing for
+//! `pool.empty_grace_ms`, then empty every slot. Endpoints Envoy would
 //! not route to (unhealthy, draining, failing its outlier or active checks,
 //! pending removal) stay members, so a blip keeps their slot and cache
 //! picture, but are out of rotation.

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! answered (status < 500, not reset upstream):  errors_b := 0, served_ms_b := now
-//! failed   (status ≥ 500, or reset upstream):   errors_b += 1
+//! failed   (502, 503, 504, or reset upstream):  errors_b += 1
+//! neither  (another 5xx; Envoy's circuit breaker overflowed; the client left)
 //!          errors_b ≥ eject_after_errors  ⇒  ejected_until_b := now + stale_after_ms,
 //!                                              errors_b := 0
 //! in rotation for this worker at t ⇔ t ≥ ejected_until_b
@@ -12,6 +13,13 @@
 //! |---|---|---|
 //! | `eject_after_errors` | 3 | a pod that fails every request (a wedged engine with a healthy `/metrics`, a dead pod before its scrape fails) leaves after a handful, not after a scrape period |
 //! | ejection | `stale_after_ms` | then real traffic probes it again; `0` errors disables ejection |
+//!
+//! Only upstream faults count, as Envoy's own outlier detection counts gateway
+//! failures: a 500 (or 501, 505...) the pod answered may be what a client's
+//! request made it say, and a client that sends such requests in a loop must
+//! not eject every pod in turn; a reset for `overflow` is Envoy's own circuit
+//! breaker refusing to send, whatever the pod's state. A pod whose engine
+//! died answers 500 to everything, and fails its scrape (`/metrics`) too.
 //!
 //! The backend is the one Envoy last sent the request to (`upstream.address`),
 //! not the one the filter picked: a retry that succeeded elsewhere says
@@ -40,7 +48,7 @@
 pub enum Answer {
     /// The backend answered (any status below 500).
     Served,
-    /// A 5xx, or the upstream connection failed or was reset.
+    /// A 502, 503 or 504, or the upstream connection failed or was reset.
     Failed,
 }
 
@@ -49,13 +57,16 @@ impl Answer {
     /// `response.code_details`; `None`: not the backend's doing.
     pub fn of(status: Option<u16>, details: Option<&str>) -> Option<Answer> {
         let details = details.unwrap_or_default();
-        if details.contains("downstream") {
+        if details.contains("downstream") || details.contains("overflow") {
             return None;
         }
-        if details.contains("upstream_reset") || status.is_some_and(|s| s >= 500) {
-            Some(Answer::Failed)
-        } else {
-            status.map(|_| Answer::Served)
+        if details.contains("upstream_reset") {
+            return Some(Answer::Failed);
+        }
+        match status? {
+            502..=504 => Some(Answer::Failed),
+            500.. => None,
+            _ => Some(Answer::Served),
         }
     }
 }
@@ -187,7 +198,21 @@ mod tests {
         let cases = [
             (Some(200), Some("via_upstream"), Some(Answer::Served)),
             (Some(404), Some("via_upstream"), Some(Answer::Served)),
-            (Some(500), Some("via_upstream"), Some(Answer::Failed)),
+            (Some(503), Some("via_upstream"), Some(Answer::Failed)),
+            (
+                Some(504),
+                Some("upstream_response_timeout"),
+                Some(Answer::Failed),
+            ),
+            // What a client's request may make the pod say: neither blame nor credit.
+            (Some(500), Some("via_upstream"), None),
+            (Some(501), Some("via_upstream"), None),
+            // Envoy's own circuit breaker: not the pod.
+            (
+                Some(503),
+                Some("upstream_reset_before_response_started{overflow}"),
+                None,
+            ),
             (
                 Some(503),
                 Some("upstream_reset_before_response_started{remote_connection_failure}"),

@@ -114,6 +114,8 @@ pub struct FleetView {
     open_requests: u32,
     /// Host time of this VM's last routed request or tick.
     last_now: u64,
+    /// Since when the pool's endpoint reads have listed none (`pool.empty_grace_ms`).
+    pool_empty_since: Option<u64>,
 }
 
 impl FleetView {
@@ -157,6 +159,7 @@ impl FleetView {
             unreleased: vec![Delta::default(); n],
             open_requests: 0,
             last_now: host.now_ms(),
+            pool_empty_since: None,
             cfg,
         };
         view.set_all_health(health);
@@ -304,6 +307,14 @@ impl FleetView {
             Ok(e) => e,
             Err(e) => return Ok(Err(e)),
         };
+        if endpoints.is_empty() {
+            let since = *self.pool_empty_since.get_or_insert(now);
+            if now.saturating_sub(since) < pool.empty_grace_ms {
+                return Ok(Ok((Changes::default(), Vec::new())));
+            }
+        } else {
+            self.pool_empty_since = None;
+        }
         let n = self.backends.len();
         let (slots, changes) = self.store(host).update_members(|current| {
             let mut s = current.unwrap_or_else(|| Slots::empty(n));

@@ -714,8 +714,13 @@ fn a_discovered_pool_follows_envoys_endpoints() {
         a.on_scrape(&host, c.token, headers, size);
     }
     assert!(spread(&mut a, &host, "k", 40).contains("10.0.0.4:8000"));
-    // The pool emptied: nothing to route to, and no slot keeps a pod.
+    // Envoy lists no endpoint at all (an empty EDS push): the members stay for the grace.
+    let grace = a.config().pool.as_ref().map_or(0, |p| p.empty_grace_ms);
     pool_tick(&mut a, &host, 2500, &[]);
+    pool_tick(&mut a, &host, 2500 + grace - 1, &[]);
+    assert!(spread(&mut a, &host, "g", 40).contains("10.0.0.4:8000"));
+    // Still empty past it: the pool emptied, nothing to route to, no slot keeps a pod.
+    pool_tick(&mut a, &host, 2500 + grace, &[]);
     assert!(spread(&mut a, &host, "e", 5).is_empty());
     assert!(a.router.fleet().backends().iter().all(Option::is_none));
 }
