@@ -100,3 +100,77 @@ fn a_held_request_past_its_deadline_is_answered_429_at_the_next_check() {
         "a shed request is never forwarded"
     );
 }
+
+/// Fuel the filter spends per request it releases when capacity returns for 1,024 held
+/// requests at once, on 32 pods of 32 slots: the grant runs inside a CAS that may be retried,
+/// so its cost per grant must not grow with everything held (it was a sort of every held
+/// request and a scan of every pod for each, per grant). Fuel is deterministic: not a
+/// timed assertion.
+#[test]
+fn releasing_a_thousand_held_requests_costs_each_about_what_routing_it_does() {
+    const PODS: usize = 32;
+    const HELD: usize = 1024;
+    let h = Host::load_with(
+        wasm_path(),
+        HostOptions {
+            fuel: true,
+            ..HostOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("loading {}: {e:?}", wasm_path().display()));
+    let gate = json!({"gate": {
+        "knee": {"requests": 32, "waiting": 1},
+        "classes": [{"name": "standard", "max_wait_ms": 60000, "max_queue": HELD},
+                    {"name": "batch", "max_wait_ms": 60000, "max_queue": HELD}],
+        "default_class": "standard"}});
+    let vm = start(&h, &config(PODS, gate));
+    let fuel_of = |vm: &Vm| vm.fuel_used().expect("the host meters fuel");
+    // Every pod queues: past its knee.
+    // The VM ticks at the gate's check period (50 ms); scrapes go out every 500 ms.
+    let scrapes = |waiting: u32| {
+        let mut answered = 0;
+        while answered < PODS {
+            h.advance(50).unwrap();
+            answered += h
+                .respond_all(|_| HttpCallReply::ok(vllm_metrics(0, waiting, 0.1)))
+                .unwrap();
+        }
+    };
+    scrapes(5);
+    // Two classes, so that every tenth release looks for a lower class's request.
+    let held: Vec<Routed> = (0..HELD as u64)
+        .map(|i| {
+            let class = if i % 2 == 0 { "standard" } else { "batch" };
+            post(
+                &vm,
+                "/v1/chat/completions",
+                &chat(&text(i, 200)),
+                &[("x-warmroute-priority", class)],
+            )
+        })
+        .collect();
+    let paused = held
+        .iter()
+        .filter(|r| r.body_action == Some(Action::Pause))
+        .count();
+    assert_eq!(paused, HELD, "{}", vm.log_text());
+    // The same requests routed straight (another VM, no gate): the cost of routing one.
+    let plain = start(&h, &config(PODS, json!({"metrics": {"enabled": false}})));
+    let before = fuel_of(&plain);
+    for i in 0..HELD as u64 {
+        chat_request(&plain, &text(i, 200)).finish();
+    }
+    let route = (fuel_of(&plain) - before) / HELD as u64;
+    // The next scrape finds every pod idle; the next gate check releases all.
+    let before = fuel_of(&vm);
+    scrapes(0);
+    h.advance(50).unwrap();
+    let release = (fuel_of(&vm) - before) / HELD as u64;
+    let resumed = held.iter().filter(|r| r.stream.request_resumed()).count();
+    eprintln!("fuel per request: routed {route}, released {release}; resumed {resumed}");
+    assert_eq!(resumed, HELD);
+    assert!(
+        release < 4 * route,
+        "releasing a held request cost {release} fuel, routing one {route}"
+    );
+}

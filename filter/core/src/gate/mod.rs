@@ -92,6 +92,46 @@ impl Ticket {
     }
 }
 
+/// The pods with a slot free, for one grant.
+struct Open {
+    /// A bit per pod with a slot free, as [`Ticket::eligible`] lays them out.
+    mask: Vec<u8>,
+    /// The pod with the most free slots (the lowest such): where a ticket any pod may serve goes.
+    most: Option<usize>,
+}
+
+impl Open {
+    fn of(slots: &[u32]) -> Open {
+        let most = (0..slots.len())
+            .filter(|&b| slots[b] > 0)
+            .max_by_key(|&b| (slots[b], std::cmp::Reverse(b)));
+        Open {
+            mask: mask(slots.iter().map(|&s| s > 0), slots.len()),
+            most,
+        }
+    }
+
+    /// Whether some pod with a free slot may serve `t`: a byte-wise test.
+    fn fits(&self, t: &Ticket) -> bool {
+        match (t.eligible.is_empty(), self.mask.is_empty()) {
+            (true, _) => self.most.is_some(),
+            // Every pod has a free slot.
+            (false, true) => t.eligible.iter().any(|&m| m != 0),
+            (false, false) => t.eligible.iter().zip(&self.mask).any(|(e, o)| e & o != 0),
+        }
+    }
+
+    /// The pod with the most free slots that may serve `t`.
+    fn pod_for(&self, t: &Ticket, slots: &[u32]) -> Option<usize> {
+        if t.eligible.is_empty() {
+            return self.most;
+        }
+        (0..slots.len())
+            .filter(|&b| slots[b] > 0 && t.fits(b))
+            .max_by_key(|&b| (slots[b], std::cmp::Reverse(b)))
+    }
+}
+
 /// The eligibility mask of the slots in `eligible` out of `n` (empty when all are).
 pub fn mask(eligible: impl Iterator<Item = bool>, n: usize) -> Vec<u8> {
     let mut m = vec![0u8; n.div_ceil(8)];
@@ -237,51 +277,42 @@ impl Queue {
                 *s = s.saturating_sub(1);
             }
         }
+        // Sorted once; each grant then costs O(pods + held · pods / 8): it runs
+        // inside a CAS that may be retried, with up to a thousand of each.
+        let mut waiting: Vec<usize> = (0..self.tickets.len())
+            .filter(|&i| self.tickets[i].granted_ms == 0)
+            .collect();
+        waiting.sort_by_key(|&i| self.tickets[i].order());
         let mut out = Vec::new();
         loop {
-            // The pod with the most slots the ticket may use.
-            let pod_for = |t: &Ticket| {
-                (0..slots.len())
-                    .filter(|&b| slots[b] > 0 && t.fits(b))
-                    .max_by_key(|&b| (slots[b], std::cmp::Reverse(b)))
-            };
-            let mut waiting: Vec<usize> = (0..self.tickets.len())
-                .filter(|&i| self.tickets[i].granted_ms == 0)
-                .collect();
-            waiting.sort_by_key(|&i| self.tickets[i].order());
-            let Some(&best) = waiting
-                .iter()
-                .find(|&&i| pod_for(&self.tickets[i]).is_some())
-            else {
+            let open = Open::of(slots);
+            let can_go = |t: &Ticket| open.fits(t);
+            let Some(first) = waiting.iter().position(|&i| can_go(&self.tickets[i])) else {
                 break;
             };
             let lower_turn = lower_every > 0 && self.releases % lower_every == lower_every - 1;
-            let top = self.tickets[best].class;
-            let pick = if lower_turn {
+            let top = self.tickets[waiting[first]].class;
+            let mut at = first;
+            if lower_turn {
                 // Lower turns go round the classes below the top that have a request
                 // that can go, so the lowest is not starved by the one in between.
-                let mut lower: Vec<u8> = waiting
+                let mut lower: Vec<u8> = waiting[first..]
                     .iter()
                     .map(|&i| &self.tickets[i])
-                    .filter(|t| t.class > top && pod_for(t).is_some())
+                    .filter(|t| t.class > top && can_go(t))
                     .map(|t| t.class)
                     .collect();
                 lower.dedup();
                 let turn = self.releases / lower_every;
-                match lower.get((turn % lower.len().max(1) as u64) as usize) {
-                    Some(&class) => waiting
+                if let Some(&class) = lower.get((turn % lower.len().max(1) as u64) as usize) {
+                    at = waiting
                         .iter()
-                        .copied()
-                        .find(|&i| {
-                            self.tickets[i].class == class && pod_for(&self.tickets[i]).is_some()
-                        })
-                        .unwrap_or(best),
-                    None => best,
+                        .position(|&i| self.tickets[i].class == class && can_go(&self.tickets[i]))
+                        .unwrap_or(first);
                 }
-            } else {
-                best
-            };
-            let Some(pod) = pod_for(&self.tickets[pick]) else {
+            }
+            let pick = waiting.remove(at);
+            let Some(pod) = open.pod_for(&self.tickets[pick], slots) else {
                 break;
             };
             slots[pod] -= 1;
@@ -553,5 +584,109 @@ mod tests {
             ],
         };
         assert_eq!(crate::testing::hex(&q.encode()), "01040000000000000002000000000000000100000000000000020000000700000000282300000000000000000000000000000000000000000000000000000500000000000000060000000700000001581b0000000000000300000000000000f4010000000000000100010005", "gate.v1");
+    }
+
+    /// The grant as it was first written, one full sort and fit scan per grant:
+    /// the faster one must pick the same tickets, in the same order, on the same pods.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn reference_grant(
+        q: &mut Queue,
+        slots: &mut [u32],
+        now_ms: u64,
+        lower_every: u64,
+    ) -> Vec<Ticket> {
+        for t in q.tickets.iter().filter(|t| t.granted_ms > 0) {
+            if let Some(s) = slots.get_mut(usize::from(t.pod)) {
+                *s = s.saturating_sub(1);
+            }
+        }
+        let mut out = Vec::new();
+        loop {
+            let pod_for = |t: &Ticket| {
+                (0..slots.len())
+                    .filter(|&b| slots[b] > 0 && t.fits(b))
+                    .max_by_key(|&b| (slots[b], std::cmp::Reverse(b)))
+            };
+            let mut waiting: Vec<usize> = (0..q.tickets.len())
+                .filter(|&i| q.tickets[i].granted_ms == 0)
+                .collect();
+            waiting.sort_by_key(|&i| q.tickets[i].order());
+            let Some(&best) = waiting.iter().find(|&&i| pod_for(&q.tickets[i]).is_some()) else {
+                break;
+            };
+            let lower_turn = lower_every > 0 && q.releases % lower_every == lower_every - 1;
+            let top = q.tickets[best].class;
+            let pick = if lower_turn {
+                let mut lower: Vec<u8> = waiting
+                    .iter()
+                    .map(|&i| &q.tickets[i])
+                    .filter(|t| t.class > top && pod_for(t).is_some())
+                    .map(|t| t.class)
+                    .collect();
+                lower.dedup();
+                let turn = q.releases / lower_every;
+                match lower.get((turn % lower.len().max(1) as u64) as usize) {
+                    Some(&class) => waiting
+                        .iter()
+                        .copied()
+                        .find(|&i| q.tickets[i].class == class && pod_for(&q.tickets[i]).is_some())
+                        .unwrap_or(best),
+                    None => best,
+                }
+            } else {
+                best
+            };
+            let Some(pod) = pod_for(&q.tickets[pick]) else {
+                break;
+            };
+            slots[pod] -= 1;
+            q.releases += 1;
+            let t = &mut q.tickets[pick];
+            t.granted_ms = now_ms.max(1);
+            t.pod = pod as u16;
+            out.push(t.clone());
+        }
+        out
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    proptest::proptest! {
+        #![proptest_config(crate::testing::proptest_config())]
+        #[test]
+        fn the_grant_picks_what_the_plain_scan_picks(
+            held in proptest::collection::vec(
+                (0u8..3, 0u64..50, proptest::option::of(proptest::collection::vec(proptest::bool::ANY, 12)), proptest::bool::weighted(0.2), 0u16..12),
+                0..40,
+            ),
+            slots in proptest::collection::vec(0u32..4, 1..12),
+            releases in 0u64..20,
+            lower_every in 0u64..5,
+        ) {
+            let n = slots.len();
+            let tickets = held
+                .iter()
+                .enumerate()
+                .map(|(i, (class, deadline, eligible, granted, pod))| Ticket {
+                    class: *class,
+                    deadline_ms: *deadline,
+                    seq: i as u64,
+                    context: i as u32,
+                    eligible: eligible
+                        .as_ref()
+                        .map_or(Vec::new(), |e| mask(e.iter().copied(), n)),
+                    granted_ms: u64::from(*granted),
+                    pod: pod % n as u16,
+                    ..Ticket::default()
+                })
+                .collect();
+            let q = Queue { next_seq: held.len() as u64, releases, tickets };
+            let (mut fast, mut plain) = (q.clone(), q);
+            let (mut fast_slots, mut plain_slots) = (slots.clone(), slots);
+            let got = fast.grant(&mut fast_slots, 100, lower_every);
+            let want = reference_grant(&mut plain, &mut plain_slots, 100, lower_every);
+            proptest::prop_assert_eq!(got, want);
+            proptest::prop_assert_eq!(fast, plain);
+            proptest::prop_assert_eq!(fast_slots, plain_slots);
+        }
     }
 }
