@@ -528,6 +528,10 @@ impl Host {
             let Some((vm, ctx, q)) = next else {
                 return Ok(());
             };
+            // A VM that crashed never reads its queues again (as ticks skip it).
+            if self.vm(vm).crashed().is_some() {
+                continue;
+            }
             self.vm(vm).deliver_queue_ready(ctx, q)?;
         }
     }

@@ -174,3 +174,44 @@ fn releasing_a_thousand_held_requests_costs_each_about_what_routing_it_does() {
         "releasing a held request cost {release} fuel, routing one {route}"
     );
 }
+
+#[test]
+fn a_crashed_vms_held_requests_stop_holding_a_place_within_three_ticks() {
+    let h = host();
+    let c = config(
+        1,
+        json!({"metrics": {"enabled": false, "period_ms": 500},
+               "gate": {"knee": {"requests": 1}, "lower_share": 0}}),
+    );
+    let a = start(&h, &c);
+    let b = start(&h, &c);
+    let first = chat_request(&a, &text(1, 300));
+    assert_eq!(first.body_action, Some(Action::Continue));
+    let batch = |vm: &Vm, i: u64| {
+        post(
+            vm,
+            "/v1/chat/completions",
+            &chat(&text(i, 300)),
+            &[("x-warmroute-priority", "batch")],
+        )
+    };
+    let stranded: Vec<Routed> = (0..50).map(|i| batch(&b, 100 + i)).collect();
+    assert!(stranded
+        .iter()
+        .all(|r| r.body_action == Some(Action::Pause)));
+    let live = batch(&a, 2);
+    assert_eq!(live.body_action, Some(Action::Pause));
+    // B's worker goes down holding 50 requests ahead of A's: none of them will ever be routed.
+    b.kill("worker crashed");
+    // The pod frees; its slot is granted to B's first ticket, which nobody routes.
+    first.finish();
+    assert!(!live.stream.request_resumed());
+    // B's lease (3 ticks of 500 ms) runs out without a beat: its tickets go, held and granted.
+    h.advance(3 * 500).unwrap();
+    assert!(
+        live.stream.request_resumed(),
+        "A's request still waits behind a crashed VM's"
+    );
+    assert_eq!(live.endpoint(), addr(0));
+    assert!(a.crashed().is_none());
+}

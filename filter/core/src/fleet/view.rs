@@ -196,6 +196,12 @@ impl FleetView {
         }
     }
 
+    /// How long this VM's records outlive its last write: its ledger share,
+    /// its beat in the gate's queue.
+    pub fn lease_ms(&self) -> u64 {
+        lease_ms(self.cfg.metrics.period_ms)
+    }
+
     /// The gate's id for this fleet's held requests.
     pub fn gate_key(&self) -> &str {
         self.keys.gate()

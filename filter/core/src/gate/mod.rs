@@ -31,7 +31,10 @@
 //! grants at once. Every VM also runs the gate at `check_ms` (default 50 ms),
 //! which sheds its expired requests and releases any grant a lost wake-up
 //! left behind: a held request never waits a whole scrape period, and never
-//! hangs.
+//! hangs. A VM that holds tickets beats in the record ([`Beat`]) at least
+//! every third of its ledger lease; one that crashed or was torn down stops,
+//! and the first write after its lease drops its tickets, held and granted,
+//! instead of leaving them in the order until their deadlines.
 //!
 //! | parameter | default | why |
 //! |---|---|---|
@@ -40,7 +43,8 @@
 //! | `gate.lower_share` | 0.1 | one release in ten goes to a lower class while a higher one waits: batch progresses under sustained interactive load |
 //! | `gate.check_ms` | 50 | expiry and missed wake-ups within a twentieth of a second |
 //! | `gate.retry_after_s` | 1 | `Retry-After` of a shed request |
-//! | [`GRANT_TTL_MS`] | 2000 | a grant whose VM never routed it (the VM died) stops reserving its pod |
+//! | lease of a VM's tickets | its ledger lease, `max(3 × metrics.period_ms, 1 s)` | as for its in-flight share: a live VM renews it every third |
+//! | [`GRANT_TTL_MS`] | 2000 | a grant its live VM never routed (a lost wake-up it did not recover) stops reserving its pod |
 //!
 //! Cost: nothing while the gate is not configured. With it, below the knee a
 //! routed request reads the small queue record once (empty) and takes one
@@ -51,7 +55,7 @@
 
 use crate::codec::{put, Reader};
 
-/// A grant its VM has not routed within this long no longer reserves a pod.
+/// A grant its (live) VM has not routed within this long no longer reserves a pod.
 pub const GRANT_TTL_MS: u64 = 2000;
 
 /// One held request.
@@ -149,6 +153,21 @@ pub fn mask(eligible: impl Iterator<Item = bool>, n: usize) -> Vec<u8> {
     }
 }
 
+/// A VM's sign of life in the queue record, as its share of the ledger
+/// carries one ([`crate::fleet::store`]): a VM that crashed, or was torn down
+/// without routing or shedding its held requests, stops beating, and the
+/// next write by any other VM drops its tickets (held or granted) with its
+/// beat, so they neither hold a place in the order nor reserve a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Beat {
+    /// The VM.
+    pub vm: u64,
+    /// Host time of its last beat.
+    pub beat_ms: u64,
+    /// How long after it the VM counts as gone (its ledger lease).
+    pub lease_ms: u64,
+}
+
 /// Every request this gateway holds, in shared data.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Queue {
@@ -156,20 +175,28 @@ pub struct Queue {
     pub next_seq: u64,
     /// Releases so far (picks every k-th for a lower class).
     pub releases: u64,
+    /// The VMs that hold tickets, and when each last said it is alive.
+    pub beats: Vec<Beat>,
     /// Held and granted requests, in no particular order.
     pub tickets: Vec<Ticket>,
 }
 
-/// Layout version, first in the record.
-const VERSION: u8 = 1;
+/// Layout version, first in the record (and in its key, `gate.v2`).
+const VERSION: u8 = 2;
 
 impl Queue {
     /// The record as shared data holds it.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(17 + self.tickets.len() * 40);
+        let mut out = Vec::with_capacity(19 + self.beats.len() * 24 + self.tickets.len() * 40);
         put(&mut out, VERSION);
         put(&mut out, self.next_seq);
         put(&mut out, self.releases);
+        put(&mut out, self.beats.len() as u16);
+        for b in &self.beats {
+            put(&mut out, b.vm);
+            put(&mut out, b.beat_ms);
+            put(&mut out, b.lease_ms);
+        }
         for t in &self.tickets {
             put(&mut out, t.vm);
             put(&mut out, t.context);
@@ -199,8 +226,15 @@ impl Queue {
         let mut q = Queue {
             next_seq: r.get()?,
             releases: r.get()?,
-            tickets: Vec::new(),
+            ..Queue::default()
         };
+        for _ in 0..r.get::<u16>()? {
+            q.beats.push(Beat {
+                vm: r.get()?,
+                beat_ms: r.get()?,
+                lease_ms: r.get()?,
+            });
+        }
         while !r.rest().is_empty() {
             let mut t = Ticket {
                 vm: r.get()?,
@@ -254,16 +288,40 @@ impl Queue {
         Some(self.tickets.swap_remove(i))
     }
 
-    /// Drops what nobody will route: grants older than [`GRANT_TTL_MS`] and
-    /// held tickets a whole TTL past their deadline (their VM is gone, or it
-    /// would have shed them).
+    /// Records that `vm` is alive at `now_ms`, for `lease_ms` more.
+    pub fn beat(&mut self, vm: u64, now_ms: u64, lease_ms: u64) {
+        let beat = Beat {
+            vm,
+            beat_ms: now_ms,
+            lease_ms,
+        };
+        match self.beats.iter_mut().find(|b| b.vm == vm) {
+            Some(b) => *b = beat,
+            None => self.beats.push(beat),
+        }
+    }
+
+    /// When `vm` last beat, if it has a beat here.
+    pub fn beat_of(&self, vm: u64) -> Option<u64> {
+        self.beats.iter().find(|b| b.vm == vm).map(|b| b.beat_ms)
+    }
+
+    /// Drops what nobody will route: the tickets of VMs whose beat is past
+    /// its lease (or that have none), grants older than [`GRANT_TTL_MS`], and
+    /// held tickets a whole TTL past their deadline (their VM would have shed
+    /// them).
     pub fn sweep(&mut self, now_ms: u64) {
+        self.beats
+            .retain(|b| now_ms.saturating_sub(b.beat_ms) < b.lease_ms);
+        let beats = &self.beats;
         self.tickets.retain(|t| {
-            if t.granted_ms > 0 {
-                now_ms.saturating_sub(t.granted_ms) < GRANT_TTL_MS
-            } else {
-                now_ms < t.deadline_ms.saturating_add(GRANT_TTL_MS)
-            }
+            let alive = beats.iter().any(|b| b.vm == t.vm);
+            alive
+                && if t.granted_ms > 0 {
+                    now_ms.saturating_sub(t.granted_ms) < GRANT_TTL_MS
+                } else {
+                    now_ms < t.deadline_ms.saturating_add(GRANT_TTL_MS)
+                }
         });
     }
 
@@ -492,6 +550,8 @@ mod tests {
     #[test]
     fn stale_grants_and_long_expired_tickets_are_swept() {
         let mut q = Queue::default();
+        // VM 1 stays alive throughout: only the ages of its tickets count here.
+        q.beat(1, 0, u64::MAX);
         q.push(ticket(1, 1, 0, 100));
         q.push(ticket(1, 2, 0, 100_000));
         q.grant(&mut [1], 1000, 0);
@@ -503,6 +563,29 @@ mod tests {
         );
         q.sweep(100_000 + GRANT_TTL_MS);
         assert!(q.tickets.is_empty(), "a ticket its VM never shed");
+    }
+
+    #[test]
+    fn a_vm_that_stops_beating_loses_its_tickets_held_or_granted() {
+        let mut q = Queue::default();
+        q.beat(1, 0, 1500);
+        q.beat(2, 0, 1500);
+        q.push(ticket(1, 1, 2, 60_000));
+        q.push(ticket(2, 2, 2, 60_000));
+        q.push(ticket(2, 3, 2, 60_000));
+        q.grant(&mut [1], 100, 0);
+        assert_eq!(q.tickets.iter().filter(|t| t.granted_ms > 0).count(), 1);
+        // VM 1 beats on; VM 2 went silent at 0.
+        q.beat(1, 1000, 1500);
+        q.sweep(1499);
+        assert_eq!(q.tickets.len(), 3, "within its lease");
+        q.sweep(1500);
+        assert_eq!(contexts(&q.tickets), vec![1]);
+        assert_eq!(q.beat_of(2), None);
+        // A ticket of a VM with no beat at all (a foreign or damaged record) goes too.
+        q.push(ticket(3, 4, 2, 60_000));
+        q.sweep(1600);
+        assert_eq!(contexts(&q.tickets), vec![1]);
     }
 
     #[test]
@@ -572,6 +655,11 @@ mod tests {
         let q = Queue {
             next_seq: 4,
             releases: 2,
+            beats: vec![Beat {
+                vm: 1,
+                beat_ms: 300,
+                lease_ms: 1500,
+            }],
             tickets: vec![
                 ticket(1, 2, 0, 9000),
                 Ticket {
@@ -583,7 +671,7 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(crate::testing::hex(&q.encode()), "01040000000000000002000000000000000100000000000000020000000700000000282300000000000000000000000000000000000000000000000000000500000000000000060000000700000001581b0000000000000300000000000000f4010000000000000100010005", "gate.v1");
+        assert_eq!(crate::testing::hex(&q.encode()), "0204000000000000000200000000000000010001000000000000002c01000000000000dc050000000000000100000000000000020000000700000000282300000000000000000000000000000000000000000000000000000500000000000000060000000700000001581b0000000000000300000000000000f4010000000000000100010005", "gate.v2");
     }
 
     /// The grant as it was first written, one full sort and fit scan per grant:
@@ -679,7 +767,7 @@ mod tests {
                     ..Ticket::default()
                 })
                 .collect();
-            let q = Queue { next_seq: held.len() as u64, releases, tickets };
+            let q = Queue { next_seq: held.len() as u64, releases, tickets, ..Queue::default() };
             let (mut fast, mut plain) = (q.clone(), q);
             let (mut fast_slots, mut plain_slots) = (slots.clone(), slots);
             let got = fast.grant(&mut fast_slots, 100, lower_every);

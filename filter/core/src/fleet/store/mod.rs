@@ -164,7 +164,7 @@ impl Keys {
             served: k("served.v1"),
             members: k("members.v1"),
             lora: k("lora.v1"),
-            gate: k("gate.v1"),
+            gate: k("gate.v2"),
             // The events carry their own layout version too ([`crate::fleet::store`]
             // only names the slots).
             log_slots: (0..log_shape.slots)

@@ -150,8 +150,10 @@ impl Worker {
             ..Ticket::default()
         };
         let slots = cap.slots();
+        let lease = self.router.fleet().lease_ms();
         let outcome = update_after(host, &gate_key, Some(read), |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            q.beat(vm, now, lease);
             q.sweep(now);
             let full = q.held(ex.class) >= max_queue;
             q.push(ticket.clone());
@@ -371,8 +373,12 @@ impl Worker {
         }
         let (now, every) = (self.router.fleet().last_now(), self.lower_every());
         let vm = self.router.fleet().vm_id();
+        let lease = self.holds_any().then(|| self.router.fleet().lease_ms());
         let grants = update_after(host, &gate_key, Some(read), |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            if let Some(lease) = lease {
+                q.beat(vm, now, lease);
+            }
             q.sweep(now);
             let grants = q.grant(&mut slots.clone(), now, every);
             if grants.is_empty() {
@@ -427,6 +433,34 @@ impl Worker {
         self.release_granted(host, 0);
     }
 
+    /// Whether this VM holds requests at the gate.
+    fn holds_any(&self) -> bool {
+        self.holding.as_ref().is_some_and(|h| !h.held.is_empty())
+    }
+
+    /// While this VM holds requests, renews its beat in the queue record
+    /// when a third of its lease has passed: a VM that stops (crashed, torn
+    /// down) loses its tickets at the first write after its lease.
+    fn keep_beating<H: Host>(&self, host: &H, q: &Queue, now: u64) {
+        let lease = self.router.fleet().lease_ms();
+        let vm = self.router.fleet().vm_id();
+        let fresh = q
+            .beat_of(vm)
+            .is_some_and(|b| now.saturating_sub(b) < lease / 3);
+        if fresh || !self.holds_any() {
+            return;
+        }
+        let r = update_after(host, self.router.fleet().gate_key(), None, |v| {
+            let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            q.beat(vm, now, lease);
+            q.sweep(now);
+            (Some(q.encode()), ())
+        });
+        if let Err(e) = r {
+            log::debug!("warmroute: gate beat not written: {e:?}");
+        }
+    }
+
     /// Puts back the tickets of this VM's held requests that the record lost
     /// (a race on its first write, a damaged record, a grant swept from a
     /// stalled worker): they keep their class and deadline, not their place.
@@ -445,8 +479,13 @@ impl Worker {
         if lost.is_empty() {
             return;
         }
+        let (now, lease) = (
+            self.router.fleet().last_now(),
+            self.router.fleet().lease_ms(),
+        );
         let r = update_after(host, self.router.fleet().gate_key(), None, |v| {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
+            q.beat(vm, now, lease);
             for t in &lost {
                 if !q
                     .tickets
@@ -504,6 +543,7 @@ impl Worker {
         };
         let q = Queue::decode(value.as_deref().unwrap_or_default());
         let vm = self.router.fleet().vm_id();
+        self.keep_beating(host, &q, now);
         self.requeue_lost(host, &q);
         if let Some(h) = self.holding.as_mut() {
             let lost: Vec<u32> = q
