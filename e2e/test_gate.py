@@ -172,3 +172,39 @@ def test_a_compressed_body_waits_its_turn_at_a_saturated_pod():
         # The pod, like vLLM, does not decompress request bodies: a 400 from the pod itself.
         assert replies["zipped"].status == 400 and replies["zipped"].replica is not None
         assert f.envoy.counter("warmroute.fallback.compressed") == 1
+
+
+def test_clients_that_stop_reading_do_not_pin_the_knee():
+    # Two long streams whose clients never read: the pod finishes both (vLLM's engine, like
+    # the sim's, does not wait for the HTTP writer), but they stay in flight here while their
+    # connections stay open. The knee (2 requests) must believe the fresh scrape showing the
+    # pod idle, not this gateway's count. 60k tokens (~12 MB each as SSE) is more than every
+    # buffer between the pod and the client holds (Envoy's 1 MiB per connection, the kernel's
+    # socket buffers), so the streams cannot drain unread.
+    gate = {"metrics": {"period_ms": 200, "timeout_ms": 150},
+            "gate": {"knee": {"requests": 2}, "lower_share": 0}}
+    with Fleet(1, ["--time-scale", "600"], filter_overrides=gate) as f:
+        pod = f.sims[0]
+        streams = []
+        for i in range(2):
+            data = json.dumps({**body(words(f"unread{i}", 20), 60000), "stream": True}).encode()
+            # A small receive window: the stream backs up into Envoy and the pod at once.
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", f.envoy.port))
+            s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                       f"content-length: {len(data)}\r\n\r\n").encode() + data)
+            streams.append(s)
+        until("the pod finished both streams",
+              lambda: pod.metrics().get("vllm:request_success_total", 0) == 2, timeout=60)
+        assert pod.metrics().get("vllm:num_requests_running", 0) == 0
+        assert f.envoy.stats()["wasmcustom.warmroute.backend.sim-0.inflight"] == "2"
+        # A scrape that started after both finished: the second one from now.
+        scrapes = f.envoy.counter("warmroute.scrape.ok")
+        until("two more scrapes", lambda: f.envoy.counter("warmroute.scrape.ok") >= scrapes + 2)
+        r = post(f.envoy.port, "/v1/chat/completions", body("next"),
+                 headers={"x-warmroute-deadline-ms": "3000"}, timeout=30)
+        for s in streams:
+            s.close()
+        assert r.status == 200, (r.status, r.body[:200])
+        assert f.envoy.counter("warmroute.gate.standard.held") == 0

@@ -5,7 +5,7 @@
 //! first, earliest deadline first within a class, as capacity returns.
 //!
 //! ```text
-//! headroom_b = min( knee.requests − load_b,  knee.work − work_b,        (each if set)
+//! headroom_b = min( knee.requests − gate_load_b,  knee.work − work_b,   (each if set)
 //!                   0 if waiting_b ≥ knee.waiting or kv_b ≥ knee.kv_usage else ∞ )
 //! slots_b    = ceil(headroom_b)  (∞ → 1 per release round)  − grants not yet routed to b
 //! admit      ⇔ no request is held  ∧  some eligible pod has headroom_b > 0
@@ -15,10 +15,11 @@
 //! deadline   = arrival + min(deadline header, class.max_wait_ms)
 //! shed (429, Retry-After) ⇔ deadline passed ∨ the class already holds max_queue requests
 //! ```
-//! `load_b` and `work_b` are [`crate::routing::load`]'s and [`crate::routing::work`]'s: this
-//! gateway's in-flight requests plus what a fresh scrape shows beyond them, so
-//! a request ending frees headroom at once, and a scrape's queue or KV usage
-//! holds a pod at its knee until the next scrape says otherwise.
+//! `gate_load_b` and `work_b` are [`crate::routing::load`]'s and [`crate::routing::work`]'s: this
+//! gateway's in-flight requests plus what a fresh scrape shows beyond them
+//! (or less what it shows finished: a client that stopped reading does not
+//! hold the knee), so a request ending frees headroom at once, and a scrape's
+//! queue or KV usage holds a pod at its knee until the next scrape says otherwise.
 //!
 //! **Across worker VMs.** Envoy runs a VM per worker, and a paused request can
 //! only be resumed by its own VM. The held requests of the whole gateway are

@@ -6,6 +6,7 @@
 //!             = inflight_b                                          (no fresh scrape)
 //! full_b      = kv_usage_b >= max_kv_usage  ∨  (max_inflight > 0 ∧ inflight_b >= max_inflight)
 //! saturated_b = full_b  ∨  waiting_b >= max_waiting
+//! gate_load_b = max(0, inflight_b + running_b + waiting_b − own_b)    (scrape fresh; the knee's count)
 //! prefill_b   = prompt blocks this gateway sent to b whose first answer byte
 //!               has not come back yet (minus what b was believed to hold)
 //! ```
@@ -27,6 +28,14 @@
 //! cap; a queue alone is a wait, which a conversation's sole holder may still
 //! be worth (see `policy`). A snapshot older than `stale_after_ms` is
 //! ignored: no metrics degrades to in-flight accounting, never to an outage.
+//!
+//! The gate's count ([`crate::gate`]) also believes a fresh scrape that shows
+//! *fewer* requests than this gateway had in flight when it answered: a
+//! stream whose client stopped reading stays in flight here after the pod has
+//! finished it, and a few dozen such clients would hold every pod at its knee
+//! for as long as they keep their connections. The difference is taken back
+//! until the next scrape: requests that end meanwhile count as ended twice,
+//! an under-count of at most one scrape period.
 
 use crate::config::Knee;
 use crate::config::PolicyConfig;
@@ -97,8 +106,11 @@ pub fn backend_loads(
                 prefill: f.prefill_blocks as f64,
                 work,
                 headroom: knee.map_or(f64::INFINITY, |k| {
+                    let load = scraped.map_or(inf, |s| {
+                        (inf + s.running + s.waiting - s.own_inflight as f64).max(0.0)
+                    });
                     k.headroom(
-                        inf + others,
+                        load,
                         work,
                         scraped.map(|s| s.waiting),
                         scraped.map(|s| s.kv_usage),
@@ -207,5 +219,45 @@ mod tests {
         );
         assert_eq!(l[0].load, 0.0, "our finished request is not load");
         assert_eq!(l[1].load, 3.0, "three requests from other gateways are");
+    }
+
+    #[test]
+    fn the_knee_believes_a_fresh_scrape_that_shows_streams_finished() {
+        let c = crate::testing::config(1);
+        let knee = Knee {
+            requests: Some(2.0),
+            ..Knee::default()
+        };
+        // Two streams in flight here whose clients stopped reading: the pod has finished both.
+        let two = InFlight {
+            requests: 2,
+            ..InFlight::default()
+        };
+        let scraped = |running: f64, at: u64| Health {
+            scraped_ms: at,
+            scrape: Scrape {
+                running,
+                own_inflight: 2,
+                ..Scrape::default()
+            },
+            ..Health::default()
+        };
+        let at = |h: Health, now: u64| {
+            backend_loads(
+                &[two],
+                &[h],
+                &[Standing::In],
+                now,
+                2000,
+                &c.policy,
+                Some(&knee),
+            )[0]
+        };
+        assert_eq!(at(scraped(0.0, 1000), 1100).headroom, 2.0);
+        // Routing still weighs this gateway's count.
+        assert_eq!(at(scraped(0.0, 1000), 1100).load, 2.0);
+        // Both still running there, or no fresh scrape: at the knee.
+        assert_eq!(at(scraped(2.0, 1000), 1100).headroom, 0.0);
+        assert_eq!(at(scraped(0.0, 1000), 5000).headroom, 0.0);
     }
 }
