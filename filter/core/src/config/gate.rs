@@ -65,6 +65,8 @@ pub struct GateConfig {
     pub check_ms: u64,
     /// `Retry-After` of a shed request, in seconds.
     pub retry_after_s: u32,
+    /// Most request-body bytes held at the gate, over every class and VM.
+    pub max_held_bytes: u64,
 }
 
 impl GateConfig {

@@ -317,6 +317,9 @@ pub const MAX_BACKENDS: usize = 1024;
 
 /// Largest body parsed: it is copied into the VM, and decoded strings may copy it again.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
+/// Longest model or adapter name: in the configuration, in a scrape, in a
+/// request (a longer `model` names nothing any pod serves).
+pub const MAX_NAME_BYTES: usize = 256;
 /// Most index entries per VM: ~50 bytes each with the LRU queue, ~100 MiB at the bound.
 pub const MAX_INDEX_BLOCKS: usize = 1 << 21;
 /// Largest shared-data budget of the index log (1024 slots of 16 KiB).

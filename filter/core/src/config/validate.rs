@@ -51,7 +51,10 @@ fn metric_names(field: &str, names: Vec<String>) -> Result<Vec<String>, ConfigEr
 
 fn serves(field: &str, models: Vec<String>, adapters: Vec<String>) -> Result<Serves, ConfigError> {
     for (what, list) in [("models", &models), ("adapters", &adapters)] {
-        if list.iter().any(|m| m.is_empty() || m.len() > 256) {
+        if list
+            .iter()
+            .any(|m| m.is_empty() || m.len() > MAX_NAME_BYTES)
+        {
             return Err(bad(
                 format!("{field}.{what}"),
                 "names must be 1-256 characters",
@@ -189,6 +192,7 @@ fn gate_config(g: WireGate, scraping: bool) -> Result<GateConfig, ConfigError> {
         lower_share: finite_in_range("gate.lower_share", g.lower_share, 0.0, 0.5)?,
         check_ms: in_range("gate.check_ms", g.check_ms, 5, 10_000)?,
         retry_after_s: in_range("gate.retry_after_s", g.retry_after_s, 1, 3600)?,
+        max_held_bytes: in_range("gate.max_held_bytes", g.max_held_bytes, 1 << 20, 1 << 36)?,
     })
 }
 

@@ -250,6 +250,7 @@ pub(super) struct WireGate {
     pub(super) lower_share: f64,
     pub(super) check_ms: u64,
     pub(super) retry_after_s: u32,
+    pub(super) max_held_bytes: u64,
 }
 
 impl Default for WireGate {
@@ -276,6 +277,7 @@ impl Default for WireGate {
             lower_share: 0.1,
             check_ms: 50,
             retry_after_s: 1,
+            max_held_bytes: 128 << 20,
         }
     }
 }

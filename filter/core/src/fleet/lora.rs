@@ -77,7 +77,7 @@ impl Lora {
 /// or hostile `/metrics` cannot make the shared record every VM re-reads large.
 pub const MAX_ADAPTERS: usize = 64;
 /// Longest adapter name kept (as `models`/`adapters` in the configuration).
-pub const MAX_NAME_BYTES: usize = 256;
+pub use crate::config::MAX_NAME_BYTES;
 
 /// Encodes every slot's LoRA state for shared data.
 pub fn encode_lora(all: &[Option<Lora>]) -> Vec<u8> {

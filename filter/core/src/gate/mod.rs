@@ -14,6 +14,7 @@
 //!                taking turns (no class starves)
 //! deadline   = arrival + min(deadline header, class.max_wait_ms)
 //! shed (429, Retry-After) ⇔ deadline passed ∨ the class already holds max_queue requests
+//!                            ∨ the held bodies would pass max_held_bytes
 //! ```
 //! `gate_load_b` and `work_b` are [`crate::routing::load`]'s and [`crate::routing::work`]'s: this
 //! gateway's in-flight requests plus what a fresh scrape shows beyond them
@@ -44,6 +45,7 @@
 //! | `gate.lower_share` | 0.1 | one release in ten goes to a lower class while a higher one waits: batch progresses under sustained interactive load |
 //! | `gate.check_ms` | 50 | expiry and missed wake-ups within a twentieth of a second |
 //! | `gate.retry_after_s` | 1 | `Retry-After` of a shed request |
+//! | `gate.max_held_bytes` | 128 MiB | Envoy buffers each held request's body: Σ `max_queue` × `max_body_bytes` is 8 GiB with the defaults, against the 512 MiB heap the shipped configs give Envoy's overload manager, and HTTP/1 streams are not reset by it |
 //! | lease of a VM's tickets | its ledger lease, `max(3 × metrics.period_ms, 1 s)` | as for its in-flight share: a live VM renews it every third |
 //! | [`GRANT_TTL_MS`] | 2000 | a grant its live VM never routed (a lost wake-up it did not recover) stops reserving its pod |
 //!
@@ -78,6 +80,8 @@ pub struct Ticket {
     pub granted_ms: u64,
     /// The pod its grant reserves a slot on.
     pub pod: u16,
+    /// The request body's bytes Envoy buffers while it is held.
+    pub bytes: u32,
     /// The slots that may serve it, a bit per slot (empty: any).
     pub eligible: Vec<u8>,
 }
@@ -207,6 +211,7 @@ impl Queue {
             put(&mut out, t.seq);
             put(&mut out, t.granted_ms);
             put(&mut out, t.pod);
+            put(&mut out, t.bytes);
             put(&mut out, t.eligible.len() as u16);
             out.extend_from_slice(&t.eligible);
         }
@@ -246,6 +251,7 @@ impl Queue {
                 seq: r.get()?,
                 granted_ms: r.get()?,
                 pod: r.get()?,
+                bytes: r.get()?,
                 eligible: Vec::new(),
             };
             let len = usize::from(r.get::<u16>()?);
@@ -263,6 +269,15 @@ impl Queue {
             .iter()
             .filter(|t| t.granted_ms == 0 && usize::from(t.class) == rank)
             .count() as u32
+    }
+
+    /// Body bytes of the requests held (not yet granted).
+    pub fn held_bytes(&self) -> u64 {
+        self.tickets
+            .iter()
+            .filter(|t| t.granted_ms == 0)
+            .map(|t| u64::from(t.bytes))
+            .sum()
     }
 
     /// Whether any request is held (not yet granted).
@@ -629,6 +644,7 @@ mod tests {
             lower_share: 0.1,
             check_ms: 50,
             retry_after_s: 1,
+            max_held_bytes: 1 << 27,
         }
     }
 
@@ -672,7 +688,7 @@ mod tests {
                 },
             ],
         };
-        assert_eq!(crate::testing::hex(&q.encode()), "0204000000000000000200000000000000010001000000000000002c01000000000000dc050000000000000100000000000000020000000700000000282300000000000000000000000000000000000000000000000000000500000000000000060000000700000001581b0000000000000300000000000000f4010000000000000100010005", "gate.v2");
+        assert_eq!(crate::testing::hex(&q.encode()), "0204000000000000000200000000000000010001000000000000002c01000000000000dc05000000000000010000000000000002000000070000000028230000000000000000000000000000000000000000000000000000000000000500000000000000060000000700000001581b0000000000000300000000000000f401000000000000010000000000010005", "gate.v2");
     }
 
     /// The grant as it was first written, one full sort and fit scan per grant:

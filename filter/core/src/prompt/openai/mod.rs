@@ -20,13 +20,15 @@
 //! the runs between escapes are fed as they are, and only decoded escapes
 //! are checked for a separator.
 //!
-//! Reading, as a backend would: a field of the wrong type, or a field named
-//! twice (which copy would the backend read?), is [`ParseError::Shape`];
+//! Reading, as a backend would: a field of the wrong type, a field named
+//! twice (which copy would the backend read?), or a `model` longer than any
+//! name a pod serves ([`MAX_NAME_BYTES`]), is [`ParseError::Shape`];
 //! `null` is an absent optional field. An error of shape is told from one of
 //! syntax by checking the whole body ([`crate::prompt::json::validate`]), so a body
 //! that is not JSON is always `NotJson`, wherever its first problem is.
 //! `reference` reads the same stream with serde_json, for the tests.
 
+use crate::config::MAX_NAME_BYTES;
 use crate::prompt::json::{self, JsonReader, Piece, Str};
 use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use std::borrow::Cow;
@@ -141,13 +143,25 @@ impl Text<'_> {
     }
 }
 
-fn hasher(model: Option<&str>, salt: Option<&str>, block: usize, anchor: usize) -> PrefixHasher {
-    PrefixHasher::new(
+/// The hasher of a request for `model` under `salt`. A model name longer than
+/// any served one is Shape: the request routes by fallback, and the name is
+/// kept nowhere (a held request's key would otherwise carry megabytes of it).
+fn hasher(
+    model: Option<&str>,
+    salt: Option<&str>,
+    block: usize,
+    anchor: usize,
+) -> Result<PrefixHasher, ParseError> {
+    let model = model.unwrap_or_default();
+    if model.len() > MAX_NAME_BYTES {
+        return Err(ParseError::Shape);
+    }
+    Ok(PrefixHasher::new(
         block,
         anchor,
-        model.unwrap_or_default().as_bytes(),
+        model.as_bytes(),
         salt.map(str::as_bytes),
-    )
+    ))
 }
 
 /// A token limit as a count. Read raw, so a limit of the wrong type (the
@@ -355,7 +369,12 @@ fn common<'a>(c: &mut Common<'a>, r: &mut JsonReader<'a>, i: usize) -> Result<()
 }
 
 impl<'a> Common<'a> {
-    fn hasher(&self, offsets: &[u32], block: usize, anchor: usize) -> PrefixHasher {
+    fn hasher(
+        &self,
+        offsets: &[u32],
+        block: usize,
+        anchor: usize,
+    ) -> Result<PrefixHasher, ParseError> {
         let model = self.model.map(|m| m.text(offsets));
         let salt = self.cache_salt.map(|s| s.text(offsets));
         hasher(model.as_deref(), salt.as_deref(), block, anchor)
@@ -413,7 +432,7 @@ fn read(
                 return Err(ParseError::Shape);
             }
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
             if let Some(tools) = tools {
                 feed_tag(&mut h, b"tools");
                 h.feed(tools);
@@ -472,7 +491,7 @@ fn read(
                 return Err(ParseError::Shape);
             }
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
             h.begin_conversation();
             prompt.feed(&mut h, offsets);
             Ok(c.key(offsets, None, h))
@@ -499,7 +518,7 @@ fn read(
             r.end()?;
             let input = input.ok_or(ParseError::Shape)?;
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes);
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
             if let Some(tools) = tools {
                 feed_tag(&mut h, b"tools");
                 h.feed(tools);

@@ -204,7 +204,7 @@ pub fn prompt_key(
                 req.cache_salt.as_deref(),
                 block_bytes,
                 anchor_bytes,
-            );
+            )?;
             if let Some(tools) = req.tools {
                 feed_piece(&mut h, b"tools", &Text::Raw(tools));
             }
@@ -250,7 +250,7 @@ pub fn prompt_key(
                 req.cache_salt.as_deref(),
                 block_bytes,
                 anchor_bytes,
-            );
+            )?;
             h.begin_conversation();
             req.prompt.feed(&mut h);
             Ok(PromptKey {
@@ -269,7 +269,7 @@ pub fn prompt_key(
                 req.cache_salt.as_deref(),
                 block_bytes,
                 anchor_bytes,
-            );
+            )?;
             if let Some(tools) = req.tools {
                 feed_piece(&mut h, b"tools", &Text::Raw(tools));
             }

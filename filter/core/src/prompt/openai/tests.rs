@@ -362,6 +362,28 @@ fn parameters_that_skip_the_pods_cache_are_seen_and_change_no_hash() {
 }
 
 #[test]
+fn a_model_longer_than_any_served_name_is_shape() {
+    let body = |model: &str| {
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+    };
+    let at_limit = "m".repeat(crate::config::MAX_NAME_BYTES);
+    let key = prompt_key(Endpoint::Chat, body(&at_limit).as_bytes(), 8, 64).unwrap();
+    assert_eq!(key.model.as_deref(), Some(at_limit.as_str()));
+    let long = "m".repeat(4 << 20);
+    for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses] {
+        let b = body(&long).replace(
+            r#""messages":[{"role":"user","content":"hi"}]"#,
+            r#""messages":[{"role":"user","content":"hi"}],"prompt":"hi","input":"hi""#,
+        );
+        assert_eq!(
+            prompt_key(endpoint, b.as_bytes(), 8, 64).map(|k| k.model),
+            Err(ParseError::Shape),
+            "{endpoint:?}"
+        );
+    }
+}
+
+#[test]
 fn hostile_bodies_are_errors_not_panics() {
     let deep = "[".repeat(100_000);
     let cases: Vec<(&[u8], ParseError)> = vec![

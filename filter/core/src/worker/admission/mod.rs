@@ -104,14 +104,11 @@ impl Worker {
         ex: &Exchange,
         key: Option<&PromptKey>,
     ) -> Admission {
-        let Some(max_queue) = self
-            .router
-            .config()
-            .gate
-            .as_ref()
-            .and_then(|g| g.classes.get(ex.class))
-            .map(|c| c.max_queue)
-        else {
+        let Some((max_queue, max_bytes)) = self.router.config().gate.as_ref().and_then(|g| {
+            g.classes
+                .get(ex.class)
+                .map(|c| (c.max_queue, g.max_held_bytes))
+        }) else {
             return Admission::Go(None);
         };
         let (cap, look) = self.router.admit(
@@ -146,6 +143,7 @@ impl Worker {
             wake: self.holding.as_ref().map_or(0, |h| h.wake),
             class: ex.class as u8,
             deadline_ms: now.saturating_add(ex.wait_ms),
+            bytes: u32::try_from(ex.buffered).unwrap_or(u32::MAX),
             eligible: mask(cap.eligible.iter().copied(), cap.eligible.len()),
             ..Ticket::default()
         };
@@ -155,7 +153,8 @@ impl Worker {
             let mut q = Queue::decode(v.as_deref().unwrap_or_default());
             q.beat(vm, now, lease);
             q.sweep(now);
-            let full = q.held(ex.class) >= max_queue;
+            let full = q.held(ex.class) >= max_queue
+                || q.held_bytes() + u64::from(ticket.bytes) > max_bytes;
             q.push(ticket.clone());
             let grants = q.grant(&mut slots.clone(), now, every);
             // A full class still lets through a request that can go at once.

@@ -300,3 +300,48 @@ fn a_lost_wake_up_is_made_up_by_the_check() {
     a.tick(&host);
     assert_eq!(resumed(&host), vec![3]);
 }
+
+#[test]
+fn held_bodies_stop_at_the_byte_budget() {
+    let host = MemoryHost::default();
+    let budget = GATED.replace(
+        r#""lower_share":0"#,
+        r#""lower_share":0,"max_held_bytes":1048576"#,
+    );
+    let mut w = Worker::configure(&host, budget.as_bytes()).unwrap();
+    let (_a, _) = send(&mut w, &host, 1, &[]);
+    let (_b, _) = send(&mut w, &host, 2, &[]);
+    // Both pods at their knee: bodies of 400 KB wait, until the third would pass 1 MiB.
+    let big = |w: &mut Worker, context: u32| {
+        let body = format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "y".repeat(400_000)
+        );
+        let headers = [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("x-warmroute-priority", "interactive"),
+        ];
+        *host.exchange.borrow_mut() = TestExchange::request(&headers, body.as_bytes());
+        host.context.set(context);
+        let mut ex = Exchange::new(context);
+        w.on_request_headers(&host, &mut ex, false);
+        w.on_request_body(&host, &mut ex, body.len(), true)
+    };
+    assert_eq!(big(&mut w, 3), Step::Pause);
+    assert_eq!(big(&mut w, 4), Step::Pause);
+    assert_eq!(big(&mut w, 5), Step::Replied);
+    assert_eq!(
+        host.exchange
+            .borrow()
+            .local_reply
+            .as_ref()
+            .map(|r| r.status),
+        Some(429)
+    );
+    w.tick(&host);
+    assert_eq!(
+        host.metric("warmroute.gate.interactive.shed_queue_full"),
+        Some(1)
+    );
+}
