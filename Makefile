@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e bench soak fuzz docs release clean
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e bench soak fuzz docs release clean real-setup real
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -87,6 +87,12 @@ bench: build $(VENV)/.bench-installed ## Routing quality and filter cost (minute
 
 soak: build ## 200k requests at saturation, a pod killed twice, a filter reload midway: no loss, flat memory (~1 min; not part of `make test`)
 	cd e2e && ../$(PY) soak.py
+
+real-setup: ## The real engine for `make real` (cached): vLLM's CPU build in .venv-real (~6 GB, ~45 s fresh), a tiny local model
+	bench/real/setup.sh
+
+real: wasm $(VENV)/.installed real-setup ## warmroute in front of 3 real vLLM CPU replicas: metrics, health, hit rate and TTFT vs round robin, API shapes (~8 min; not part of `make test`)
+	cd bench/real && ../../$(PY) run.py $(REAL_ARGS)
 
 # The docs need only MkDocs, not the Envoy wheel: the stamp creates the venv if it is missing
 # (`$(VENV)/.installed` later reuses it) and installs docs/requirements.txt alone.

@@ -87,18 +87,21 @@ pub struct AppState {
     default_max_tokens: usize,
     max_len: usize,
     next_id: Arc<AtomicU64>,
+    /// Unix time the state was built: the `_created` samples of the counters.
+    started: u64,
 }
 
 impl AppState {
     /// Builds the state and starts the engine loop (needs a tokio runtime).
     pub fn new(args: &Args, bound_port: u16) -> Self {
         let cfg = args.engine_config();
+        let engine = EngineHandle::spawn(cfg.clone());
+        let max_len = engine.lock().max_len();
         let cache_info = args.cache_config_info.then_some(CacheInfo {
             block_size: cfg.block_size,
             num_gpu_blocks: cfg.num_blocks,
+            max_model_len: max_len,
         });
-        let engine = EngineHandle::spawn(cfg);
-        let max_len = engine.lock().max_len();
         let replica = args.replica_name(bound_port);
         let replica_header = HeaderValue::from_str(&replica)
             .unwrap_or_else(|_| HeaderValue::from_static("sim-invalid-name"));
@@ -138,6 +141,7 @@ impl AppState {
             default_max_tokens: args.default_max_tokens.max(1),
             max_len,
             next_id: Arc::new(AtomicU64::new(seed & 0xffff_ffff_0000_0000)),
+            started,
         }
     }
 
@@ -440,7 +444,13 @@ async fn metrics_handler(State(st): State<AppState>) -> Response {
         let engine = st.engine.lock();
         (engine.snapshot(), engine.lora_info().cloned())
     };
-    let body = metrics::render(&st.model, &snapshot, st.cache_info.as_ref(), lora.as_ref());
+    let body = metrics::render(
+        &st.model,
+        &snapshot,
+        st.cache_info.as_ref(),
+        lora.as_ref(),
+        st.started as f64,
+    );
     (
         [(
             header::CONTENT_TYPE,
@@ -727,7 +737,10 @@ fn usage_json(u: &SeqUsage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
         "completion_tokens": u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens,
+                                  "created_cache_tokens": u.created_cache_tokens,
+                                  "multimodal_tokens": null},
+        "completion_tokens_details": null,
     })
 }
 
@@ -735,6 +748,7 @@ fn add_usage(total: &mut SeqUsage, u: &SeqUsage) {
     total.prompt_tokens += u.prompt_tokens;
     total.completion_tokens += u.completion_tokens;
     total.cached_tokens += u.cached_tokens;
+    total.created_cache_tokens += u.created_cache_tokens;
 }
 
 async fn generate(st: AppState, kind: Kind, common: Common, prompts: Vec<Vec<Token>>) -> Response {

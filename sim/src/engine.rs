@@ -73,6 +73,10 @@ pub struct SeqUsage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Prompt tokens this request computed and left in the prefix cache (vLLM's
+    /// `created_cache_tokens`: its prompt's tokens in full cached blocks when it finished, at
+    /// most the prompt, less those it found cached).
+    pub created_cache_tokens: usize,
 }
 
 /// What the engine tells the API layer about a sequence.
@@ -527,6 +531,9 @@ impl Engine {
                     prompt_tokens: seq.prompt_len(),
                     completion_tokens: seq.generated,
                     cached_tokens: seq.cached_tokens,
+                    created_cache_tokens: (seq.pinned.len() * bs)
+                        .min(seq.prompt_len())
+                        .saturating_sub(seq.cached_tokens),
                 };
                 let _ = seq.req.events.send(SeqEvent::Finished {
                     index: seq.req.index,
@@ -828,7 +835,8 @@ mod tests {
             SeqUsage {
                 prompt_tokens: 1000,
                 completion_tokens: 4,
-                cached_tokens: 0
+                cached_tokens: 0,
+                created_cache_tokens: 992,
             }
         );
         assert_eq!(text, completion_text(&p, 4));
@@ -839,6 +847,10 @@ mod tests {
         assert_eq!(plans[0].prefill_tokens, 1000 - 62 * 16);
         let (text2, u) = usage_of(&mut rx);
         assert_eq!(u.cached_tokens, 992);
+        assert_eq!(
+            u.created_cache_tokens, 0,
+            "nothing new: as vLLM's second identical prompt"
+        );
         assert_eq!(text2, text, "deterministic output");
         let expected = 12.0 + 8.0 * 0.06 + 0.15;
         assert!((plans[0].cost_ms - expected).abs() < 1e-9);

@@ -1,11 +1,18 @@
 //! `/metrics` in Prometheus text format, with vLLM's metric names and layout.
 //!
 //! vLLM exports through `prometheus_client` (Python), so this mimics its output: `# HELP` and
-//! `# TYPE` before each family, a `model_name` label, float values written like Python's `repr`
-//! (`3.0`), and counters named with the `_total` suffix in HELP/TYPE too. Routers (warmroute's
-//! scraper, llm-d's, the Gateway API inference extension's) read the gauges
-//! `vllm:num_requests_running`, `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc`
-//! (older vLLM: `vllm:gpu_cache_usage_perc`, exported too with the same value).
+//! `# TYPE` before each family, float values written like Python's `repr` (`3.0`), counters named
+//! with the `_total` suffix in HELP/TYPE too, each followed by its `_created` gauge (the Unix time
+//! the series was created, as `prometheus_client` adds to every counter). Every engine series
+//! carries the labels `engine` (the data-parallel rank, `"0"` here) and `model_name`, in that
+//! (sorted) order. Routers (warmroute's scraper, llm-d's, the Gateway API inference extension's)
+//! read the gauges `vllm:num_requests_running`, `vllm:num_requests_waiting` and
+//! `vllm:kv_cache_usage_perc`.
+//!
+//! Checked against vLLM 0.32.0 (CPU build) by `make real`; its `/metrics` is kept in
+//! `bench/real/fixtures/vllm-metrics.txt`, and `tests/real_vllm.rs` holds the families printed
+//! here to its names and label names. What vLLM 0.32 no longer prints is not printed either:
+//! `vllm:gpu_cache_usage_perc`, `vllm:num_requests_swapped`, `vllm:gpu_prefix_cache_*`.
 //!
 //! Prefix-cache counters count *tokens*, like vLLM V1: `queries` grows by the prompt length of
 //! each admitted request, `hits` by its cached tokens.
@@ -27,6 +34,8 @@ use crate::engine::{LoraInfo, Snapshot};
 pub struct CacheInfo {
     pub block_size: usize,
     pub num_gpu_blocks: usize,
+    /// `--max-model-len`: vLLM prints the KV's concurrency at that length.
+    pub max_model_len: usize,
 }
 
 /// Formats a sample value as `prometheus_client`'s `floatToGoString` does: Python's `repr`
@@ -89,14 +98,28 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, va
     let _ = writeln!(out, "{name}{{{labels}}} {}", num(value));
 }
 
-/// Renders the whole `/metrics` body.
+/// A counter as `prometheus_client` writes it: `<base>_total`, then `<base>_created`, one
+/// sample per label set, both families with the same help.
+fn counter(out: &mut String, base: &str, help: &str, samples: &[(String, f64)], created: f64) {
+    for (suffix, kind) in [("_total", "counter"), ("_created", "gauge")] {
+        let _ = writeln!(out, "# HELP {base}{suffix} {help}");
+        let _ = writeln!(out, "# TYPE {base}{suffix} {kind}");
+        for (labels, value) in samples {
+            let v = if suffix == "_total" { *value } else { created };
+            let _ = writeln!(out, "{base}{suffix}{{{labels}}} {}", num(v));
+        }
+    }
+}
+
+/// Renders the whole `/metrics` body; `created` is the Unix time the engine started.
 pub fn render(
     model: &str,
     s: &Snapshot,
     cache_info: Option<&CacheInfo>,
     lora: Option<&LoraInfo>,
+    created: f64,
 ) -> String {
-    let m = format!("model_name=\"{}\"", escape_label(model));
+    let m = format!("engine=\"0\",model_name=\"{}\"", escape_label(model));
     let c = &s.counters;
     let mut out = String::with_capacity(4096);
     family(
@@ -115,14 +138,22 @@ pub fn render(
         &m,
         s.waiting as f64,
     );
-    family(
-        &mut out,
-        "vllm:num_requests_swapped",
-        "gauge",
-        "Number of requests swapped to CPU. DEPRECATED: KV cache offloading is not used in V1",
-        &m,
-        0.0,
+    let _ = writeln!(
+        out,
+        "# HELP vllm:num_requests_waiting_by_reason Number of waiting requests by reason. Reason labels: \
+         'capacity' = waiting for scheduling capacity; 'deferred' = deferred by transient constraints \
+         (LoRA budget, KV transfer, blocked status). Sum of all reasons equals vllm:num_requests_waiting."
     );
+    let _ = writeln!(out, "# TYPE vllm:num_requests_waiting_by_reason gauge");
+    // Every queued request is counted as waiting for capacity, those the max_loras limit
+    // holds back too (vLLM counts those as `deferred`: a known difference, see docs/real-engine.md).
+    for (reason, v) in [("capacity", s.waiting as f64), ("deferred", 0.0)] {
+        let _ = writeln!(
+            out,
+            "vllm:num_requests_waiting_by_reason{{{m},reason=\"{reason}\"}} {}",
+            num(v)
+        );
+    }
     family(
         &mut out,
         "vllm:kv_cache_usage_perc",
@@ -131,63 +162,61 @@ pub fn render(
         &m,
         s.kv_usage,
     );
-    family(
+    let one = |v: u64| vec![(m.clone(), v as f64)];
+    counter(
         &mut out,
-        "vllm:gpu_cache_usage_perc",
-        "gauge",
-        "GPU KV-cache usage. 1 means 100 percent usage.",
-        &m,
-        s.kv_usage,
-    );
-    family(
-        &mut out,
-        "vllm:prefix_cache_queries_total",
-        "counter",
+        "vllm:prefix_cache_queries",
         "Prefix cache queries, in terms of number of queried tokens.",
-        &m,
-        c.prefix_cache_queries as f64,
+        &one(c.prefix_cache_queries),
+        created,
     );
-    family(
+    counter(
         &mut out,
-        "vllm:prefix_cache_hits_total",
-        "counter",
+        "vllm:prefix_cache_hits",
         "Prefix cache hits, in terms of number of cached tokens.",
-        &m,
-        c.prefix_cache_hits as f64,
+        &one(c.prefix_cache_hits),
+        created,
     );
-    family(&mut out, "vllm:gpu_prefix_cache_queries_total", "counter", "GPU prefix cache queries, in terms of number of queried tokens. DEPRECATED: use vllm:prefix_cache_queries", &m, c.prefix_cache_queries as f64);
-    family(&mut out, "vllm:gpu_prefix_cache_hits_total", "counter", "GPU prefix cache hits, in terms of number of cached tokens. DEPRECATED: use vllm:prefix_cache_hits", &m, c.prefix_cache_hits as f64);
-    family(
+    counter(
         &mut out,
-        "vllm:num_preemptions_total",
-        "counter",
+        "vllm:num_preemptions",
         "Cumulative number of preemption from the engine.",
-        &m,
-        0.0,
+        &one(0),
+        created,
     );
-    family(
+    counter(
         &mut out,
-        "vllm:prompt_tokens_total",
-        "counter",
+        "vllm:prompt_tokens",
         "Number of prefill tokens processed.",
-        &m,
-        c.prompt_tokens as f64,
+        &one(c.prompt_tokens),
+        created,
     );
-    family(
+    counter(
         &mut out,
-        "vllm:generation_tokens_total",
-        "counter",
+        "vllm:generation_tokens",
         "Number of generation tokens processed.",
-        &m,
-        c.generation_tokens as f64,
+        &one(c.generation_tokens),
+        created,
     );
-    family(
+    // Every finish reason vLLM 0.32 knows is a label set from start; the simulator's
+    // sequences all end at max_tokens.
+    let model_label = escape_label(model);
+    let success: Vec<(String, f64)> = ["stop", "length", "abort", "error", "repetition"]
+        .iter()
+        .map(|r| {
+            let v = if *r == "length" { c.request_success } else { 0 };
+            (
+                format!("engine=\"0\",finished_reason=\"{r}\",model_name=\"{model_label}\""),
+                v as f64,
+            )
+        })
+        .collect();
+    counter(
         &mut out,
-        "vllm:request_success_total",
-        "counter",
+        "vllm:request_success",
         "Count of successfully processed requests.",
-        &format!("finished_reason=\"length\",{m}"),
-        c.request_success as f64,
+        &success,
+        created,
     );
     if let Some(info) = lora {
         let name = "vllm:lora_requests_info";
@@ -206,12 +235,27 @@ pub fn render(
         }
     }
     if let Some(ci) = cache_info {
+        // vLLM 0.32's label set, sorted as printed (`_` first); the values of what the
+        // simulator does not model are vLLM's defaults. Readers take `block_size` and
+        // `num_gpu_blocks` (or `kv_cache_size_tokens`).
+        let tokens = ci.num_gpu_blocks * ci.block_size;
+        let concurrency = tokens as f64 / ci.max_model_len.max(1) as f64;
         let labels = format!(
-            "block_size=\"{}\",cache_dtype=\"auto\",calculate_kv_scales=\"False\",enable_prefix_caching=\"True\",\
-             gpu_memory_utilization=\"0.9\",is_attention_free=\"False\",num_cpu_blocks=\"None\",\
-             num_gpu_blocks=\"{}\",num_gpu_blocks_override=\"None\",prefix_caching_hash_algo=\"builtin\",\
-             sliding_window=\"None\",swap_space=\"4\"",
-            ci.block_size, ci.num_gpu_blocks
+            "_block_size_resolved=\"True\",block_size=\"{bs}\",cache_dtype=\"auto\",\
+             cache_hit_alignment_tokens=\"None\",effective_attention_block_size=\"{bs}\",\
+             enable_mamba_shared_prefix_checkpoint=\"False\",enable_prefix_caching=\"True\",engine=\"0\",\
+             gpu_memory_utilization=\"0.9\",hash_block_size=\"None\",is_attention_free=\"False\",\
+             kv_cache_dtype_skip_layers=\"[]\",kv_cache_layout=\"None\",kv_cache_max_concurrency=\"{concurrency:?}\",\
+             kv_cache_memory_bytes=\"None\",kv_cache_size_tokens=\"{tokens}\",kv_offloading_backend=\"native\",\
+             kv_offloading_size=\"None\",kv_sharing_fast_prefill=\"False\",mamba_block_size=\"None\",\
+             mamba_cache_dtype=\"auto\",mamba_cache_mode=\"none\",mamba_page_size_padded=\"None\",\
+             mamba_ssm_cache_dtype=\"auto\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{blocks}\",\
+             num_gpu_blocks_override=\"None\",prefix_cache_retention_interval=\"0\",\
+             prefix_caching_hash_algo=\"sha256\",prefix_match_unit=\"None\",replayssm_buffer_len=\"16\",\
+             skip_page_size_padded=\"None\",sliding_window=\"None\",swa_bounded_replay=\"True\",\
+             use_kda_recoverssm=\"False\",use_replayssm=\"False\",user_specified_block_size=\"True\"",
+            bs = ci.block_size,
+            blocks = ci.num_gpu_blocks,
         );
         family(
             &mut out,
@@ -305,15 +349,30 @@ mod tests {
             Some(&CacheInfo {
                 block_size: 16,
                 num_gpu_blocks: 25000,
+                max_model_len: 100_000,
             }),
             None,
+            1_795_785_374.25,
         );
-        assert!(out.contains("vllm:num_requests_running{model_name=\"m\\\"x\"} 3.0\n"));
-        assert!(out.contains("vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25\n"));
+        let m = "engine=\"0\",model_name=\"m\\\"x\"";
+        assert!(out.contains(&format!("vllm:num_requests_running{{{m}}} 3.0\n")));
+        assert!(out.contains(&format!(
+            "vllm:num_requests_waiting_by_reason{{{m},reason=\"capacity\"}} 1.0\n"
+        )));
+        assert!(out.contains(&format!("vllm:kv_cache_usage_perc{{{m}}} 0.25\n")));
         assert!(out.contains("# TYPE vllm:prefix_cache_hits_total counter\n"));
-        assert!(out.contains("vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 32.0\n"));
+        assert!(out.contains(&format!("vllm:prefix_cache_hits_total{{{m}}} 32.0\n")));
+        assert!(out.contains(&format!(
+            "# TYPE vllm:prefix_cache_hits_created gauge\nvllm:prefix_cache_hits_created{{{m}}} 1.79578537425e+09\n"
+        )));
         assert!(out.contains("num_gpu_blocks=\"25000\""));
-        assert!(!render("m", &s, None, None).contains("cache_config_info"));
+        assert!(out.contains("kv_cache_size_tokens=\"400000\""));
+        assert!(out.contains("kv_cache_max_concurrency=\"4.0\""));
+        assert!(
+            !out.contains("gpu_cache_usage_perc"),
+            "vLLM 0.32 prints no such family"
+        );
+        assert!(!render("m", &s, None, None, 0.0).contains("cache_config_info"));
         assert!(!out.contains("lora"));
         let lora = LoraInfo {
             max_loras: 2,
@@ -330,14 +389,14 @@ mod tests {
                 },
             ],
         };
-        let out = render("m", &s, None, Some(&lora));
+        let out = render("m", &s, None, Some(&lora), 0.0);
         assert!(out.contains(
             "# HELP vllm:lora_requests_info Running stats on lora requests.\n\
              # TYPE vllm:lora_requests_info gauge\n\
              vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"} 1.7395575657589855e+09\n\
              vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"sql,chat\",waiting_lora_adapters=\"x\"} 1.7395575723949368e+09\n"
         ), "{out}");
-        let empty = render("m", &s, None, Some(&LoraInfo::default()));
+        let empty = render("m", &s, None, Some(&LoraInfo::default()), 0.0);
         assert!(empty.contains("# TYPE vllm:lora_requests_info gauge\n"));
         assert!(!empty.contains("vllm:lora_requests_info{"));
     }

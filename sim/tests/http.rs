@@ -224,7 +224,9 @@ fn parse_prometheus(text: &str) -> HashMap<String, f64> {
             types.contains_key(name),
             "sample before its # TYPE: {line:?}"
         );
-        samples.insert(name.to_string(), value);
+        // Label sets of one name are summed, as routers read them (vLLM prints every
+        // finish reason of `request_success_total` as its own series).
+        *samples.entry(name.to_string()).or_insert(0.0) += value;
     }
     samples
 }
@@ -507,16 +509,15 @@ async fn metrics_parse_and_move_with_load() {
     let (_, text) = sim.get_text("/metrics").await;
     for needle in [
         "# TYPE vllm:num_requests_running gauge",
-        "vllm:num_requests_running{model_name=\"sim-llama-8b\"} 0.0",
-        "vllm:num_requests_waiting{model_name=\"sim-llama-8b\"} 0.0",
-        "vllm:kv_cache_usage_perc{model_name=\"sim-llama-8b\"} 0.0",
-        "vllm:gpu_cache_usage_perc{model_name=\"sim-llama-8b\"} 0.0",
+        "vllm:num_requests_running{engine=\"0\",model_name=\"sim-llama-8b\"} 0.0",
+        "vllm:num_requests_waiting{engine=\"0\",model_name=\"sim-llama-8b\"} 0.0",
+        "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"sim-llama-8b\"} 0.0",
         "# TYPE vllm:prefix_cache_hits_total counter",
         "vllm:prefix_cache_queries_total{",
         "vllm:prompt_tokens_total{",
         "vllm:generation_tokens_total{",
         "vllm:request_success_total{",
-        "vllm:cache_config_info{block_size=\"16\",",
+        "vllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"16\",",
         "num_gpu_blocks=\"25000\"",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
@@ -841,7 +842,7 @@ async fn every_served_model_name_answers() {
     let (_, metrics) = sim.get_text("/metrics").await;
     assert!(
         metrics.contains(
-            "vllm:request_success_total{finished_reason=\"length\",model_name=\"alpha\"} 4.0"
+            "vllm:request_success_total{engine=\"0\",finished_reason=\"length\",model_name=\"alpha\"} 4.0"
         ),
         "{metrics}"
     );
