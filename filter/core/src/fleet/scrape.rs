@@ -8,12 +8,18 @@
 //! meaning (counts ≥ 0, usage in 0..1, NaN and ±Inf read as 0): a hostile or
 //! broken `/metrics` can make a pod look busy or idle, never break routing.
 //! KV capacity comes from `vllm:cache_config_info`'s labels
-//! (`num_gpu_blocks × block_size` tokens); LoRA adapters from
+//! (`num_gpu_blocks × block_size` tokens), summed over its `engine` label: a
+//! data-parallel pod runs one engine per rank, each with its own cache and
+//! its own series (one series per engine, the first kept); LoRA adapters from
 //! `vllm:lora_requests_info` ([`crate::fleet::lora`]).
 
 use crate::config::MetricNames;
 use crate::fleet::lora::Lora;
 use crate::fleet::prometheus::{self, Sample};
+
+/// Most data-parallel engines of one pod counted: a `/metrics` listing more
+/// costs its scraper no more than this many comparisons per series.
+const MAX_ENGINES: usize = 64;
 
 /// What one scrape of a backend said.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -73,14 +79,32 @@ pub fn extract_with_lora(
         }
     });
     let lora = Lora::from_samples(samples.iter());
-    let capacity_tokens = samples
+    let mut engines: Vec<(Option<String>, u64)> = Vec::new();
+    for s in samples
         .iter()
-        .find(|s| s.name == "vllm:cache_config_info")
-        .and_then(|s| {
+        .filter(|s| s.name == "vllm:cache_config_info")
+    {
+        if engines.len() == MAX_ENGINES {
+            break;
+        }
+        let engine = s.label("engine").map(|e| e.into_owned());
+        if engines.iter().any(|(e, _)| *e == engine) {
+            continue;
+        }
+        let tokens = (|| {
             let blocks: u64 = s.label("num_gpu_blocks")?.parse().ok()?;
             let size: u64 = s.label("block_size")?.parse().ok()?;
             blocks.checked_mul(size)
-        });
+        })();
+        if let Some(t) = tokens {
+            engines.push((engine, t));
+        }
+    }
+    let capacity_tokens = (!engines.is_empty()).then(|| {
+        engines
+            .iter()
+            .fold(0u64, |sum, (_, t)| sum.saturating_add(*t))
+    });
     let scrape = Scrape {
         running: pick(&samples, &names.running, model, false)
             .unwrap_or(0.0)
@@ -142,5 +166,18 @@ vllm:prefix_cache_hits_total{model_name=\"a\"} 10\nvllm:prefix_cache_queries_tot
             None,
         );
         assert_eq!(both.kv_usage, 0.2);
+    }
+
+    #[test]
+    fn a_data_parallel_pods_capacity_is_every_engines() {
+        let names = crate::testing::config(1).metrics.names;
+        let text =
+            "vllm:cache_config_info{block_size=\"32\",engine=\"0\",num_gpu_blocks=\"100\"} 1.0\n\
+vllm:cache_config_info{block_size=\"32\",engine=\"1\",num_gpu_blocks=\"100\"} 1.0\n\
+vllm:cache_config_info{block_size=\"32\",engine=\"1\",num_gpu_blocks=\"999\"} 1.0\n";
+        assert_eq!(extract(text, &names, None).capacity_tokens, Some(6400));
+        let one = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"10\"} 1.0\n";
+        assert_eq!(extract(one, &names, None).capacity_tokens, Some(160));
+        assert_eq!(extract("", &names, None).capacity_tokens, None);
     }
 }
