@@ -88,8 +88,8 @@
 //!
 //! ## Bytes per token, learned
 //! ```text
-//! on each report of a prompt of ≥ 32 full blocks (8 KB at the default block size):
-//!   b = blocks · block_bytes    r = clamp(b / prompt_tokens, ratio / 1.5, ratio · 1.5)
+//! on each report of a prompt of ≥ 2 KB (its canonical bytes, [`crate::prompt::prefix`]):
+//!   b = the prompt's bytes      r = clamp(b / prompt_tokens, ratio / 1.5, ratio · 1.5)
 //!   B ← 0.98·B + b              T ← 0.98·T + b / r
 //! ratio = bytes_per_token = B / T    (starting from index.bytes_per_token, worth 4096 tokens)
 //! ```
@@ -99,9 +99,11 @@
 //! token fits English BPE; code, other languages and the simulator's word
 //! tokens (≈7) differ by up to 2x. Each report carries both sides of the ratio
 //! (the prompt's canonical bytes, the pod's token count), so the index follows
-//! the tokenizer the pods really run, over the last ~50 reports. Short prompts
-//! are left out: their partial last block (the bytes past the last full block
-//! are not counted: under 1/32 here) and chat template weigh too much.
+//! the tokenizer the pods really run, over the last ~50 reports. Prompts under
+//! 2 KB are left out: there the chat template's own tokens (a few per message)
+//! weigh too much. Chat prompts of 2-8 KB are the common case on a real engine
+//! (measured in front of vLLM, `docs/real-engine.md`): a floor of 8 KB left the
+//! ratio at its configured value for a whole chat workload.
 //! The new ratio is a weighted mean of the old one and the report's `r`, so
 //! one report moves it by 1.5× at the most, whatever token count it claims: a
 //! report of 10^15 tokens would otherwise pin the ratio at its floor for
@@ -171,8 +173,8 @@ pub struct Verdict {
     pub forgot: bool,
 }
 
-/// Full prompt blocks a report's prompt needs to count towards [`TokenRatio`].
-pub const RATIO_MIN_BLOCKS: u32 = 32;
+/// Canonical prompt bytes a report's prompt needs to count towards [`TokenRatio`].
+pub const RATIO_MIN_BYTES: usize = 2048;
 
 /// Prompt bytes per pod token, learned from the pods' reports (formula above).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -198,12 +200,12 @@ impl TokenRatio {
     /// The most one report moves the ratio, either way.
     const STEP: f64 = 1.5;
 
-    /// One report: a prompt of `blocks` full blocks of `block_bytes` was `tokens` pod tokens.
-    pub fn observe(&mut self, blocks: u32, block_bytes: usize, tokens: u64) {
-        if blocks < RATIO_MIN_BLOCKS || tokens == 0 {
+    /// One report: a prompt of `bytes` canonical bytes was `tokens` pod tokens.
+    pub fn observe(&mut self, bytes: usize, tokens: u64) {
+        if bytes < RATIO_MIN_BYTES || tokens == 0 {
             return;
         }
-        let bytes = f64::from(blocks) * block_bytes as f64;
+        let bytes = bytes as f64;
         let now = self.bytes_per_token();
         let own = (bytes / tokens as f64).clamp(now / Self::STEP, now * Self::STEP);
         self.bytes = self.bytes * Self::DECAY + bytes;
@@ -372,7 +374,7 @@ mod tests {
     fn one_report_moves_the_ratio_a_little_whatever_it_claims() {
         for tokens in [1, u64::MAX, 1_000_000_000_000_000] {
             let mut r = TokenRatio::new(4.0);
-            r.observe(512, 256, tokens);
+            r.observe(512 * 256, tokens);
             let moved = r.bytes_per_token() / 4.0;
             assert!((0.66..=1.5).contains(&moved), "{tokens}: {moved}");
         }
@@ -380,10 +382,10 @@ mod tests {
         // from the tenth that resizes the index.
         let mut r = TokenRatio::new(4.0);
         for _ in 0..200 {
-            r.observe(40, 256, 1400);
+            r.observe(40 * 256, 1400);
         }
         let settled = r.bytes_per_token();
-        r.observe(40, 256, 1_000_000_000_000_000);
+        r.observe(40 * 256, 1_000_000_000_000_000);
         assert!(
             r.bytes_per_token() / settled > 0.98,
             "{}",
@@ -395,11 +397,11 @@ mod tests {
     fn the_ratio_follows_the_pods_tokenizer_and_ignores_short_prompts() {
         let mut r = TokenRatio::new(4.0);
         assert_eq!(r.bytes_per_token(), 4.0);
-        r.observe(8, 256, 300);
+        r.observe(1500, 300);
         assert_eq!(r.bytes_per_token(), 4.0, "a short prompt says little");
         // Prompts of 40 blocks of 256 bytes that the pods count as 1400 tokens: 7.3 bytes each.
         for _ in 0..200 {
-            r.observe(40, 256, 1400);
+            r.observe(40 * 256, 1400);
         }
         assert!(
             (r.bytes_per_token() - 7.31).abs() < 0.05,

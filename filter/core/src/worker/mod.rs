@@ -138,6 +138,8 @@ struct Predicted {
     blocks: u32,
     /// The prompt's blocks.
     of: u32,
+    /// The prompt's canonical bytes.
+    bytes: usize,
     /// When the pod last used the deepest of them, before this request.
     last_use_ms: u64,
 }
@@ -501,6 +503,7 @@ impl Worker {
                 pod: self.router.fleet().pod_id(b),
                 blocks: routed.decision.matched,
                 of: routed.blocks,
+                bytes: key.map_or(0, |k| k.total_bytes),
                 last_use_ms,
             });
         self.stats.decided(
@@ -611,7 +614,7 @@ impl Worker {
         if self.router.fleet().pod_id(b) != p.pod {
             return;
         }
-        self.router.learn_ratio(p.of, reported.prompt_tokens);
+        self.router.learn_ratio(p.bytes, reported.prompt_tokens);
         // Envoy's last try: a retry may have moved the request off the pod the
         // index credited, whose cache this report then says nothing of.
         if host

@@ -113,6 +113,8 @@ pub struct Stats {
     inflight: Vec<Option<u32>>,
     prefill: Vec<Option<u32>>,
     healthy: Vec<Option<u32>>,
+    kv_capacity: Vec<Option<u32>>,
+    bytes_per_token: Option<u32>,
     scrape_ok: Counter,
     scrape_failed: Counter,
     scrape_slow: Counter,
@@ -203,6 +205,9 @@ impl Stats {
             inflight: gauges("inflight"),
             prefill: gauges("prefill_blocks"),
             healthy: gauges("healthy"),
+            kv_capacity: gauges("kv_capacity_tokens"),
+            bytes_per_token: host
+                .define_metric(MetricKind::Gauge, "warmroute.index.bytes_per_token_milli"),
             scrape_ok: counter("warmroute.scrape.ok".into()),
             scrape_failed: counter("warmroute.scrape.failed".into()),
             scrape_slow: counter("warmroute.scrape.slow".into()),
@@ -409,5 +414,22 @@ impl Stats {
         for (b, &h) in healthy.iter().enumerate() {
             set(host, self.healthy.get(b).copied().flatten(), h as u64);
         }
+    }
+
+    /// What the index is sized with: each pod's KV capacity as its scrape
+    /// said (0: not known), and the prompt bytes per token (× 1000).
+    pub fn index_gauges(&self, host: &impl Host, capacity: &[Option<u64>], bytes_per_token: f64) {
+        for (b, c) in capacity.iter().enumerate() {
+            set(
+                host,
+                self.kv_capacity.get(b).copied().flatten(),
+                c.unwrap_or(0),
+            );
+        }
+        set(
+            host,
+            self.bytes_per_token,
+            (bytes_per_token * 1000.0) as u64,
+        );
     }
 }

@@ -1129,3 +1129,28 @@ fn an_operator_may_ask_pods_for_usage_on_streams_that_did_not() {
         }
     }
 }
+
+#[test]
+fn the_index_sizing_is_in_the_stats() {
+    let host = MemoryHost::default();
+    let mut w = Worker::configure(&host, POOL.as_bytes()).unwrap();
+    // The first tick learns the pod, the second scrapes it, the third shows it.
+    for t in [500, 1000] {
+        pool_tick(&mut w, &host, t, &["10.0.0.1:8000"]);
+    }
+    host.now.set(1500);
+    w.tick(&host);
+    // vllm:cache_config_info: 1000 blocks of 16 tokens; the configured 4 bytes per token.
+    let slot = (0..4)
+        .find(|&b| w.router.fleet().backend(b).is_some())
+        .unwrap();
+    let name = w.router.fleet().backend(slot).unwrap().name.clone();
+    assert_eq!(
+        host.metric(&format!("warmroute.backend.{name}.kv_capacity_tokens")),
+        Some(16_000)
+    );
+    assert_eq!(
+        host.metric("warmroute.index.bytes_per_token_milli"),
+        Some(4000)
+    );
+}

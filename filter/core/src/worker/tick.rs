@@ -70,6 +70,15 @@ impl Worker {
             .map(|s| s == Standing::In)
             .collect();
         self.stats.gauges(host, &inflight, &in_rotation);
+        let capacity: Vec<Option<u64>> = self
+            .router
+            .fleet()
+            .health()
+            .iter()
+            .map(|h| h.scrape.capacity_tokens)
+            .collect();
+        self.stats
+            .index_gauges(host, &capacity, self.router.bytes_per_token());
         let cfg = self.router.config();
         if !cfg.metrics.enabled && cfg.pool.is_none() {
             return;

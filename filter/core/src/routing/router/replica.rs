@@ -140,14 +140,13 @@ impl Router {
         verdict
     }
 
-    /// A pod's report counted `tokens` for a prompt of `blocks` full blocks:
+    /// A pod's report counted `tokens` for a prompt of `bytes` canonical bytes:
     /// learns the ratio, and resizes the index once it moved by a tenth.
-    pub fn learn_ratio(&mut self, blocks: u32, tokens: u64) {
+    pub fn learn_ratio(&mut self, bytes: usize, tokens: u64) {
         if !self.fleet.config().index.learn_bytes_per_token {
             return;
         }
-        self.ratio
-            .observe(blocks, self.fleet.config().block_bytes, tokens);
+        self.ratio.observe(bytes, tokens);
         let moved = self.ratio.bytes_per_token() / self.sized_ratio.max(f64::MIN_POSITIVE);
         if !(0.9..=1.1).contains(&moved) {
             self.resize_index();

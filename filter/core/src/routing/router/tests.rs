@@ -477,7 +477,7 @@ fn the_index_follows_the_ratio_the_pods_report() {
     assert_eq!(a.index.capacity(0), 100);
     // The pods count 32 tokens per 256-byte block: 8 bytes per token, twice the default.
     for _ in 0..300 {
-        a.learn_ratio(40, 40 * 32);
+        a.learn_ratio(40 * 256, 40 * 32);
     }
     assert!(
         (a.bytes_per_token() - 8.0).abs() < 0.5,
@@ -492,6 +492,6 @@ fn the_index_follows_the_ratio_the_pods_report() {
     let mut pinned = cfg("cache_aware");
     pinned.index.learn_bytes_per_token = false;
     let mut p = Router::new(pinned, &host);
-    p.learn_ratio(40, 40 * 32);
+    p.learn_ratio(40 * 256, 40 * 32);
     assert_eq!(p.bytes_per_token(), 4.0);
 }
