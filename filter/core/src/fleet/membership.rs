@@ -33,11 +33,18 @@
 //! of Envoy's main thread and 52 KB for 64 pods, whatever else the gateway
 //! holds. The `filter` parameter matches anywhere in a name, so the names are
 //! escaped and anchored. Several clusters (one per model, typically) share
-//! the slots; each pod keeps its cluster, which says what it serves. A reply
-//! naming any other cluster (an Envoy too old for `filter` answers with every
-//! cluster), larger than
-//! [`MAX_REPLY_BYTES`] or does not parse changes nothing: a broken read never
-//! empties the fleet. A cluster that loses some endpoints loses those
+//! the slots; each pod keeps its cluster, which says what it serves.
+//!
+//! `filter` is Envoy 1.38's (envoyproxy/envoy#43407). An older Envoy ignores
+//! it and lists every cluster: the reply is still read, the pool's clusters
+//! alone (the others' hosts are skipped unparsed), within the same bound,
+//! [`MAX_REPLY_BYTES`], and the log says so once. A gateway with a few
+//! dozen clusters stays well inside it; one with hundreds (3.5 MB at 500
+//! clusters, `bench/membership`) needs Envoy 1.38 or a fixed backend list.
+//!
+//! A reply naming none of the pool's clusters (or one twice), larger than
+//! [`MAX_REPLY_BYTES`] or that does not parse changes nothing: a broken read
+//! never empties the fleet. A cluster that loses some endpoints loses those
 //! members; answers that list none at all change nothing for
 //! `pool.empty_grace_ms`, then empty every slot. Endpoints Envoy would
 //! not route to (unhealthy, draining, failing its outlier or active checks,
@@ -45,6 +52,7 @@
 //! picture, but are out of rotation.
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 
 use crate::codec::{put, Reader};
@@ -110,8 +118,10 @@ struct Reply<'a> {
 struct ClusterStatus<'a> {
     #[serde(borrow)]
     name: Cow<'a, str>,
+    /// Read only for the pool's clusters: an Envoy that ignores `filter`
+    /// lists every cluster, whose hosts are skipped unparsed.
     #[serde(borrow, default)]
-    host_statuses: Vec<HostStatus<'a>>,
+    host_statuses: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -160,38 +170,51 @@ impl HealthFlags<'_> {
 }
 
 /// The pool's endpoints from an admin `/clusters?format=json` reply, sorted
-/// by address (a pod listed in two clusters counts in the first). A cluster
-/// the reply leaves out has no endpoints.
-pub fn parse_endpoints(body: &[u8], clusters: &[&str]) -> Result<Vec<PoolEndpoint>, ReplyError> {
+/// by address (a pod listed in two clusters counts in the first), and how
+/// many other clusters the reply listed (an Envoy older than 1.38 ignores
+/// `filter` and lists them all; their hosts are skipped unread). A cluster of
+/// the pool the reply leaves out has no endpoints; a reply with none of them
+/// is [`ReplyError::WrongClusters`].
+pub fn parse_endpoints(
+    body: &[u8],
+    clusters: &[&str],
+) -> Result<(Vec<PoolEndpoint>, usize), ReplyError> {
     if body.len() > MAX_REPLY_BYTES {
         return Err(ReplyError::TooLarge);
     }
     let reply: Reply<'_> = serde_json::from_slice(body).map_err(|_| ReplyError::Malformed)?;
     let mut seen = vec![false; clusters.len()];
     let mut out: Vec<PoolEndpoint> = Vec::new();
+    let mut others = 0;
     for status in &reply.cluster_statuses {
         let Some(i) = clusters.iter().position(|c| *c == status.name) else {
-            return Err(ReplyError::WrongClusters);
+            others += 1;
+            continue;
         };
         if std::mem::replace(&mut seen[i], true) {
             return Err(ReplyError::WrongClusters);
         }
-        out.extend(endpoints_of(status, i as u16));
+        let hosts: Vec<HostStatus<'_>> = match status.host_statuses {
+            Some(raw) => serde_json::from_str(raw.get()).map_err(|_| ReplyError::Malformed)?,
+            None => Vec::new(),
+        };
+        out.extend(endpoints_of(&hosts, i as u16));
     }
-    if reply.cluster_statuses.is_empty() {
-        // `{}`: none of the clusters exists (yet); an empty fleet would drop every pod.
+    if !seen.iter().any(|&s| s) {
+        // `{}`, or only other clusters: none of the pool's exists (yet); an empty
+        // fleet would drop every pod.
         return Err(ReplyError::WrongClusters);
     }
     out.sort_by(|a, b| a.address.cmp(&b.address).then(a.cluster.cmp(&b.cluster)));
     out.dedup_by(|a, b| a.address == b.address);
-    Ok(out)
+    Ok((out, others))
 }
 
 fn endpoints_of<'s>(
-    status: &'s ClusterStatus<'_>,
+    hosts: &'s [HostStatus<'_>],
     cluster: u16,
 ) -> impl Iterator<Item = PoolEndpoint> + 's {
-    status.host_statuses.iter().filter_map(move |h| {
+    hosts.iter().filter_map(move |h| {
         let sa = h.address.socket_address.as_ref()?;
         let ip = sa.address.as_ref();
         let address = if ip.contains(':') {
@@ -238,6 +261,8 @@ pub struct Changes {
     pub left: Vec<(usize, String)>,
     /// Endpoints left out for want of a free slot.
     pub unplaced: usize,
+    /// Other clusters the reply listed (an Envoy that ignores `filter`).
+    pub other_clusters: usize,
 }
 
 impl Changes {
@@ -455,7 +480,7 @@ mod tests {
                 ("10.0.0.3:8000", "DEGRADED"),
             ],
         );
-        let got = parse_endpoints(&body, &["pool"]).unwrap();
+        let (got, _) = parse_endpoints(&body, &["pool"]).unwrap();
         let view: Vec<(&str, bool)> = got
             .iter()
             .map(|e| (e.address.as_str(), e.routable))
@@ -471,22 +496,41 @@ mod tests {
         let flagged = br#"{"cluster_statuses":[{"name":"pool","host_statuses":[
             {"address":{"socket_address":{"address":"::1","port_value":8000}},
              "health_status":{"eds_health_status":"HEALTHY","failed_outlier_check":true}}]}]}"#;
-        let got = parse_endpoints(flagged, &["pool"]).unwrap();
+        let (got, _) = parse_endpoints(flagged, &["pool"]).unwrap();
         assert_eq!(
             (got[0].address.as_str(), got[0].routable),
             ("[::1]:8000", false)
         );
         // A cluster without endpoints has none.
         let bare = br#"{"cluster_statuses":[{"name":"pool"}]}"#;
-        assert_eq!(parse_endpoints(bare, &["pool"]), Ok(vec![]));
+        assert_eq!(parse_endpoints(bare, &["pool"]), Ok((vec![], 0)));
+    }
+
+    #[test]
+    fn an_envoy_that_ignores_the_filter_is_read_for_the_pools_clusters_alone() {
+        // Envoy before 1.38 lists every cluster: the pool's are read, the others skipped.
+        let body = format!(
+            r#"{{"cluster_statuses":[{},{},{}]}}"#,
+            status("pool-metrics", &[("10.0.0.7:8000", "HEALTHY")]),
+            status("pool", &[("10.0.0.1:8000", "HEALTHY")]),
+            r#"{"name":"envoy-admin","host_statuses":[{"broken": true}]}"#,
+        );
+        let (got, others) = parse_endpoints(body.as_bytes(), &["pool"]).unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.address.as_str()).collect::<Vec<_>>(),
+            ["10.0.0.1:8000"]
+        );
+        assert_eq!(others, 2);
     }
 
     #[test]
     fn a_reply_that_is_not_the_pools_changes_nothing() {
-        let two = br#"{"cluster_statuses":[{"name":"pool"},{"name":"pool-metrics"}]}"#;
+        let twice = br#"{"cluster_statuses":[{"name":"pool"},{"name":"pool"}]}"#;
+        let others = br#"{"cluster_statuses":[{"name":"pool-metrics"},{"name":"admin"}]}"#;
         for (body, want) in [
             (&b"{}"[..], ReplyError::WrongClusters),
-            (&two[..], ReplyError::WrongClusters),
+            (&twice[..], ReplyError::WrongClusters),
+            (&others[..], ReplyError::WrongClusters),
             (
                 &reply("other", &[("10.0.0.1:1", "HEALTHY")])[..],
                 ReplyError::WrongClusters,
@@ -511,7 +555,7 @@ mod tests {
             status("qwen.x", &[("10.0.0.9:8000", "HEALTHY")]),
             status("llama", &[("10.0.0.1:8000", "HEALTHY")]),
         );
-        let got = parse_endpoints(body.as_bytes(), &["llama", "qwen.x"]).unwrap();
+        let (got, _) = parse_endpoints(body.as_bytes(), &["llama", "qwen.x"]).unwrap();
         let view: Vec<(&str, u16)> = got
             .iter()
             .map(|e| (e.address.as_str(), e.cluster))
@@ -520,7 +564,7 @@ mod tests {
         // One cluster absent: its pods are gone, the other's stay.
         let one = reply("llama", &[("10.0.0.1:8000", "HEALTHY")]);
         assert_eq!(
-            parse_endpoints(&one, &["llama", "qwen.x"]).unwrap().len(),
+            parse_endpoints(&one, &["llama", "qwen.x"]).unwrap().0.len(),
             1
         );
         // A pod that moved to another cluster is a new member.

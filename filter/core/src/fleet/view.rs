@@ -309,24 +309,29 @@ impl FleetView {
             return Ok(Err(ReplyError::WrongClusters));
         };
         let names: Vec<&str> = pool.clusters.iter().map(|c| c.name.as_str()).collect();
-        let endpoints = match parse_endpoints(body, &names) {
+        let (endpoints, other_clusters) = match parse_endpoints(body, &names) {
             Ok(e) => e,
             Err(e) => return Ok(Err(e)),
         };
         if endpoints.is_empty() {
             let since = *self.pool_empty_since.get_or_insert(now);
             if now.saturating_sub(since) < pool.empty_grace_ms {
-                return Ok(Ok((Changes::default(), Vec::new())));
+                let kept = Changes {
+                    other_clusters,
+                    ..Changes::default()
+                };
+                return Ok(Ok((kept, Vec::new())));
             }
         } else {
             self.pool_empty_since = None;
         }
         let n = self.backends.len();
-        let (slots, changes) = self.store(host).update_members(|current| {
+        let (slots, mut changes) = self.store(host).update_members(|current| {
             let mut s = current.unwrap_or_else(|| Slots::empty(n));
             let c = s.assign(&endpoints, now);
             (s, c)
         })?;
+        changes.other_clusters = other_clusters;
         let changed = self.apply_slots(slots);
         for &b in &changed {
             if let Some(h) = self.health.get_mut(b) {

@@ -65,6 +65,16 @@ impl Worker {
                     log::info!("warmroute: pod {address} joined the pool as slot pod-{b}");
                     self.scheduler.forget(*b);
                 }
+                if changes.other_clusters > 0 && !self.unfiltered_logged {
+                    self.unfiltered_logged = true;
+                    log::info!(
+                        "warmroute: Envoy's admin ignores /clusters?filter= (Envoy older than \
+                         1.38): reading every cluster's list ({body_size} bytes, {} other \
+                         clusters) at each tick, up to {} bytes",
+                        changes.other_clusters,
+                        crate::fleet::membership::MAX_REPLY_BYTES
+                    );
+                }
                 if changes.unplaced > 0 {
                     log::warn!(
                         "warmroute: {} pods left out: all {} slots are taken (pool.max_backends)",

@@ -153,11 +153,19 @@ pub struct Worker {
     members_call: Option<(u32, u64)>,
     /// Whether the last read of the pool's endpoints was usable (logs only changes).
     members_ok: bool,
+    /// The log said once that Envoy's admin ignores `/clusters?filter=`.
+    unfiltered_logged: bool,
     /// Requests held at the gate, with a gate configured.
     holding: Option<Holding>,
     /// When the next full tick is due (the gate's check ticks in between).
     next_tick_ms: u64,
 }
+
+/// The oldest Envoy the filter and the shipped configurations are tested with
+/// (`make e2e-oldest-envoy`); a discovered pool reads Envoy's endpoints with
+/// `/clusters?filter=` from 1.38 on, and before it the whole cluster list
+/// within a bound ([`crate::fleet::membership`]).
+pub const MIN_ENVOY: &str = "1.36 (a discovered pool: 1.38, or a gateway with few clusters)";
 
 impl Worker {
     /// Parses and validates the plugin configuration and starts a worker:
@@ -166,10 +174,12 @@ impl Worker {
         let cfg = Config::parse(config)?;
         let fleet = cfg.describe_fleet();
         log::info!(
-            "warmroute: {fleet}, strategy {}, route mode {:?} ({})",
+            "warmroute {}: {fleet}, strategy {}, route mode {:?} ({}); needs Envoy {}",
+            env!("CARGO_PKG_VERSION"),
             cfg.strategy.name(),
             cfg.route.mode,
-            cfg.route.header
+            cfg.route.header,
+            MIN_ENVOY
         );
         // The tick also ages the index out, so it runs even without scraping;
         // with a gate, it also checks the held requests, more often.
@@ -196,6 +206,7 @@ impl Worker {
             scheduler,
             members_call: None,
             members_ok: true,
+            unfiltered_logged: false,
             holding,
             next_tick_ms: 0,
         })

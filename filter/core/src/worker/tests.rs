@@ -700,27 +700,43 @@ fn a_discovered_pool_follows_envoys_endpoints() {
         a.router.fleet().backend(3).map(|b| b.address.as_str()),
         Some("10.0.0.4:8000")
     );
-    // An unusable answer (an Envoy that ignores `filter`) changes nothing.
-    host.now.set(2000);
-    a.tick(&host);
-    for c in host.take_callouts() {
-        let r = if c.cluster == "envoy-admin" {
-            ok(r#"{"cluster_statuses":[{"name":"pool"},{"name":"other"}]}"#)
-        } else {
-            ok(METRICS)
-        };
-        let (headers, size) = (usize::from(r.status.is_some()), r.body.len());
-        *host.reply.borrow_mut() = r;
-        a.on_scrape(&host, c.token, headers, size);
+    // An unusable answer (only other clusters) changes nothing; an Envoy that ignores
+    // `filter` lists every cluster, and the pool's own hosts are read from it.
+    for (t, admin) in [
+        (
+            2000,
+            r#"{"cluster_statuses":[{"name":"other"}]}"#.to_string(),
+        ),
+        (2500, {
+            let pool = endpoints(&joined).body;
+            let pool = String::from_utf8_lossy(&pool);
+            pool.replace(
+                r#"{"cluster_statuses":["#,
+                r#"{"cluster_statuses":[{"name":"other"},"#,
+            )
+        }),
+    ] {
+        host.now.set(t);
+        a.tick(&host);
+        for c in host.take_callouts() {
+            let r = if c.cluster == "envoy-admin" {
+                ok(&admin)
+            } else {
+                ok(METRICS)
+            };
+            let (headers, size) = (usize::from(r.status.is_some()), r.body.len());
+            *host.reply.borrow_mut() = r;
+            a.on_scrape(&host, c.token, headers, size);
+        }
+        assert!(spread(&mut a, &host, "k", 40).contains("10.0.0.4:8000"));
     }
-    assert!(spread(&mut a, &host, "k", 40).contains("10.0.0.4:8000"));
     // Envoy lists no endpoint at all (an empty EDS push): the members stay for the grace.
     let grace = a.config().pool.as_ref().map_or(0, |p| p.empty_grace_ms);
-    pool_tick(&mut a, &host, 2500, &[]);
-    pool_tick(&mut a, &host, 2500 + grace - 1, &[]);
+    pool_tick(&mut a, &host, 3000, &[]);
+    pool_tick(&mut a, &host, 3000 + grace - 1, &[]);
     assert!(spread(&mut a, &host, "g", 40).contains("10.0.0.4:8000"));
     // Still empty past it: the pool emptied, nothing to route to, no slot keeps a pod.
-    pool_tick(&mut a, &host, 2500 + grace, &[]);
+    pool_tick(&mut a, &host, 3000 + grace, &[]);
     assert!(spread(&mut a, &host, "e", 5).is_empty());
     assert!(a.router.fleet().backends().iter().all(Option::is_none));
 }
