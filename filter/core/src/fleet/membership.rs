@@ -41,6 +41,10 @@
 //! [`MAX_REPLY_BYTES`], and the log says so once. A gateway with a few
 //! dozen clusters stays well inside it; one with hundreds (3.5 MB at 500
 //! clusters, `bench/membership`) needs Envoy 1.38 or a fixed backend list.
+//! The cost, at the tick of the VM holding the lease: parsing 1 MB (358
+//! clusters, the pool's 64 pods among them) took 1.2 ms natively against
+//! 70 µs for the filtered 21 KB (2,000 parses each, one run), and Envoy's
+//! admin spends ~36 ms of its main thread listing 500 clusters.
 //!
 //! A reply naming none of the pool's clusters (or one twice), larger than
 //! [`MAX_REPLY_BYTES`] or that does not parse changes nothing: a broken read
