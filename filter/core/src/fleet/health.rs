@@ -159,25 +159,27 @@ mod tests {
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
+    /// A pod down after two failures, whose last scrape said this.
+    fn down_pod(kv_usage: f64, capacity_tokens: u64) -> Health {
+        Health {
+            scraped_ms: 5,
+            failed_ms: 6,
+            failures: 2,
+            successes: 1,
+            down: true,
+            scrape: Scrape {
+                running: 1.0,
+                waiting: 2.0,
+                kv_usage,
+                capacity_tokens: Some(capacity_tokens),
+                own_inflight: 3,
+            },
+        }
+    }
+
     #[test]
     fn health_round_trips_and_rejects_foreign_blobs() {
-        let h = vec![
-            Health {
-                scraped_ms: 5,
-                failed_ms: 6,
-                failures: 2,
-                successes: 1,
-                down: true,
-                scrape: Scrape {
-                    running: 1.0,
-                    waiting: 2.0,
-                    kv_usage: 0.3,
-                    capacity_tokens: Some(99),
-                    own_inflight: 3,
-                },
-            },
-            Health::default(),
-        ];
+        let h = vec![down_pod(0.3, 99), Health::default()];
         assert_eq!(decode_health(&encode_health(&h), 2), h);
         assert_eq!(
             decode_health(&encode_health(&h), 3),
@@ -289,20 +291,7 @@ mod tests {
 
     #[test]
     fn the_record_keeps_its_layout() {
-        let h = Health {
-            scraped_ms: 5,
-            failed_ms: 6,
-            failures: 2,
-            successes: 1,
-            down: true,
-            scrape: Scrape {
-                running: 1.0,
-                waiting: 2.0,
-                kv_usage: 0.5,
-                capacity_tokens: Some(4096),
-                own_inflight: 3,
-            },
-        };
+        let h = down_pod(0.5, 4096);
         assert_eq!(
             crate::testing::hex(&encode_health(&[h, Health::default()])),
             "05000000000000000600000000000000020000000100000001000000000000f03f0000000000000040000000000000e03f000000000000b0400300000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000f0bf00000000",
