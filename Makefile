@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
-ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
+ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
 .PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e bench soak fuzz docs release clean
 

@@ -5,7 +5,7 @@
 //    it, to warmroute-check-config (the core's Config::parse, the same code on_configure
 //    runs), never to a schema copied by hand; --shipped also refuses the debug header;
 //  - so is every Wasm filter `configuration` of the standalone Envoy configs named after
-//    ISTIO_DIR (envoy.yaml, envoy/*.yaml);
+//    ISTIO_DIR (envoy.yaml, deploy/envoy/*.yaml);
 //  - max_body_bytes fits the Envoy buffers it runs under (--buffer-limits): in the standalone
 //    configs the listener's and each virtual host's/route's limits, on Istio the VIRTUAL_HOST/
 //    LISTENER patches of the EnvoyFilters selecting the workload the filter runs in, over

@@ -96,7 +96,7 @@ step "warmroute cross-checks"
 (cd "$root" && cargo build -q --release -p warmroute-core --bin warmroute-check-config) \
   || die "cannot build warmroute-check-config"
 export WARMROUTE_CHECK_CONFIG="$root/target/release/warmroute-check-config"
-envoy_configs=("$root/envoy.yaml" "$root"/envoy/*.yaml)
+envoy_configs=("$root/envoy.yaml" "$root"/deploy/envoy/*.yaml)
 node "$here/check-warmroute.mjs" "$istio" "${envoy_configs[@]}" || die "warmroute cross-checks"
 
 # ---------------------------------------------------------------- 5. EnvoyFilter patches

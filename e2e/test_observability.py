@@ -17,7 +17,7 @@ from warmroute_harness import MODEL, Fleet, chat, post, words
 from warmroute_harness.repo import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "warmroute-dashboard.json"
-CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "envoy").glob("*.yaml"))]
+CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))]
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
 METRIC = re.compile(r"\bwarmroute_[a-z_]+\b")

@@ -1,6 +1,6 @@
 """The real Envoy as a child process: the repository's config rendered for one run, and its stats.
 
-The configuration is the repository's own `envoy.yaml` (or a variant under envoy/), patched
+The configuration is the repository's own `envoy.yaml` (or a variant under deploy/envoy/), patched
 only where a run must differ: ports, backend list, the filter's JSON, concurrency, the pool's
 load-balancing policy, the listener's buffer limit. Tests and the bench thus exercise the shipped
 config, not a copy.
@@ -122,7 +122,7 @@ class Envoy:
     # reconfigure() can change the filter's JSON in the running Envoy (a VM reload).
     dynamic_listener: bool = False
     lds_path: Path | None = None
-    # The pool's EDS file, for a config whose pool Envoy discovers (envoy/envoy-pool.yaml).
+    # The pool's EDS file, for a config whose pool Envoy discovers (deploy/envoy/envoy-pool.yaml).
     eds_path: Path | None = None
 
     def render(self) -> dict:
