@@ -58,18 +58,18 @@ validate: validate-envoy validate-deploy validate-oci ## Every Envoy config, Ist
 validate-envoy: wasm
 	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
 
-validate-deploy: setup ## Istio/Kubernetes manifests against published schemas, their Envoy patches through Envoy, compose file, generated files
+validate-deploy: setup ## deploy/*/check.sh: each target's files against published schemas, their Envoy patches through Envoy, the filter's verdict, generated files, compose
 	ENVOY=$(ENVOY) deploy/validate.sh
 
 validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules
-	$(PY) -m pytest -q -p no:cacheprovider deploy/test_oci_artifact.py
+	$(PY) -m pytest -q -p no:cacheprovider deploy/oci/test_oci_artifact.py
 
 # The registry/repository:tag you push dist/oci to, and generate.py's other arguments.
 IMAGE ?= ghcr.io/warmroute/warmroute:0.1.0
 GENERATE_ARGS ?= --namespace llm --service vllm
 release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, SHA256SUMS (IMAGE=, GENERATE_ARGS=)
 	rm -rf dist/oci dist/istio dist/warmroute-oci.tar dist/SHA256SUMS
-	digest=$$(python3 deploy/oci_artifact.py build $(WASM) --layout dist/oci --tar dist/warmroute-oci.tar) && \
+	digest=$$(python3 deploy/oci/oci_artifact.py build $(WASM) --layout dist/oci --tar dist/warmroute-oci.tar) && \
 	  python3 istio/generate.py $(GENERATE_ARGS) --image oci://$(IMAGE) --digest $$digest --out dist/istio && \
 	  (cd dist && sha256sum warmroute.wasm warmroute-oci.tar istio/* > SHA256SUMS) && \
 	  printf '\nimage %s@%s\npush:  skopeo copy oci:dist/oci:latest docker://%s\napply: kubectl apply %s\n' \

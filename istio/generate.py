@@ -56,7 +56,7 @@ gateway, or the client app's sidecar) and patches only its context: no other
 proxy in the mesh honours a routing header or carries these clusters.
 
 The module: --image names the oci:// repository (and tag) the image was pushed to, --digest
-the image's manifest digest, which deploy/oci_artifact.py prints (make release). The generated
+the image's manifest digest, which deploy/oci/oci_artifact.py prints (make release). The generated
 uri is oci://<image>@sha256:<digest> and the sha256 field the same digest: istio-agent
 compares the image's manifest digest with it (pkg/wasm/cache.go), so a moved tag can never
 swap the router's code. The .wasm file's own sha256 never matches there.
@@ -68,8 +68,8 @@ metrics.cluster) are set by flags and refused there.
 
 Python 3 standard library only (and, with --config, warmroute-check-config: $WARMROUTE_CHECK_CONFIG,
 else target/release/warmroute-check-config, else cargo run). Deterministic output: re-running
-with the same arguments (and --config file) gives byte-identical files (deploy/validate.sh checks
-this with the command line recorded in each file's banner).
+with the same arguments (and --config file) gives byte-identical files (deploy/istio/check.sh
+checks this with the command line recorded in each file's banner).
 
   python3 istio/generate.py --namespace llm --service vllm \
       --image oci://ghcr.io/you/warmroute:0.1.0 --digest sha256:<manifest digest>
@@ -96,8 +96,9 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # What one request may buffer on the proxy while the filter reads it. Istio leaves listeners at
 # Envoy's 1 MiB, and one socket read (up to that + 16 KiB) lands on top of the up-to-
 # MAX_BODY_BYTES the filter holds before it lets go, so this must be at least
-# MAX_BODY_BYTES + 1 MiB + 16 KiB, or bodies just past MAX_BODY_BYTES get 413 (deploy/validate.sh
-# checks it). Set per virtual host, it leaves every other listener's buffers as they are.
+# MAX_BODY_BYTES + 1 MiB + 16 KiB, or bodies just past MAX_BODY_BYTES get 413
+# (deploy/istio/check.sh checks it). Set per virtual host, it leaves every other listener's
+# buffers as they are.
 REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
 # The listener's per_connection_buffer_limit_bytes: Istio sets none, so Envoy's 1 MiB.
 LISTENER_BUFFER_LIMIT = 1024 * 1024
@@ -903,7 +904,7 @@ def main(argv=None) -> int:
     p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0",
                    help="oci://<registry>/<repository>[:<tag>] the image was pushed to")
     p.add_argument("--digest",
-                   help="sha256:<hex> manifest digest of that image (deploy/oci_artifact.py prints it; "
+                   help="sha256:<hex> manifest digest of that image (deploy/oci/oci_artifact.py prints it; "
                         "not the .wasm's sha256)")
     p.add_argument("--sha256", help=argparse.SUPPRESS)
     p.add_argument("--config", help="JSON file merged over the generated pluginConfig, checked by the filter's parser")
@@ -915,7 +916,7 @@ def main(argv=None) -> int:
     if args.sha256 is not None:
         p.error("--sha256 (the .wasm file's hash) is gone: istio-agent compares an oci:// module with the "
                 "image's manifest digest, so that pin never matched. Pass --digest sha256:<manifest digest>, "
-                "which deploy/oci_artifact.py prints (make release)")
+                "which deploy/oci/oci_artifact.py prints (make release)")
     m = re.fullmatch(r"(?:sha256:)?([0-9a-f]{64})", args.digest or "")
     if not m:
         p.error("--digest must be sha256:<64 lower-case hex digits>, the image's manifest digest")

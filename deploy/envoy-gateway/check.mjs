@@ -31,6 +31,7 @@ import path from "node:path";
 import { createRequire } from "node:module";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
+import { bodyLimit, ENVOY_DEFAULT_BUFFER, verdicts } from "../filter-verdict.mjs";
 
 const require = createRequire(path.join(path.dirname(new URL(import.meta.url).pathname), "..", "package.json"));
 const [envoy, dir] = process.argv.slice(2);
@@ -42,6 +43,7 @@ if (!envoy || !dir || !checker) {
 let failed = 0;
 const fail = (m) => { failed++; console.log(`FAIL ${m}`); };
 const ok = (m) => console.log(`ok   ${m}`);
+const { verdict, close } = verdicts(checker, ok, fail);
 const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
 
 const all = fs.readdirSync(dir).filter((f) => f.endsWith(".yaml")).sort().flatMap((f) =>
@@ -255,14 +257,8 @@ for (const { f, o: pol } of policies) {
     if (!isDeepStrictEqual(conf, ref)) fail(`${at}: configuration differs from pluginconfig.json`);
     // The buffers it runs under: the least body limit of any route, and the listener's.
     const rc = xds.routes.find((x) => x.name === hcm.rds?.route_config_name);
-    const listenerLimit = Number(l.per_connection_buffer_limit_bytes ?? 1048576);
-    let body = Infinity;
-    for (const vh of rc?.virtual_hosts ?? []) for (const rt of vh.routes?.length ? vh.routes : [{}]) body = Math.min(body, Number(rt.request_body_buffer_limit ?? vh.request_body_buffer_limit ?? listenerLimit));
-    const tmp = path.join(scratch, "config.json");
-    fs.writeFileSync(tmp, cfg.configuration.value);
-    const v = spawnSync(checker, ["--shipped", "--buffer-limits", `${body},${listenerLimit}`, tmp], { encoding: "utf8" });
-    const line = (v.stdout || v.stderr || `${v.error ?? "no output"}`).trim().replace(tmp, `${at} configuration`);
-    if (v.status === 0) ok(line.replace(/^ok +/, "")); else fail(line.replace(/^FAIL +/, ""));
+    const listenerLimit = Number(l.per_connection_buffer_limit_bytes ?? ENVOY_DEFAULT_BUFFER);
+    verdict(cfg.configuration.value, `${at} configuration`, [bodyLimit(rc?.virtual_hosts ?? [], listenerLimit), listenerLimit]);
     // pool.cluster: an HTTPRoute rule's cluster on this listener, with override_host.
     const overrideHost = (c) => c?.load_balancing_policy?.policies?.[0]?.typed_extension_config?.typed_config;
     const pool = conf.pool?.cluster;
@@ -293,4 +289,5 @@ for (const { f, o: pol } of policies) {
   }
 }
 fs.rmSync(scratch, { recursive: true, force: true });
+close();
 process.exit(failed ? 1 : 0);
