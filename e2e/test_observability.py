@@ -18,6 +18,10 @@ from warmroute_harness.repo import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "warmroute-dashboard.json"
 CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))]
+# On Istio the tags reach the proxies as a bootstrap override (a ConfigMap per namespace), merged
+# over Istio's own bootstrap, whose stats_config the stand-in reproduces.
+ISTIO_STATS = ROOT / "istio" / "generated" / "stats-tags.yaml"
+ISTIO_BOOTSTRAP_STATS = ROOT / "deploy" / "istio" / "istio-bootstrap-stats.yaml"
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
 METRIC = re.compile(r"\bwarmroute_[a-z_]+\b")
@@ -57,8 +61,17 @@ def counted(f: Fleet, n: int) -> None:
     f.envoy.wait_for(f"{n} requests counted", lambda: total() >= n, detail=lambda: f"{total()} counted")
 
 
+def istio_overrides() -> dict[str, str]:
+    """Each bootstrap override of istio/generated/stats-tags.yaml, by its namespace."""
+    return {d["metadata"]["namespace"]: d["data"]["custom_bootstrap.json"]
+            for d in yaml.safe_load_all(ISTIO_STATS.read_text()) if "custom_bootstrap.json" in (d or {}).get("data", {})}
+
+
 def test_every_shipped_config_labels_the_stats_the_same_way():
     tags = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()).get("stats_config") for p in CONFIGS}
+    overrides = istio_overrides()
+    assert overrides, f"{ISTIO_STATS}: no bootstrap override"
+    tags |= {f"{ISTIO_STATS.relative_to(ROOT)} ({ns})": json.loads(o).get("stats_config") for ns, o in overrides.items()}
     assert all(tags.values()), f"a shipped config without stats_config: {[p for p, t in tags.items() if not t]}"
     first = next(iter(tags.values()))
     assert all(t == first for t in tags.values()), "the shipped configs' stats_tags differ"
@@ -108,6 +121,31 @@ def test_the_dashboard_queries_only_series_a_real_run_exports():
                     assert not missing, f"panel {panel['title']!r}: {metric} has no label {missing}"
                     checked += 1
         assert checked >= 20, checked
+
+
+def test_istio_labels_the_stats_through_its_bootstrap_override():
+    """Envoy started with Istio's stats_config and the generated override as --config-yaml (what
+    istio-agent runs it with) labels the filter's stats; without the override they stay flat."""
+    istio = yaml.safe_load(ISTIO_BOOTSTRAP_STATS.read_text())["stats_config"]
+    override = istio_overrides()["istio-system"]
+    for config_yaml in (override, None):
+        with Fleet(2, ["--time-scale", "10"], stats_config=istio, config_yaml=config_yaml) as f:
+            sent = 4
+            for i in range(sent):
+                r = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, [{"role": "user", "content": words(f"i{i}-", 200)}]))
+                assert r.status == 200, r.status
+            counted(f, sent)
+            text = prometheus(f.envoy.admin_port)
+        flat = sorted(n for n in exported(text) if any(s.name.replace("-", "_") in n for s in f.sims))
+        chosen = values(text, "warmroute_backend_chosen", "pod")
+        if config_yaml is None:
+            # Istio's matcher keeps the filter's stats, its own tags name nothing in them.
+            assert not chosen and flat, (chosen, flat)
+            continue
+        assert not flat, f"stats not turned into labels: {flat[:5]}"
+        assert set(chosen) == {s.name for s in f.sims} and sum(chosen.values()) == sent, chosen
+        assert sum(values(text, "warmroute_decision", "reason").values()) == sent
+        assert values(text, "warmroute_requests", "strategy").get("cache_aware") is not None
 
 
 ROUTE_LOG = "ACCESS %REQ(X-REQUEST-ID)% %UPSTREAM_HOST% route=%FILTER_STATE(wasm.warmroute:PLAIN)%"

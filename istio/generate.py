@@ -50,6 +50,15 @@ Outputs (in --out, default istio/generated/):
                                 read through, the override_host policy on
                                 the vLLM Service's cluster and the strip of
                                 client routing headers
+  stats-tags.yaml               the filter's stats as Prometheus labels: a
+                                ConfigMap per namespace warmroute runs in with
+                                a bootstrap override (stats_config.stats_tags),
+                                which istio-agent hands to Envoy; with
+                                --gateway-api also the Gateway's deployment
+                                overlay (its infrastructure.parametersRef)
+                                that mounts it. Classic gateway and sidecar
+                                pods take it with the annotation
+                                sidecar.istio.io/bootstrapOverride: warmroute-stats-tags
 
 Every EnvoyFilter selects the one workload where warmroute runs (the ingress
 gateway, or the client app's sidecar) and patches only its context: no other
@@ -305,6 +314,8 @@ def gateway(args) -> dict:
                     "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {
                         "matchLabels": {"kubernetes.io/metadata.name": args.namespace}}}},
                 }],
+                # The overlay that mounts the stats tags' bootstrap override (stats-tags.yaml).
+                "infrastructure": {"parametersRef": {"group": "", "kind": "ConfigMap", "name": GATEWAY_PARAMS_CONFIGMAP}},
             },
         }
     return {
@@ -423,6 +434,88 @@ def mesh_virtual_service(args) -> dict:
             "http": http_routes(args),
         },
     }
+
+
+# The filter's stats as Prometheus labels: Envoy's tag extraction turns the pod, the decision's
+# reason, why a body was unread, the strategy, the outcome and the gate's class in a stat's name
+# into labels (the stats_config.stats_tags of every shipped Envoy config; e2e/test_observability
+# compares the copies). A ProxyConfig cannot carry them: its extraStatTags only name tags of the
+# form <name>=.=<value>;.; (Istio's tools/packaging/common/envoy_bootstrap.json), which the
+# filter's stat names are not. A bootstrap override can: istio-agent hands the file named by
+# $ISTIO_BOOTSTRAP_OVERRIDE to Envoy as --config-yaml (pkg/envoy/proxy.go), which Envoy merges
+# over Istio's bootstrap, these tags appended to Istio's own; Istio's stats matcher keeps every
+# wasm* stat (pkg/bootstrap/config.go requiredEnvoyStatsMatcherInclusionPrefixes).
+STATS_TAGS = [
+    {"tag_name": "pod", "regex": r"^wasmcustom\.warmroute\.backend\.((.+?)\.)\w+$"},
+    {"tag_name": "reason", "regex": r"^wasmcustom\.warmroute\.decision(\.(\w+))$"},
+    {"tag_name": "unread", "regex": r"^wasmcustom\.warmroute\.fallback(\.(\w+))$"},
+    {"tag_name": "strategy", "regex": r"^wasmcustom\.warmroute\.requests\.((\w+)\.)\w+$"},
+    {"tag_name": "outcome", "regex": r"^wasmcustom\.warmroute\.(?:requests\.\w+|scrape)(\.(\w+))$"},
+    {"tag_name": "class", "regex": r"^wasmcustom\.warmroute\.gate\.((.+?)\.)\w+$"},
+]
+STATS_CONFIGMAP = "warmroute-stats-tags"
+# Where the sidecar and gateway injection templates mount the ConfigMap that the annotation
+# sidecar.istio.io/bootstrapOverride names, and the file they point ISTIO_BOOTSTRAP_OVERRIDE at
+# (istio-discovery files/injection-template.yaml, gateway-injection-template.yaml).
+BOOTSTRAP_OVERRIDE_DIR = "/etc/istio/custom-bootstrap"
+BOOTSTRAP_OVERRIDE_FILE = "custom_bootstrap.json"
+BOOTSTRAP_OVERRIDE_ANNOTATION = "sidecar.istio.io/bootstrapOverride"
+# A Gateway API gateway's Deployment is rendered from kube-gateway.yaml, which honours no such
+# annotation; since Istio 1.26 its infrastructure.parametersRef names a ConfigMap whose
+# `deployment` key is a strategic merge patch over that Deployment (gatewaycommon/
+# deploymentcontroller.go applyOverlay), here the same mount and variable on istio-proxy.
+GATEWAY_PARAMS_CONFIGMAP = "warmroute-gateway"
+PROXY_CONTAINER = "istio-proxy"
+
+
+def stats_bootstrap() -> str:
+    """The bootstrap override: stats_config.stats_tags only, as JSON (what istio-agent reads)."""
+    tags = ",\n".join("  " + json.dumps(t) for t in STATS_TAGS)
+    return '{"stats_config": {"stats_tags": [\n' + tags + "\n]}}\n"
+
+
+def stats_namespaces(args) -> list[str]:
+    """The namespaces of the proxies that run warmroute: each needs the ConfigMap in its own."""
+    return sorted({workload(args, "gateway")[0], workload(args, "sidecar")[0]})
+
+
+def stats_configmaps(args) -> list[dict]:
+    out = [{
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": STATS_CONFIGMAP, "namespace": ns, "labels": labels(args)},
+        "data": {BOOTSTRAP_OVERRIDE_FILE: stats_bootstrap()},
+    } for ns in stats_namespaces(args)]
+    if args.gateway_api:
+        overlay = {"spec": {"template": {"spec": {
+            "containers": [{
+                "name": PROXY_CONTAINER,
+                "env": [{"name": "ISTIO_BOOTSTRAP_OVERRIDE", "value": f"{BOOTSTRAP_OVERRIDE_DIR}/{BOOTSTRAP_OVERRIDE_FILE}"}],
+                "volumeMounts": [{"name": STATS_CONFIGMAP, "mountPath": BOOTSTRAP_OVERRIDE_DIR, "readOnly": True}],
+            }],
+            "volumes": [{"name": STATS_CONFIGMAP, "configMap": {"name": STATS_CONFIGMAP}}],
+        }}}}
+        out.append({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": GATEWAY_PARAMS_CONFIGMAP, "namespace": args.gateway_namespace, "labels": labels(args)},
+            "data": {"deployment": to_yaml(overlay)},
+        })
+    return out
+
+
+def stats_note(args) -> str:
+    if args.gateway_api:
+        who = (f"The Gateway's pods mount it through its infrastructure.parametersRef (Istio >= 1.26);\n"
+               f"# the client app's pods ({args.client_namespace}/{args.client_app}) take it with the annotation")
+    else:
+        who = "The gateway's and the client app's pods take it with the pod annotation"
+    return (
+        "# The filter's stats as Prometheus labels: Envoy's stats_tags, merged over Istio's bootstrap\n"
+        f"# by istio-agent. {who}\n"
+        f"#   {BOOTSTRAP_OVERRIDE_ANNOTATION}: {STATS_CONFIGMAP}\n"
+        "# (the Helm chart's podAnnotations), read when the pod starts.\n"
+    )
 
 
 def workload(args, where: str) -> tuple[str, dict, str]:
@@ -760,7 +853,7 @@ BANNER_START = "# GENERATED by istio/generate.py"
 BANNER = BANNER_START + " -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
 OUTPUTS = ("gateway.yaml", "destinationrule.yaml", "virtualservice.yaml", "httproute.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
            "envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml",
-           "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml")
+           "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml", "stats-tags.yaml")
 ADMIN_NOTE = (
     "# warmroute-envoy-admin is this proxy's own admin interface (127.0.0.1:15000), which the\n"
     "# filter reads the pool's endpoints through. No route may name it: the admin answers every\n"
@@ -1003,6 +1096,7 @@ def main(argv=None) -> int:
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
         "envoyfilter-routing-gateway.yaml": banner + routing_note + documents([routing_envoyfilter(args, "gateway")]),
         "envoyfilter-routing-sidecar.yaml": banner + routing_note + documents([routing_envoyfilter(args, "sidecar")]),
+        "stats-tags.yaml": banner + stats_note(args) + documents(stats_configmaps(args)),
     }
     if args.route_mode == "header":
         files["virtualservice-mesh.yaml"] = banner + documents([mesh_virtual_service(args)])

@@ -14,10 +14,13 @@
 # 4. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
 #    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
 #    from `make setup`, or $ENVOY) (check-envoyfilter-patches.mjs)
-# 5. the per-pod alternative (generate.py --route-mode header), a run with every deployment
+# 5. the stats tags (stats-tags.yaml): the bootstrap override in every namespace warmroute runs
+#    in, envoy.yaml's tags and nothing else, merged by Envoy over a stand-in of Istio's
+#    stats_config; a Gateway API Gateway's overlay mounting it (check-stats-tags.mjs)
+# 6. the per-pod alternative (generate.py --route-mode header), a run with every deployment
 #    flag (--gateway-selector, --revision, --config) and Istio with Gateway API (--gateway-api),
-#    each generated into a temp dir with the hand-written objects it is applied with: steps 1-4
-# 6. negative tests: broken copies in a temp dir MUST be rejected by steps 1-5
+#    each generated into a temp dir with the hand-written objects it is applied with: steps 1-5
+# 7. negative tests: broken copies in a temp dir MUST be rejected by steps 1-6
 #
 #   deploy/istio/check.sh        (from anywhere; exits non-zero on any failure)
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -69,9 +72,13 @@ node "$here/check-warmroute.mjs" "$istio" || die "warmroute cross-checks"
 step "EnvoyFilter patches through $(envoy_version) (envoy --mode validate)"
 node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${manifests[@]}" || die "EnvoyFilter patches refused by Envoy"
 
-# ---------------------------------------------------------------- 5. variants
+# ---------------------------------------------------------------- 5. stats tags
+step "stats tags: the bootstrap override, merged over Istio's through $(envoy_version) (check-stats-tags.mjs)"
+node "$here/check-stats-tags.mjs" "$envoy_bin" "$root/envoy.yaml" "$istio" || die "stats tags"
+
+# ---------------------------------------------------------------- 6. variants
 # generate.py's output for other arguments, in DIR with the hand-written objects it is applied
-# with (the model servers): reproduced from its banner, then steps 2-4.
+# with (the model servers): reproduced from its banner, then steps 2-5.
 variant() { # $1 = DIR, $2 = what, rest = generate.py arguments
   local dir="$1" what="$2" files
   shift 2
@@ -84,6 +91,7 @@ variant() { # $1 = DIR, $2 = what, rest = generate.py arguments
   node "$deploy/validate-manifests.mjs" k8s "${files[@]}" || die "$what: manifest schema validation"
   node "$here/check-warmroute.mjs" "$dir" || die "$what: warmroute cross-checks"
   node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "${files[@]}" || die "$what: EnvoyFilter patches refused by Envoy"
+  node "$here/check-stats-tags.mjs" "$envoy_bin" "$root/envoy.yaml" "$dir" || die "$what: stats tags"
 }
 digest="$(grep -oE -- '--digest (sha256:)?[0-9a-f]{64}' <<<"$gen_args" | cut -d' ' -f2)" || die "no --digest in the generated banner's command: $gen_args"
 
@@ -133,7 +141,7 @@ variant "$gapi" "--gateway-api" $gapi_args
 grep -q '      gateway.networking.k8s.io/gateway-name: llm$' "$gapi/generated/envoyfilter-wasm-gateway.yaml" \
   || die "--gateway-api: the Wasm EnvoyFilter does not select the Gateway's pods by gateway.networking.k8s.io/gateway-name"
 
-# ---------------------------------------------------------------- 6. negative tests
+# ---------------------------------------------------------------- 7. negative tests
 step "negative tests (each broken copy must be rejected)"
 mutate "$istio/does-not-work/wasmplugin-gateway.yaml" "$neg/misspelled.yaml" \
   's.replace("  failStrategy: FAIL_OPEN", "  failStratgy: FAIL_OPEN", 1)'
@@ -430,5 +438,31 @@ node "$deploy/validate-manifests.mjs" k8s "$neg/istio/serviceentry.yaml" >/dev/n
 expect_reject_because "ServiceEntry whose endpoint is the proxy's admin" "an endpoint at 127.0.0.1, port 15000: a route to this service reaches the proxy's admin" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 rm "$neg/istio/serviceentry.yaml"
+
+# The stats tags: each broken copy of the bootstrap override, or of what mounts it, refused for
+# its own fault.
+stats_neg() { # $1 = dir (istio or gateway-api), $2 = file under generated/, $3 = description, $4 = regex, $5 = python expression over s
+  local src="$1" file="$2" what="$3" why="$4" expr="$5" copy="$neg/stats"
+  rm -rf "$copy"; cp -r "$src" "$copy"
+  mutate "$src/generated/$file" "$copy/generated/$file" "$expr"
+  expect_reject_because "$what" "$why" node "$here/check-stats-tags.mjs" "$envoy_bin" "$root/envoy.yaml" "$copy"
+}
+stats_neg "$istio" stats-tags.yaml "stats tags without a ConfigMap in the gateway's namespace" "namespace istio-system runs warmroute but has no ConfigMap with custom_bootstrap.json" \
+  's.replace("  namespace: istio-system\n", "  namespace: elsewhere\n", 1)'
+stats_neg "$istio" stats-tags.yaml "bootstrap override that sets more than the stats tags" "also sets admin: it may set stats_config.stats_tags only" \
+  's.replace("{\"stats_config\": {", "{\"admin\": {}, \"stats_config\": {", 1)'
+stats_neg "$istio" stats-tags.yaml "bootstrap override whose tags differ from envoy.yaml's" "stats_tags differ from envoy.yaml's" \
+  's.replace("\"tag_name\": \"class\"", "\"tag_name\": \"klass\"", 1)'
+stats_neg "$istio" stats-tags.yaml "bootstrap override with a regex Envoy refuses" "Envoy refuses it merged over Istio's bootstrap: .*(missing|mismatched)" \
+  's.replace("\"regex\": \"^wasmcustom", "\"regex\": \"(^wasmcustom", 1)'
+stats_neg "$gapi" stats-tags.yaml "Gateway API overlay pointing ISTIO_BOOTSTRAP_OVERRIDE outside the mount" "is not custom_bootstrap.json in any of istio-proxy's volume mounts" \
+  's.replace("value: /etc/istio/custom-bootstrap/custom_bootstrap.json", "value: /etc/istio/custom_bootstrap.json", 1)'
+stats_neg "$gapi" stats-tags.yaml "Gateway API overlay on a container that is not istio-proxy" "no container istio-proxy in its deployment overlay" \
+  's.replace("- name: istio-proxy", "- name: envoy", 1)'
+stats_neg "$gapi" stats-tags.yaml "Gateway API parameters with an overlay Istio does not apply" "unsupported overlay pod" \
+  's.replace("data:\n  deployment: |", "data:\n  pod: |", 1)'
+stats_neg "$gapi" gateway.yaml "Gateway API Gateway without infrastructure.parametersRef" "no infrastructure.parametersRef" \
+  're.sub(r"  infrastructure:\n    parametersRef:\n(      .*\n)+", "", s)'
+rm -rf "$neg/stats"
 
 negatives_passed "deploy/istio (istio/)"
