@@ -100,6 +100,24 @@ eg_neg "admin cluster at another port than Envoy Gateway's admin" "not a STATIC 
   's.replace("port_value: 19000", "port_value: 15000", 1)'
 eg_neg "policy in another namespace than its Gateway" "is no Gateway here in namespace" \
   's.replace("  namespace: llm\n", "  namespace: other\n", 1)'
+# The stats tags: the EnvoyProxy and the Gateway's reference to it.
+eg_other_neg() { # $1 = file, $2 = description, $3 = regex the rejection must say, $4 = python expression over s
+  mutate "$here/generated/$1" "$neg/eg/$1" "$4"
+  expect_reject_because "Envoy Gateway: $2" "$3" node "$here/check.mjs" "$envoy_bin" "$neg/eg"
+  cp "$here/generated/$1" "$neg/eg/$1"
+}
+eg_other_neg envoyproxy.yaml "EnvoyProxy bootstrap without its type (Replace: Envoy Gateway's bootstrap dropped)" "bootstrap.type unset \(Replace\), not Merge" \
+  's.replace("    type: Merge\n", "", 1)'
+eg_other_neg envoyproxy.yaml "EnvoyProxy bootstrap that sets more than the stats tags" "bootstrap.value also sets admin" \
+  's.replace("      stats_config:\n", "      admin: {}\n      stats_config:\n", 1)'
+eg_other_neg envoyproxy.yaml "EnvoyProxy whose tags differ from envoy.yaml's" "stats_tags differ from envoy.yaml's" \
+  's.replace("tag_name: class", "tag_name: klass", 1)'
+eg_other_neg envoyproxy.yaml "EnvoyProxy with a regex Envoy refuses" "Envoy refuses it merged over Envoy Gateway's bootstrap: .*(missing|mismatched)" \
+  's.replace("regex: \"^wasmcustom", "regex: \"(^wasmcustom", 1)'
+eg_other_neg envoyproxy.yaml "EnvoyProxy with bootstrap.values (API schema)" "must NOT have additional properties \(values\)" \
+  's.replace("    value: |", "    values: |", 1)'
+eg_other_neg gateway.yaml "Gateway without the EnvoyProxy reference" "no infrastructure.parametersRef to an EnvoyProxy" \
+  're.sub(r"  infrastructure:\n    parametersRef:\n(      .*\n)+", "", s)'
 mutate "$here/generated/pluginconfig.json" "$neg/eg/pluginconfig.json" 's.replace("\"max_waiting\": 4", "\"max_waiting\": 5", 1)'
 expect_reject_because "Envoy Gateway: embedded configuration differs from pluginconfig.json" "configuration differs from pluginconfig.json" \
   node "$here/check.mjs" "$envoy_bin" "$neg/eg"
