@@ -22,7 +22,7 @@ CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "deploy" / "envoy").glob("*.yaml
 # On Istio the tags reach the proxies as a bootstrap override (a ConfigMap per namespace), on
 # Envoy Gateway as an EnvoyProxy's bootstrap merge: both merged over the platform's own
 # bootstrap, whose stats_config each stand-in reproduces.
-ISTIO_STATS = ROOT / "istio" / "generated" / "stats-tags.yaml"
+ISTIO_STATS = sorted((ROOT / "istio" / "generated").glob("stats-tags-*.yaml"))
 EG_PROXY = ROOT / "deploy" / "envoy-gateway" / "generated" / "envoyproxy.yaml"
 PLATFORM_STATS = {"istio": ROOT / "deploy" / "istio" / "istio-bootstrap-stats.yaml",
                   "envoy-gateway": ROOT / "deploy" / "envoy-gateway" / "eg-bootstrap-stats.yaml"}
@@ -66,9 +66,10 @@ def counted(f: Fleet, n: int) -> None:
 
 
 def istio_overrides() -> dict[str, str]:
-    """Each bootstrap override of istio/generated/stats-tags.yaml, by its namespace."""
-    return {d["metadata"]["namespace"]: d["data"]["custom_bootstrap.json"]
-            for d in yaml.safe_load_all(ISTIO_STATS.read_text()) if "custom_bootstrap.json" in (d or {}).get("data", {})}
+    """Each bootstrap override of istio/generated/stats-tags-*.yaml, by file and namespace."""
+    return {f"{p.relative_to(ROOT)} ({d['metadata']['namespace']})": d["data"]["custom_bootstrap.json"]
+            for p in ISTIO_STATS for d in yaml.safe_load_all(p.read_text())
+            if "custom_bootstrap.json" in (d or {}).get("data", {})}
 
 
 def eg_merge() -> dict:
@@ -80,8 +81,8 @@ def eg_merge() -> dict:
 def test_every_shipped_config_labels_the_stats_the_same_way():
     tags = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()).get("stats_config") for p in CONFIGS}
     overrides = istio_overrides()
-    assert overrides, f"{ISTIO_STATS}: no bootstrap override"
-    tags |= {f"{ISTIO_STATS.relative_to(ROOT)} ({ns})": json.loads(o).get("stats_config") for ns, o in overrides.items()}
+    assert len(overrides) == 2, f"istio/generated: {sorted(overrides)}, not one override for the gateway and one for the sidecar"
+    tags |= {where: json.loads(o).get("stats_config") for where, o in overrides.items()}
     tags[str(EG_PROXY.relative_to(ROOT))] = eg_merge().get("stats_config")
     assert all(tags.values()), f"a shipped config without stats_config: {[p for p, t in tags.items() if not t]}"
     first = next(iter(tags.values()))
@@ -140,7 +141,8 @@ def test_mesh_targets_label_the_stats_through_a_bootstrap_merge(platform):
     over it (--config-yaml: what istio-agent runs Envoy with; Envoy Gateway's merge is the same
     proto merge) labels the filter's stats; without the fragment they stay flat."""
     own = yaml.safe_load(PLATFORM_STATS[platform].read_text())["stats_config"]
-    merged = istio_overrides()["istio-system"] if platform == "istio" else json.dumps(eg_merge())
+    merged = (istio_overrides()["istio/generated/stats-tags-gateway.yaml (istio-system)"] if platform == "istio"
+              else json.dumps(eg_merge()))
     for config_yaml in (merged, None):
         with Fleet(2, ["--time-scale", "10"], stats_config=own, config_yaml=config_yaml) as f:
             sent = 4

@@ -1,5 +1,5 @@
 // The filter's stats as Prometheus labels on Istio's proxies (istio/generate.py's
-// stats-tags.yaml), checked without a cluster:
+// stats-tags-gateway.yaml, stats-tags-sidecar.yaml), checked without a cluster:
 //  - every namespace where warmroute runs (a Wasm EnvoyFilter or a WasmPlugin) has a ConfigMap
 //    holding custom_bootstrap.json, the file the injection templates mount for the pod
 //    annotation sidecar.istio.io/bootstrapOverride and point ISTIO_BOOTSTRAP_OVERRIDE at;

@@ -14,7 +14,7 @@
 # 4. the Envoy config inside the EnvoyFilters (free-form to Istio's schema): each workload's
 #    patches applied to stand-ins of Istio's objects, through `envoy --mode validate` (Envoy 1.40
 #    from `make setup`, or $ENVOY) (check-envoyfilter-patches.mjs)
-# 5. the stats tags (stats-tags.yaml): the bootstrap override in every namespace warmroute runs
+# 5. the stats tags (stats-tags-*.yaml): the bootstrap override in every namespace warmroute runs
 #    in, envoy.yaml's tags and nothing else, merged by Envoy over a stand-in of Istio's
 #    stats_config; a Gateway API Gateway's overlay mounting it (check-stats-tags.mjs)
 # 6. the per-pod alternative (generate.py --route-mode header), a run with every deployment
@@ -447,19 +447,19 @@ stats_neg() { # $1 = dir (istio or gateway-api), $2 = file under generated/, $3 
   mutate "$src/generated/$file" "$copy/generated/$file" "$expr"
   expect_reject_because "$what" "$why" node "$here/check-stats-tags.mjs" "$envoy_bin" "$root/envoy.yaml" "$copy"
 }
-stats_neg "$istio" stats-tags.yaml "stats tags without a ConfigMap in the gateway's namespace" "namespace istio-system runs warmroute but has no ConfigMap with custom_bootstrap.json" \
+stats_neg "$istio" stats-tags-gateway.yaml "stats tags without a ConfigMap in the gateway's namespace" "namespace istio-system runs warmroute but has no ConfigMap with custom_bootstrap.json" \
   's.replace("  namespace: istio-system\n", "  namespace: elsewhere\n", 1)'
-stats_neg "$istio" stats-tags.yaml "bootstrap override that sets more than the stats tags" "also sets admin: it may set stats_config.stats_tags only" \
+stats_neg "$istio" stats-tags-gateway.yaml "bootstrap override that sets more than the stats tags" "also sets admin: it may set stats_config.stats_tags only" \
   's.replace("{\"stats_config\": {", "{\"admin\": {}, \"stats_config\": {", 1)'
-stats_neg "$istio" stats-tags.yaml "bootstrap override whose tags differ from envoy.yaml's" "stats_tags differ from envoy.yaml's" \
+stats_neg "$istio" stats-tags-gateway.yaml "bootstrap override whose tags differ from envoy.yaml's" "stats_tags differ from envoy.yaml's" \
   's.replace("\"tag_name\": \"class\"", "\"tag_name\": \"klass\"", 1)'
-stats_neg "$istio" stats-tags.yaml "bootstrap override with a regex Envoy refuses" "Envoy refuses it merged over Istio's bootstrap: .*(missing|mismatched)" \
+stats_neg "$istio" stats-tags-gateway.yaml "bootstrap override with a regex Envoy refuses" "Envoy refuses it merged over Istio's bootstrap: .*(missing|mismatched)" \
   's.replace("\"regex\": \"^wasmcustom", "\"regex\": \"(^wasmcustom", 1)'
-stats_neg "$gapi" stats-tags.yaml "Gateway API overlay pointing ISTIO_BOOTSTRAP_OVERRIDE outside the mount" "is not custom_bootstrap.json in any of istio-proxy's volume mounts" \
+stats_neg "$gapi" stats-tags-gateway.yaml "Gateway API overlay pointing ISTIO_BOOTSTRAP_OVERRIDE outside the mount" "is not custom_bootstrap.json in any of istio-proxy's volume mounts" \
   's.replace("value: /etc/istio/custom-bootstrap/custom_bootstrap.json", "value: /etc/istio/custom_bootstrap.json", 1)'
-stats_neg "$gapi" stats-tags.yaml "Gateway API overlay on a container that is not istio-proxy" "no container istio-proxy in its deployment overlay" \
+stats_neg "$gapi" stats-tags-gateway.yaml "Gateway API overlay on a container that is not istio-proxy" "no container istio-proxy in its deployment overlay" \
   's.replace("- name: istio-proxy", "- name: envoy", 1)'
-stats_neg "$gapi" stats-tags.yaml "Gateway API parameters with an overlay Istio does not apply" "unsupported overlay pod" \
+stats_neg "$gapi" stats-tags-gateway.yaml "Gateway API parameters with an overlay Istio does not apply" "unsupported overlay pod" \
   's.replace("data:\n  deployment: |", "data:\n  pod: |", 1)'
 stats_neg "$gapi" gateway.yaml "Gateway API Gateway without infrastructure.parametersRef" "no infrastructure.parametersRef" \
   're.sub(r"  infrastructure:\n    parametersRef:\n(      .*\n)+", "", s)'
