@@ -61,19 +61,18 @@ validate-envoy: wasm
 validate-deploy: setup ## deploy/*/check.sh: each target's files against published schemas, their Envoy patches through Envoy, the filter's verdict, generated files, compose
 	ENVOY=$(ENVOY) deploy/validate.sh
 
-validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules
-	$(PY) -m pytest -q -p no:cacheprovider deploy/oci/test_oci_artifact.py
+validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules; `make release` twice, same bytes
+	$(PY) -m pytest -q -p no:cacheprovider deploy/oci/test_oci_artifact.py deploy/test_release.py
 
-# The registry/repository:tag you push dist/oci to, and generate.py's other arguments.
+# The registry/repository:tag you push dist/oci to, the URL Envoy Gateway's proxies fetch
+# dist/warmroute.wasm from, and each generator's other arguments.
 IMAGE ?= ghcr.io/warmroute/warmroute:0.1.0
+WASM_URL ?= https://models.example.com/warmroute/0.1.0/warmroute.wasm
 GENERATE_ARGS ?= --namespace llm --service vllm
-release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, SHA256SUMS (IMAGE=, GENERATE_ARGS=)
-	rm -rf dist/oci dist/istio dist/warmroute-oci.tar dist/SHA256SUMS
-	digest=$$(python3 deploy/oci/oci_artifact.py build $(WASM) --layout dist/oci --tar dist/warmroute-oci.tar) && \
-	  python3 istio/generate.py $(GENERATE_ARGS) --image oci://$(IMAGE) --digest $$digest --out dist/istio && \
-	  (cd dist && sha256sum warmroute.wasm warmroute-oci.tar istio/* > SHA256SUMS) && \
-	  printf '\nimage %s@%s\npush:  skopeo copy oci:dist/oci:latest docker://%s\napply: kubectl apply %s\n' \
-	    "$(IMAGE)" "$$digest" "$(IMAGE)" "$$(for f in gateway.yaml httproute.yaml destinationrule.yaml virtualservice.yaml envoyfilter-routing-gateway.yaml envoyfilter-wasm-gateway.yaml; do [ -f dist/istio/$$f ] && printf -- '-f dist/istio/%s ' $$f; done)"
+EG_GENERATE_ARGS ?= --namespace llm --service vllm
+release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, envoy-gateway/ pinned to the .wasm's sha256, SHA256SUMS (IMAGE=, WASM_URL=, GENERATE_ARGS=, EG_GENERATE_ARGS=)
+	python3 deploy/release.py --wasm $(WASM) --out dist --image $(IMAGE) --wasm-url $(WASM_URL) \
+	  --istio-args "$(GENERATE_ARGS)" --eg-args "$(EG_GENERATE_ARGS)"
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider

@@ -17,8 +17,8 @@ The image is Istio's "compat" variant with OCI media types (pkg/wasm/imagefetche
 extractOCIStandardImage): an OCI image manifest whose one layer, of media type
 application/vnd.oci.image.layer.v1.tar+gzip, is a tar.gz holding plugin.wasm. Every Istio release
 with the OCI fetcher accepts it: older ones required exactly one layer, newer ones read the last,
-and this image has one. It is also what `docker build -f deploy/oci/Dockerfile.wasm` gives (in Docker's media
-types), so a registry, a scanner or skopeo treats it as an ordinary image. The other variant, a
+and this image has one. It is also what `docker build -f deploy/oci/Dockerfile.wasm` gives (in
+Docker's media types), so a registry, a scanner or skopeo treats it as an ordinary image. The other variant, a
 raw-Wasm layer of type application/vnd.module.wasm.content.layer.v1+wasm, is accepted by
 istio-agent only with exactly two layers (extractOCIArtifactImage), a rule of Istio's alone.
 
