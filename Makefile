@@ -95,12 +95,13 @@ $(VENV)/.docs-installed: docs/requirements.txt
 	$(VENV)/bin/pip install -q -r docs/requirements.txt
 	touch $@
 
-docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config
+docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config; the deploy pages' commands name only files make release writes or make validate checks
 	@mkdir -p docs/results
 	sed 's#](../../docs/#](../#g' bench/results/latest.md > docs/results/latest.md
 	cp bench/results/latest.png bench/results/decision.png docs/results/
 	cargo build -q --release -p warmroute-core --bin warmroute-check-config
 	WARMROUTE_CHECK_CONFIG=$${CARGO_TARGET_DIR:-target}/release/warmroute-check-config $(PY) docs/check_config_examples.py
+	$(PY) docs/check_deploy_pages.py
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
 	@echo "make docs: $(DOCS_SITE)/index.html"
 
