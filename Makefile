@@ -53,7 +53,7 @@ wasm-unit: setup ## The core's unit tests compiled to wasm32, run by wasm-bindge
 host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator
 	cargo test -p host-tests
 
-validate: validate-envoy validate-deploy validate-oci ## Every Envoy config, Istio manifest and compose file, the OCI image
+validate: validate-envoy validate-deploy validate-oci ## Every target's files (deploy/*/check.sh), every Envoy config through Envoy, the OCI image and the release
 
 validate-envoy: wasm
 	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
