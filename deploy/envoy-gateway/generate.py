@@ -77,6 +77,8 @@ CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 # Where Envoy Gateway's bootstrap puts the proxy's admin (internal/xds/bootstrap EnvoyAdminPort).
 EG_ADMIN = ("127.0.0.1", 19000)
 WASM_SOURCE_CLUSTER = "warmroute-wasm-source"
+# The EnvoyProxy the Gateway names in infrastructure.parametersRef (envoyproxy.yaml).
+ENVOY_PROXY = "warmroute"
 LISTENER_NAME = "http"
 HCM = "/default_filter_chain/filters/0/typed_config"
 TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
@@ -129,9 +131,6 @@ def gateway(args) -> dict:
             "infrastructure": {"parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": ENVOY_PROXY}},
         },
     }
-
-
-ENVOY_PROXY = "warmroute"
 
 
 def envoy_proxy(args) -> dict:
