@@ -768,9 +768,9 @@ def routing_envoyfilter(args, where: str) -> dict:
                 # (GET /clusters?format=json&filter=^<pool.cluster>$ at the lease holder's tick).
                 # No route may name this cluster (deploy/istio/check-warmroute.mjs refuses one
                 # that does): the admin answers every path to whoever reaches it, POSTs
-                # included, and POST /quitquitquit stops the proxy. Only the filter's configuration names it. In
-                # a sidecar the app already shares the admin's loopback; at the gateway, clients
-                # reach only what routes name.
+                # included, and POST /quitquitquit stops the proxy. Only the filter's
+                # configuration names it. In a sidecar the app already shares the admin's
+                # loopback; at the gateway, clients reach only what routes name.
                 "applyTo": "CLUSTER",
                 "match": {"context": context},
                 "patch": {
