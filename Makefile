@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
-ENVOY_CONFIGS := envoy.yaml $(wildcard envoy/*.yaml)
+ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
 .PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench soak fuzz docs release clean real-setup real
 
@@ -53,27 +53,26 @@ wasm-unit: setup ## The core's unit tests compiled to wasm32, run by wasm-bindge
 host-tests: wasm ## The compiled .wasm driven through the proxy-wasm ABI by a stateful host emulator
 	cargo test -p host-tests
 
-validate: validate-envoy validate-deploy validate-oci ## Every Envoy config, Istio manifest and compose file, the OCI image
+validate: validate-envoy validate-deploy validate-oci ## Every target's files (deploy/*/check.sh), every Envoy config through Envoy, the OCI image and the release
 
 validate-envoy: wasm
 	@for f in $(ENVOY_CONFIGS); do $(ENVOY) --mode validate -c $$f -l error >/dev/null && echo "envoy --mode validate $$f: OK" || exit 1; done
 
-validate-deploy: setup ## Istio/Kubernetes manifests against published schemas, their Envoy patches through Envoy, compose file, generated files
+validate-deploy: setup ## deploy/*/check.sh: each target's files against published schemas, their Envoy patches through Envoy, the filter's verdict, generated files, compose
 	ENVOY=$(ENVOY) deploy/validate.sh
 
-validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules
-	$(PY) -m pytest -q -p no:cacheprovider deploy/test_oci_artifact.py
+validate-oci: wasm ## The module's OCI image: reproducible, pushed to a local registry (apt: docker-registry, skopeo), pulled under Istio's rules; `make release` twice, same bytes
+	$(PY) -m pytest -q -p no:cacheprovider deploy/oci/test_oci_artifact.py deploy/test_release.py
 
-# The registry/repository:tag you push dist/oci to, and generate.py's other arguments.
+# The registry/repository:tag you push dist/oci to, the URL Envoy Gateway's proxies fetch
+# dist/warmroute.wasm from, and each generator's other arguments.
 IMAGE ?= ghcr.io/warmroute/warmroute:0.1.0
+WASM_URL ?= https://models.example.com/warmroute/0.1.0/warmroute.wasm
 GENERATE_ARGS ?= --namespace llm --service vllm
-release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, SHA256SUMS (IMAGE=, GENERATE_ARGS=)
-	rm -rf dist/oci dist/istio dist/warmroute-oci.tar dist/SHA256SUMS
-	digest=$$(python3 deploy/oci_artifact.py build $(WASM) --layout dist/oci --tar dist/warmroute-oci.tar) && \
-	  python3 istio/generate.py $(GENERATE_ARGS) --image oci://$(IMAGE) --digest $$digest --out dist/istio && \
-	  (cd dist && sha256sum warmroute.wasm warmroute-oci.tar istio/* > SHA256SUMS) && \
-	  printf '\nimage %s@%s\npush:  skopeo copy oci:dist/oci:latest docker://%s\napply: kubectl apply %s\n' \
-	    "$(IMAGE)" "$$digest" "$(IMAGE)" "$$(for f in gateway.yaml httproute.yaml destinationrule.yaml virtualservice.yaml envoyfilter-routing-gateway.yaml envoyfilter-wasm-gateway.yaml; do [ -f dist/istio/$$f ] && printf -- '-f dist/istio/%s ' $$f; done)"
+EG_GENERATE_ARGS ?= --namespace llm --service vllm
+release: wasm ## dist/: the .wasm, its OCI image (oci/, warmroute-oci.tar), istio/ pinned to the image's digest, envoy-gateway/ pinned to the .wasm's sha256, SHA256SUMS (IMAGE=, WASM_URL=, GENERATE_ARGS=, EG_GENERATE_ARGS=)
+	python3 deploy/release.py --wasm $(WASM) --out dist --image $(IMAGE) --wasm-url $(WASM_URL) \
+	  --istio-args "$(GENERATE_ARGS)" --eg-args "$(EG_GENERATE_ARGS)"
 
 e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
@@ -115,12 +114,13 @@ $(VENV)/.docs-installed: docs/requirements.txt
 	$(VENV)/bin/pip install -q -r docs/requirements.txt
 	touch $@
 
-docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config
+docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config; the deploy pages' commands name only files make release writes or make validate checks
 	@mkdir -p docs/results
 	sed 's#](../../docs/#](../#g' bench/results/latest.md > docs/results/latest.md
 	cp bench/results/latest.png bench/results/decision.png docs/results/
 	cargo build -q --release -p warmroute-core --bin warmroute-check-config
 	WARMROUTE_CHECK_CONFIG=$${CARGO_TARGET_DIR:-target}/release/warmroute-check-config $(PY) docs/check_config_examples.py
+	$(PY) docs/check_deploy_pages.py
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
 	@echo "make docs: $(DOCS_SITE)/index.html"
 

@@ -215,9 +215,13 @@ async function checkCompose(files) {
         for (const v of svc?.volumes ?? []) {
           const src = typeof v === "string" ? v.split(":")[0] : v?.source;
           if (typeof src === "string" && (src.startsWith("./") || src.startsWith("../"))) {
-            // Mounted sources that are build outputs (dist/) may not exist yet: warn only.
+            // Mounted sources that are build outputs (dist/) may not exist yet: warn only. Any
+            // other missing source is a wrong path (Docker would mount an empty directory).
             const abs = path.join(root, src);
-            if (!fs.existsSync(abs)) console.log(`note ${file}: services.${name} mounts ${src}, not present yet`);
+            if (fs.existsSync(abs)) continue;
+            if (src.split("/").includes("dist")) {
+              console.log(`note ${file}: services.${name} mounts ${src}, not built yet`);
+            } else problems.push(`services.${name}.volumes: ${src} not found`);
           }
         }
         if (svc?.network_mode === "host" && svc?.ports) problems.push(`services.${name}: ports are ignored with network_mode: host`);

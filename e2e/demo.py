@@ -6,7 +6,7 @@ over 12 tool steps, 12 agents) once through Envoy's own round robin (no filter: 
 Kubernetes Service gives) and once through warmroute's cache_aware strategy, then prints
 where requests went, the fleet's prefix-cache hit rate and the agents' step times for both.
 
-Both runs use `envoy/envoy-pool.yaml`: the pods come from Envoy's endpoint discovery (a
+Both runs use `deploy/envoy/envoy-pool.yaml`: the pods come from Envoy's endpoint discovery (a
 watched file here), not from a list in the filter's configuration. After the warmroute run a
 fourth pod joins the pool, and new conversations reach it within a tick or two, while the
 agents keep their warm pods. Everything is stopped at the end.
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from scenarios import TIME_SCALE, WORKLOADS, sim_args  # noqa: E402  (the bench's own scenario)
 
 AGENT = WORKLOADS["agent"]
-POOL_CONFIG = ROOT / "envoy" / "envoy-pool.yaml"
+POOL_CONFIG = ROOT / "deploy" / "envoy" / "envoy-pool.yaml"
 
 
 def run(label: str, logdir: Path, join: bool = False, **envoy_kwargs) -> dict:

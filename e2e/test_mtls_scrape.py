@@ -3,7 +3,7 @@ Envoy and the real filter.
 
 Each simulated pod sits behind its "sidecar": an Envoy listener that terminates TLS and requires a
 client certificate signed by the mesh CA, for /metrics and the API alike. The gateway runs
-envoy/envoy-mtls.yaml: its pool and scrape clusters (`pool`, `pool-metrics`) speak mTLS to
+deploy/envoy/envoy-mtls.yaml: its pool and scrape clusters (`pool`, `pool-metrics`) speak mTLS to
 endpoints marked tlsMode: istio, as Istio's own outbound clusters and istio/generate.py's
 warmroute-metrics do, with the certificate (`default`) and root CA (`ROOTCA`) from SDS files that
 stand in for istio-agent. A CA and certificates are made per run (harness/warmroute_harness/tls.py).

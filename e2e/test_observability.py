@@ -11,13 +11,21 @@ import json
 import re
 import urllib.request
 
+import pytest
 import yaml
 
 from warmroute_harness import MODEL, Fleet, chat, post, words
 from warmroute_harness.repo import ROOT
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "warmroute-dashboard.json"
-CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "envoy").glob("*.yaml"))]
+CONFIGS = [ROOT / "envoy.yaml", *sorted((ROOT / "deploy" / "envoy").glob("*.yaml"))]
+# On Istio the tags reach the proxies as a bootstrap override (a ConfigMap per namespace), on
+# Envoy Gateway as an EnvoyProxy's bootstrap merge: both merged over the platform's own
+# bootstrap, whose stats_config each stand-in reproduces.
+ISTIO_STATS = sorted((ROOT / "istio" / "generated").glob("stats-tags-*.yaml"))
+EG_PROXY = ROOT / "deploy" / "envoy-gateway" / "generated" / "envoyproxy.yaml"
+PLATFORM_STATS = {"istio": ROOT / "deploy" / "istio" / "istio-bootstrap-stats.yaml",
+                  "envoy-gateway": ROOT / "deploy" / "envoy-gateway" / "eg-bootstrap-stats.yaml"}
 SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
 METRIC = re.compile(r"\bwarmroute_[a-z_]+\b")
@@ -57,8 +65,25 @@ def counted(f: Fleet, n: int) -> None:
     f.envoy.wait_for(f"{n} requests counted", lambda: total() >= n, detail=lambda: f"{total()} counted")
 
 
+def istio_overrides() -> dict[str, str]:
+    """Each bootstrap override of istio/generated/stats-tags-*.yaml, by file and namespace."""
+    return {f"{p.relative_to(ROOT)} ({d['metadata']['namespace']})": d["data"]["custom_bootstrap.json"]
+            for p in ISTIO_STATS for d in yaml.safe_load_all(p.read_text())
+            if "custom_bootstrap.json" in (d or {}).get("data", {})}
+
+
+def eg_merge() -> dict:
+    """The bootstrap the generated EnvoyProxy merges into Envoy Gateway's."""
+    (proxy,) = [d for d in yaml.safe_load_all(EG_PROXY.read_text()) if d]
+    return yaml.safe_load(proxy["spec"]["bootstrap"]["value"])
+
+
 def test_every_shipped_config_labels_the_stats_the_same_way():
     tags = {str(p.relative_to(ROOT)): yaml.safe_load(p.read_text()).get("stats_config") for p in CONFIGS}
+    overrides = istio_overrides()
+    assert len(overrides) == 2, f"istio/generated: {sorted(overrides)}, not one override for the gateway and one for the sidecar"
+    tags |= {where: json.loads(o).get("stats_config") for where, o in overrides.items()}
+    tags[str(EG_PROXY.relative_to(ROOT))] = eg_merge().get("stats_config")
     assert all(tags.values()), f"a shipped config without stats_config: {[p for p, t in tags.items() if not t]}"
     first = next(iter(tags.values()))
     assert all(t == first for t in tags.values()), "the shipped configs' stats_tags differ"
@@ -108,6 +133,34 @@ def test_the_dashboard_queries_only_series_a_real_run_exports():
                     assert not missing, f"panel {panel['title']!r}: {metric} has no label {missing}"
                     checked += 1
         assert checked >= 20, checked
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORM_STATS))
+def test_mesh_targets_label_the_stats_through_a_bootstrap_merge(platform):
+    """Envoy started with the platform's stats_config and the generated bootstrap fragment merged
+    over it (--config-yaml: what istio-agent runs Envoy with; Envoy Gateway's merge is the same
+    proto merge) labels the filter's stats; without the fragment they stay flat."""
+    own = yaml.safe_load(PLATFORM_STATS[platform].read_text())["stats_config"]
+    merged = (istio_overrides()["istio/generated/stats-tags-gateway.yaml (istio-system)"] if platform == "istio"
+              else json.dumps(eg_merge()))
+    for config_yaml in (merged, None):
+        with Fleet(2, ["--time-scale", "10"], stats_config=own, config_yaml=config_yaml) as f:
+            sent = 4
+            for i in range(sent):
+                r = post(f.envoy.port, "/v1/chat/completions", chat(MODEL, [{"role": "user", "content": words(f"i{i}-", 200)}]))
+                assert r.status == 200, r.status
+            counted(f, sent)
+            text = prometheus(f.envoy.admin_port)
+        flat = sorted(n for n in exported(text) if any(s.name.replace("-", "_") in n for s in f.sims))
+        chosen = values(text, "warmroute_backend_chosen", "pod")
+        if config_yaml is None:
+            # The platform keeps the filter's stats, its own tags name nothing in them.
+            assert not chosen and flat, (chosen, flat)
+            continue
+        assert not flat, f"stats not turned into labels: {flat[:5]}"
+        assert set(chosen) == {s.name for s in f.sims} and sum(chosen.values()) == sent, chosen
+        assert sum(values(text, "warmroute_decision", "reason").values()) == sent
+        assert values(text, "warmroute_requests", "strategy").get("cache_aware") is not None
 
 
 ROUTE_LOG = "ACCESS %REQ(X-REQUEST-ID)% %UPSTREAM_HOST% route=%FILTER_STATE(wasm.warmroute:PLAIN)%"

@@ -1,4 +1,4 @@
-"""A pool whose pods Envoy discovers (envoy/envoy-pool.yaml, EDS from a watched file): the
+"""A pool whose pods Envoy discovers (deploy/envoy/envoy-pool.yaml, EDS from a watched file): the
 filter follows pods that join and leave while traffic flows, with no list of addresses.
 
 Time is counted in events, not seconds (this machine's ticks can be late): Envoy's own view of
@@ -14,7 +14,7 @@ import threading
 from warmroute_harness import MODEL, ROOT, Fleet, post
 
 PERIOD_MS = 200
-POOL_CONFIG = ROOT / "envoy" / "envoy-pool.yaml"
+POOL_CONFIG = ROOT / "deploy" / "envoy" / "envoy-pool.yaml"
 # Reads of the pool after Envoy applied a change by which every VM routes over the new list:
 # the read in flight at that moment may predate it (1), the next one sees it and publishes the
 # slot table (2), and every VM applies the table at its own next tick, one period later (3);

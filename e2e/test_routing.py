@@ -259,7 +259,7 @@ def test_a_client_sent_routing_header_is_ignored():
         assert picks != {f.sims[0].name}
 
 
-@pytest.mark.parametrize("variant", ["envoy.yaml", "envoy/envoy-header.yaml"])
+@pytest.mark.parametrize("variant", ["envoy.yaml", "deploy/envoy/envoy-header.yaml"])
 def test_without_the_filter_a_forged_routing_header_still_picks_nothing(variant):
     # The filter absent, as after a VM crash that fails open: Envoy itself must have dropped
     # the client's routing headers. Without the filter the pool spreads requests round robin
@@ -325,7 +325,7 @@ def test_cache_aware_beats_round_robin_on_fleet_hit_rate():
     assert rates["cache_aware"] > rates["round_robin"] + 0.15, rates
 
 
-@pytest.mark.parametrize("variant, mode", [("envoy/envoy-header.yaml", "header"), ("envoy/envoy-authority.yaml", "authority")])
+@pytest.mark.parametrize("variant, mode", [("deploy/envoy/envoy-header.yaml", "header"), ("deploy/envoy/envoy-authority.yaml", "authority")])
 def test_every_route_mode_routes_end_to_end(variant, mode):
     with Fleet(3, FAST, config_file=ROOT / variant, filter_overrides={"strategy": "prefix_hash"}) as f:
         served = collections.Counter()

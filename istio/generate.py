@@ -50,13 +50,21 @@ Outputs (in --out, default istio/generated/):
                                 read through, the override_host policy on
                                 the vLLM Service's cluster and the strip of
                                 client routing headers
+  stats-tags-gateway.yaml       the filter's stats as Prometheus labels: a
+  stats-tags-sidecar.yaml       ConfigMap in the proxies' namespace with a
+                                bootstrap override (stats_config.stats_tags)
+                                that istio-agent hands to Envoy, taken with
+                                the pod annotation sidecar.istio.io/
+                                bootstrapOverride: warmroute-stats-tags; with
+                                --gateway-api the Gateway's deployment overlay
+                                (its infrastructure.parametersRef) mounts it
 
 Every EnvoyFilter selects the one workload where warmroute runs (the ingress
 gateway, or the client app's sidecar) and patches only its context: no other
 proxy in the mesh honours a routing header or carries these clusters.
 
 The module: --image names the oci:// repository (and tag) the image was pushed to, --digest
-the image's manifest digest, which deploy/oci_artifact.py prints (make release). The generated
+the image's manifest digest, which deploy/oci/oci_artifact.py prints (make release). The generated
 uri is oci://<image>@sha256:<digest> and the sha256 field the same digest: istio-agent
 compares the image's manifest digest with it (pkg/wasm/cache.go), so a moved tag can never
 swap the router's code. The .wasm file's own sha256 never matches there.
@@ -68,8 +76,8 @@ metrics.cluster) are set by flags and refused there.
 
 Python 3 standard library only (and, with --config, warmroute-check-config: $WARMROUTE_CHECK_CONFIG,
 else target/release/warmroute-check-config, else cargo run). Deterministic output: re-running
-with the same arguments (and --config file) gives byte-identical files (deploy/validate.sh checks
-this with the command line recorded in each file's banner).
+with the same arguments (and --config file) gives byte-identical files (deploy/istio/check.sh
+checks this with the command line recorded in each file's banner).
 
   python3 istio/generate.py --namespace llm --service vllm \
       --image oci://ghcr.io/you/warmroute:0.1.0 --digest sha256:<manifest digest>
@@ -96,8 +104,9 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 # What one request may buffer on the proxy while the filter reads it. Istio leaves listeners at
 # Envoy's 1 MiB, and one socket read (up to that + 16 KiB) lands on top of the up-to-
 # MAX_BODY_BYTES the filter holds before it lets go, so this must be at least
-# MAX_BODY_BYTES + 1 MiB + 16 KiB, or bodies just past MAX_BODY_BYTES get 413 (deploy/validate.sh
-# checks it). Set per virtual host, it leaves every other listener's buffers as they are.
+# MAX_BODY_BYTES + 1 MiB + 16 KiB, or bodies just past MAX_BODY_BYTES get 413
+# (deploy/istio/check.sh checks it). Set per virtual host, it leaves every other listener's
+# buffers as they are.
 REQUEST_BODY_BUFFER_LIMIT = 16 * 1024 * 1024
 # The listener's per_connection_buffer_limit_bytes: Istio sets none, so Envoy's 1 MiB.
 LISTENER_BUFFER_LIMIT = 1024 * 1024
@@ -304,6 +313,8 @@ def gateway(args) -> dict:
                     "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {
                         "matchLabels": {"kubernetes.io/metadata.name": args.namespace}}}},
                 }],
+                # The overlay that mounts the stats tags' bootstrap override (stats-tags-gateway.yaml).
+                "infrastructure": {"parametersRef": {"group": "", "kind": "ConfigMap", "name": GATEWAY_PARAMS_CONFIGMAP}},
             },
         }
     return {
@@ -422,6 +433,85 @@ def mesh_virtual_service(args) -> dict:
             "http": http_routes(args),
         },
     }
+
+
+# The filter's stats as Prometheus labels: Envoy's tag extraction turns the pod, the decision's
+# reason, why a body was unread, the strategy, the outcome and the gate's class in a stat's name
+# into labels (the stats_config.stats_tags of every shipped Envoy config; e2e/test_observability
+# compares the copies). A ProxyConfig cannot carry them: its extraStatTags only name tags of the
+# form <name>=.=<value>;.; (Istio's tools/packaging/common/envoy_bootstrap.json), which the
+# filter's stat names are not. A bootstrap override can: istio-agent hands the file named by
+# $ISTIO_BOOTSTRAP_OVERRIDE to Envoy as --config-yaml (pkg/envoy/proxy.go), which Envoy merges
+# over Istio's bootstrap, these tags appended to Istio's own; Istio's stats matcher keeps every
+# wasm* stat (pkg/bootstrap/config.go requiredEnvoyStatsMatcherInclusionPrefixes).
+STATS_TAGS = [
+    {"tag_name": "pod", "regex": r"^wasmcustom\.warmroute\.backend\.((.+?)\.)\w+$"},
+    {"tag_name": "reason", "regex": r"^wasmcustom\.warmroute\.decision(\.(\w+))$"},
+    {"tag_name": "unread", "regex": r"^wasmcustom\.warmroute\.fallback(\.(\w+))$"},
+    {"tag_name": "strategy", "regex": r"^wasmcustom\.warmroute\.requests\.((\w+)\.)\w+$"},
+    {"tag_name": "outcome", "regex": r"^wasmcustom\.warmroute\.(?:requests\.\w+|scrape)(\.(\w+))$"},
+    {"tag_name": "class", "regex": r"^wasmcustom\.warmroute\.gate\.((.+?)\.)\w+$"},
+]
+STATS_CONFIGMAP = "warmroute-stats-tags"
+# Where the sidecar and gateway injection templates mount the ConfigMap that the annotation
+# sidecar.istio.io/bootstrapOverride names, and the file they point ISTIO_BOOTSTRAP_OVERRIDE at
+# (istio-discovery files/injection-template.yaml, gateway-injection-template.yaml).
+BOOTSTRAP_OVERRIDE_DIR = "/etc/istio/custom-bootstrap"
+BOOTSTRAP_OVERRIDE_FILE = "custom_bootstrap.json"
+BOOTSTRAP_OVERRIDE_ANNOTATION = "sidecar.istio.io/bootstrapOverride"
+# A Gateway API gateway's Deployment is rendered from kube-gateway.yaml, which honours no such
+# annotation; since Istio 1.26 its infrastructure.parametersRef names a ConfigMap whose
+# `deployment` key is a strategic merge patch over that Deployment (gatewaycommon/
+# deploymentcontroller.go applyOverlay), here the same mount and variable on istio-proxy.
+GATEWAY_PARAMS_CONFIGMAP = "warmroute-gateway"
+PROXY_CONTAINER = "istio-proxy"
+
+
+def stats_bootstrap() -> str:
+    """The bootstrap override: stats_config.stats_tags only, as JSON (what istio-agent reads)."""
+    tags = ",\n".join("  " + json.dumps(t) for t in STATS_TAGS)
+    return '{"stats_config": {"stats_tags": [\n' + tags + "\n]}}\n"
+
+
+def stats_configmaps(args, where: str) -> list[dict]:
+    """The bootstrap override in the namespace of the proxies `where` names; with --gateway-api,
+    for the gateway, the parameters that mount it as well."""
+    out = [{
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": STATS_CONFIGMAP, "namespace": workload(args, where)[0], "labels": labels(args)},
+        "data": {BOOTSTRAP_OVERRIDE_FILE: stats_bootstrap()},
+    }]
+    if args.gateway_api and where == "gateway":
+        overlay = {"spec": {"template": {"spec": {
+            "containers": [{
+                "name": PROXY_CONTAINER,
+                "env": [{"name": "ISTIO_BOOTSTRAP_OVERRIDE", "value": f"{BOOTSTRAP_OVERRIDE_DIR}/{BOOTSTRAP_OVERRIDE_FILE}"}],
+                "volumeMounts": [{"name": STATS_CONFIGMAP, "mountPath": BOOTSTRAP_OVERRIDE_DIR, "readOnly": True}],
+            }],
+            "volumes": [{"name": STATS_CONFIGMAP, "configMap": {"name": STATS_CONFIGMAP}}],
+        }}}}
+        out.append({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": GATEWAY_PARAMS_CONFIGMAP, "namespace": args.gateway_namespace, "labels": labels(args)},
+            "data": {"deployment": to_yaml(overlay)},
+        })
+    return out
+
+
+def stats_note(args, where: str) -> str:
+    if where == "gateway" and args.gateway_api:
+        how = "The Gateway's pods mount it through its infrastructure.parametersRef (Istio >= 1.26)."
+    else:
+        pods = "gateway's pods" if where == "gateway" else f"client app's pods ({args.client_namespace}/{args.client_app})"
+        how = (f"The {pods} take it with the pod annotation\n"
+               f"#   {BOOTSTRAP_OVERRIDE_ANNOTATION}: {STATS_CONFIGMAP}\n"
+               "# (a Helm chart's podAnnotations), read when the pod starts.")
+    return (
+        "# The filter's stats as Prometheus labels: Envoy's stats_tags, merged over Istio's bootstrap\n"
+        f"# by istio-agent. {how}\n"
+    )
 
 
 def workload(args, where: str) -> tuple[str, dict, str]:
@@ -676,11 +766,11 @@ def routing_envoyfilter(args, where: str) -> dict:
             {
                 # The proxy's own admin, for the filter's read of the pool's endpoints
                 # (GET /clusters?format=json&filter=^<pool.cluster>$ at the lease holder's tick).
-                # No route may name this cluster (deploy/check-warmroute.mjs refuses one that does):
-                # the admin answers every path to whoever reaches it, POSTs included, and
-                # POST /quitquitquit stops the proxy. Only the filter's configuration names it. In
-                # a sidecar the app already shares the admin's loopback; at the gateway, clients
-                # reach only what routes name.
+                # No route may name this cluster (deploy/istio/check-warmroute.mjs refuses one
+                # that does): the admin answers every path to whoever reaches it, POSTs
+                # included, and POST /quitquitquit stops the proxy. Only the filter's
+                # configuration names it. In a sidecar the app already shares the admin's
+                # loopback; at the gateway, clients reach only what routes name.
                 "applyTo": "CLUSTER",
                 "match": {"context": context},
                 "patch": {
@@ -759,7 +849,8 @@ BANNER_START = "# GENERATED by istio/generate.py"
 BANNER = BANNER_START + " -- do not edit; re-run:\n#   python3 istio/generate.py {argv}\n"
 OUTPUTS = ("gateway.yaml", "destinationrule.yaml", "virtualservice.yaml", "httproute.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
            "envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml",
-           "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml")
+           "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml",
+           "stats-tags-gateway.yaml", "stats-tags-sidecar.yaml")
 ADMIN_NOTE = (
     "# warmroute-envoy-admin is this proxy's own admin interface (127.0.0.1:15000), which the\n"
     "# filter reads the pool's endpoints through. No route may name it: the admin answers every\n"
@@ -903,7 +994,7 @@ def main(argv=None) -> int:
     p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0",
                    help="oci://<registry>/<repository>[:<tag>] the image was pushed to")
     p.add_argument("--digest",
-                   help="sha256:<hex> manifest digest of that image (deploy/oci_artifact.py prints it; "
+                   help="sha256:<hex> manifest digest of that image (deploy/oci/oci_artifact.py prints it; "
                         "not the .wasm's sha256)")
     p.add_argument("--sha256", help=argparse.SUPPRESS)
     p.add_argument("--config", help="JSON file merged over the generated pluginConfig, checked by the filter's parser")
@@ -915,7 +1006,7 @@ def main(argv=None) -> int:
     if args.sha256 is not None:
         p.error("--sha256 (the .wasm file's hash) is gone: istio-agent compares an oci:// module with the "
                 "image's manifest digest, so that pin never matched. Pass --digest sha256:<manifest digest>, "
-                "which deploy/oci_artifact.py prints (make release)")
+                "which deploy/oci/oci_artifact.py prints (make release)")
     m = re.fullmatch(r"(?:sha256:)?([0-9a-f]{64})", args.digest or "")
     if not m:
         p.error("--digest must be sha256:<64 lower-case hex digits>, the image's manifest digest")
@@ -1002,6 +1093,8 @@ def main(argv=None) -> int:
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
         "envoyfilter-routing-gateway.yaml": banner + routing_note + documents([routing_envoyfilter(args, "gateway")]),
         "envoyfilter-routing-sidecar.yaml": banner + routing_note + documents([routing_envoyfilter(args, "sidecar")]),
+        "stats-tags-gateway.yaml": banner + stats_note(args, "gateway") + documents(stats_configmaps(args, "gateway")),
+        "stats-tags-sidecar.yaml": banner + stats_note(args, "sidecar") + documents(stats_configmaps(args, "sidecar")),
     }
     if args.route_mode == "header":
         files["virtualservice-mesh.yaml"] = banner + documents([mesh_virtual_service(args)])

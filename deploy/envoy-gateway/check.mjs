@@ -17,13 +17,17 @@
 //     --shipped, with the body and listener buffer limits it runs under); pool.cluster an
 //     HTTPRoute rule's cluster with the override_host policy; metrics.cluster an EDS cluster
 //     of the same endpoints that never falls back to another pod; pool.admin_cluster the proxy's
-//     admin; both routing headers stripped early; no route to the admin cluster.
+//     admin; both routing headers stripped early; no route to the admin cluster;
+//  4. the stats tags: each Gateway's infrastructure.parametersRef names an EnvoyProxy here
+//     (envoyproxy.schema.json, strict) whose bootstrap, type Merge, adds the top-level
+//     envoy.yaml's stats_config.stats_tags and nothing else, merged by `envoy --mode validate`
+//     over a stand-in of Envoy Gateway's stats_config (eg-bootstrap-stats.yaml).
 //
 // The stand-ins are not Envoy Gateway's full output, so this says the patches apply and give
 // valid Envoy config, not that a live gateway behaves.
 //
 //   WARMROUTE_CHECK_CONFIG=BIN node check.mjs ENVOY_BIN DIR   (DIR: gateway.yaml, httproute.yaml,
-//                                                             envoypatchpolicy.yaml, pluginconfig.json)
+//                                      envoypatchpolicy.yaml, envoyproxy.yaml, pluginconfig.json)
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -31,6 +35,7 @@ import path from "node:path";
 import { createRequire } from "node:module";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
+import { bodyLimit, ENVOY_DEFAULT_BUFFER, verdicts } from "../filter-verdict.mjs";
 
 const require = createRequire(path.join(path.dirname(new URL(import.meta.url).pathname), "..", "package.json"));
 const [envoy, dir] = process.argv.slice(2);
@@ -42,6 +47,7 @@ if (!envoy || !dir || !checker) {
 let failed = 0;
 const fail = (m) => { failed++; console.log(`FAIL ${m}`); };
 const ok = (m) => console.log(`ok   ${m}`);
+const { verdict, close } = verdicts(checker, ok, fail);
 const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v);
 
 const all = fs.readdirSync(dir).filter((f) => f.endsWith(".yaml")).sort().flatMap((f) =>
@@ -255,14 +261,8 @@ for (const { f, o: pol } of policies) {
     if (!isDeepStrictEqual(conf, ref)) fail(`${at}: configuration differs from pluginconfig.json`);
     // The buffers it runs under: the least body limit of any route, and the listener's.
     const rc = xds.routes.find((x) => x.name === hcm.rds?.route_config_name);
-    const listenerLimit = Number(l.per_connection_buffer_limit_bytes ?? 1048576);
-    let body = Infinity;
-    for (const vh of rc?.virtual_hosts ?? []) for (const rt of vh.routes?.length ? vh.routes : [{}]) body = Math.min(body, Number(rt.request_body_buffer_limit ?? vh.request_body_buffer_limit ?? listenerLimit));
-    const tmp = path.join(scratch, "config.json");
-    fs.writeFileSync(tmp, cfg.configuration.value);
-    const v = spawnSync(checker, ["--shipped", "--buffer-limits", `${body},${listenerLimit}`, tmp], { encoding: "utf8" });
-    const line = (v.stdout || v.stderr || `${v.error ?? "no output"}`).trim().replace(tmp, `${at} configuration`);
-    if (v.status === 0) ok(line.replace(/^ok +/, "")); else fail(line.replace(/^FAIL +/, ""));
+    const listenerLimit = Number(l.per_connection_buffer_limit_bytes ?? ENVOY_DEFAULT_BUFFER);
+    verdict(cfg.configuration.value, `${at} configuration`, [bodyLimit(rc?.virtual_hosts ?? [], listenerLimit), listenerLimit]);
     // pool.cluster: an HTTPRoute rule's cluster on this listener, with override_host.
     const overrideHost = (c) => c?.load_balancing_policy?.policies?.[0]?.typed_extension_config?.typed_config;
     const pool = conf.pool?.cluster;
@@ -292,5 +292,47 @@ for (const { f, o: pol } of policies) {
     else ok(`${at}: clients' routing headers stripped (early header mutation)`);
   }
 }
+
+// ---------------------------------------------------------------- 4. the stats tags
+// Each Gateway's EnvoyProxy (infrastructure.parametersRef) merges the filter's stats tags, the
+// same as the top-level envoy.yaml's and nothing else, over Envoy Gateway's bootstrap
+// (mergeBootstrap: proto.Merge, which Envoy's --config-yaml does too), checked through
+// `envoy --mode validate` over a stand-in of that bootstrap's stats_config.
+const here = path.dirname(new URL(import.meta.url).pathname);
+const refTags = parseAllDocuments(fs.readFileSync(path.join(here, "..", "..", "envoy.yaml"), "utf8"))[0].toJS()?.stats_config?.stats_tags;
+const proxySchema = strict(JSON.parse(fs.readFileSync(path.join(here, "envoyproxy.schema.json"), "utf8")));
+proxySchema.properties.metadata = schema.properties.metadata;
+const validateProxy = ajv.compile(proxySchema);
+const proxies = all.filter(({ o }) => o.kind === "EnvoyProxy");
+for (const { f, o } of proxies) {
+  const label = `${f} EnvoyProxy/${o.metadata?.name}`;
+  if (!validateProxy(o)) {
+    fail(`${label}: Envoy Gateway's EnvoyProxy API (v1alpha1)`);
+    for (const e of validateProxy.errors) console.log(`       ${e.instancePath || "/"} ${e.message}${e.params?.additionalProperty ? ` (${e.params.additionalProperty})` : ""}${e.params?.allowedValues ? ` ${JSON.stringify(e.params.allowedValues)}` : ""}`);
+  } else ok(`${label} (Envoy Gateway EnvoyProxy API v1alpha1, bootstrap, strict)`);
+}
+for (const { f, o: gw } of gateways) {
+  const ns = gw.metadata?.namespace;
+  const who = `${f} Gateway ${ns}/${gw.metadata?.name}`;
+  const pr = gw.spec?.infrastructure?.parametersRef;
+  if (pr?.group !== "gateway.envoyproxy.io" || pr?.kind !== "EnvoyProxy") { fail(`${who}: no infrastructure.parametersRef to an EnvoyProxy: its proxies' stats stay unlabelled`); continue; }
+  const ep = proxies.find(({ o }) => o.metadata?.name === pr.name && o.metadata?.namespace === ns);
+  if (!ep) { fail(`${who}: parametersRef EnvoyProxy ${ns}/${pr.name} is not here (Envoy Gateway reads it from the Gateway's namespace)`); continue; }
+  const at = `${ep.f} EnvoyProxy/${pr.name}`;
+  const bs = ep.o.spec?.bootstrap ?? {};
+  // Unset, the type is Replace: the value would be the whole bootstrap, without Envoy Gateway's xDS.
+  if (bs.type !== "Merge") { fail(`${at}: bootstrap.type ${bs.type ?? "unset (Replace)"}, not Merge: it would replace Envoy Gateway's bootstrap`); continue; }
+  let value;
+  try { value = parseAllDocuments(bs.value ?? "")[0]?.toJS(); } catch (e) { fail(`${at}: bootstrap.value is not YAML: ${e.message}`); continue; }
+  const others = [...Object.keys(value ?? {}).filter((k) => k !== "stats_config"), ...Object.keys(value?.stats_config ?? {}).filter((k) => k !== "stats_tags").map((k) => `stats_config.${k}`)];
+  if (others.length) fail(`${at}: bootstrap.value also sets ${others.join(", ")}: it may set stats_config.stats_tags only`);
+  else if (!isDeepStrictEqual(value?.stats_config?.stats_tags, refTags)) fail(`${at}: stats_tags differ from envoy.yaml's`);
+  else ok(`${at}: the stats_tags of envoy.yaml (${refTags.map((t) => t.tag_name).join(", ")}), merged into Envoy Gateway's bootstrap`);
+  const r = spawnSync(envoy, ["--mode", "validate", "-c", path.join(here, "eg-bootstrap-stats.yaml"), "--config-yaml", JSON.stringify(value ?? {}),
+    "-l", "critical", "--log-format", "%v"], { encoding: "utf8" });
+  if (r.status === 0) ok(`${at}: merged over Envoy Gateway's stats_config by Envoy (--mode validate)`);
+  else fail(`${at}: Envoy refuses it merged over Envoy Gateway's bootstrap: ${(r.stderr || r.stdout || `${r.error}`).trim().split("\n").pop()}`);
+}
 fs.rmSync(scratch, { recursive: true, force: true });
+close();
 process.exit(failed ? 1 : 0);

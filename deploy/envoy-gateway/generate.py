@@ -18,6 +18,11 @@ the filter needs, as JSON patches on named resources:
                                         Gateway's bootstrap), read for the pool's endpoints
   Cluster warmroute-wasm-source (new)   the host of --wasm-url, where Envoy fetches the module
 
+The filter's stats as Prometheus labels: an EnvoyProxy (envoyproxy.yaml) whose spec.bootstrap
+(type Merge) adds istio/generate.py's stats_config.stats_tags to Envoy Gateway's own bootstrap
+(internal/xds/bootstrap/util.go mergeBootstrap: proto.Merge, the tags appended), attached to the
+Gateway by its infrastructure.parametersRef (Envoy Gateway >= 1.1).
+
 Why a patch and not an EnvoyExtensionPolicy: its Wasm API (api/v1alpha1/wasm_types.go) has no
 allow_on_headers_stop_iteration, and Envoy Gateway's translator never sets it
 (https://github.com/envoyproxy/gateway/issues/8382). Without it the filter never gets the body.
@@ -72,6 +77,8 @@ CLUSTER_TYPE = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 # Where Envoy Gateway's bootstrap puts the proxy's admin (internal/xds/bootstrap EnvoyAdminPort).
 EG_ADMIN = ("127.0.0.1", 19000)
 WASM_SOURCE_CLUSTER = "warmroute-wasm-source"
+# The EnvoyProxy the Gateway names in infrastructure.parametersRef (envoyproxy.yaml).
+ENVOY_PROXY = "warmroute"
 LISTENER_NAME = "http"
 HCM = "/default_filter_chain/filters/0/typed_config"
 TLS_TYPE = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
@@ -120,7 +127,19 @@ def gateway(args) -> dict:
                 "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {
                     "matchLabels": {"kubernetes.io/metadata.name": args.namespace}}}},
             }],
+            # Its proxies' bootstrap: the stats tags (envoyproxy.yaml).
+            "infrastructure": {"parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": ENVOY_PROXY}},
         },
+    }
+
+
+def envoy_proxy(args) -> dict:
+    gw_ns, _ = args.gateway.split("/", 1)
+    return {
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "EnvoyProxy",
+        "metadata": {"name": ENVOY_PROXY, "namespace": gw_ns, "labels": labels()},
+        "spec": {"bootstrap": {"type": "Merge", "value": ig.to_yaml({"stats_config": {"stats_tags": ig.STATS_TAGS}})}},
     }
 
 
@@ -303,6 +322,7 @@ def main(argv=None) -> int:
         "gateway.yaml": banner + ig.documents([gateway(args)]),
         "httproute.yaml": banner + ig.documents([http_route(args)]),
         "envoypatchpolicy.yaml": banner + ig.documents([patch_policy(args, config)]),
+        "envoyproxy.yaml": banner + ig.documents([envoy_proxy(args)]),
         "pluginconfig.json": json.dumps(config, indent=2) + "\n",
     }
     os.makedirs(args.out, exist_ok=True)

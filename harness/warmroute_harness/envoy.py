@@ -1,6 +1,6 @@
 """The real Envoy as a child process: the repository's config rendered for one run, and its stats.
 
-The configuration is the repository's own `envoy.yaml` (or a variant under envoy/), patched
+The configuration is the repository's own `envoy.yaml` (or a variant under deploy/envoy/), patched
 only where a run must differ: ports, backend list, the filter's JSON, concurrency, the pool's
 load-balancing policy, the listener's buffer limit. Tests and the bench thus exercise the shipped
 config, not a copy.
@@ -122,12 +122,19 @@ class Envoy:
     # reconfigure() can change the filter's JSON in the running Envoy (a VM reload).
     dynamic_listener: bool = False
     lds_path: Path | None = None
-    # The pool's EDS file, for a config whose pool Envoy discovers (envoy/envoy-pool.yaml).
+    # The pool's EDS file, for a config whose pool Envoy discovers (deploy/envoy/envoy-pool.yaml).
     eds_path: Path | None = None
+    # Replace the config's stats_config (e.g. a control plane's, from its bootstrap).
+    stats_config: dict | None = None
+    # A bootstrap fragment Envoy merges over the config (--config-yaml), as istio-agent passes
+    # a bootstrap override.
+    config_yaml: str | None = None
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
         cfg["admin"]["address"]["socket_address"]["port_value"] = self.admin_port
+        if self.stats_config is not None:
+            cfg["stats_config"] = copy.deepcopy(self.stats_config)
         listener = cfg["static_resources"]["listeners"][0]
         listener["address"]["socket_address"]["port_value"] = self.port
         if self.listener_buffer_limit is not None:
@@ -213,6 +220,8 @@ class Envoy:
         # A replaced listener (and the filter config it holds, whose VM still ticks) drains
         # for 1 s rather than Envoy's default 10 minutes, so a reconfiguration completes.
         extra = ("--drain-time-s", "1") if self.dynamic_listener else ()
+        if self.config_yaml is not None:
+            extra += ("--config-yaml", self.config_yaml)
         # The bench reads the filter's log by this name (envoy-<port>.log).
         self.proc = spawn_envoy(cfg, f"envoy-{self.port}", logdir, self.admin_port, self.concurrency,
                                 extra_args=extra)

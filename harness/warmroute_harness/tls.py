@@ -7,13 +7,13 @@
 - `Sidecars`: one Envoy with a listener per pod that terminates TLS, requires a client
   certificate signed by the CA and forwards to the pod's simulated vLLM. Its listener stats say
   how many handshakes each pod saw and why any failed.
-- `MtlsEnvoy`: the gateway (`Envoy`) on envoy/envoy-mtls.yaml, its pool's endpoints marked
+- `MtlsEnvoy`: the gateway (`Envoy`) on deploy/envoy/envoy-mtls.yaml, its pool's endpoints marked
   `tlsMode: istio` (as istiod marks pods with a sidecar) and its SDS read from `write_sds`'s files;
   `client_cert=False` takes the certificate out of the scrape cluster only.
 - `MtlsFleet`: all of it, torn down whatever happens.
 
-`python3 -m warmroute_harness.tls DIR` writes a PKI into DIR (e.g. envoy/mtls, for a manual run of
-envoy/envoy-mtls.yaml).
+`python3 -m warmroute_harness.tls DIR` writes a PKI into DIR (e.g. deploy/envoy/mtls, for a manual run of
+deploy/envoy/envoy-mtls.yaml).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .envoy import Envoy, spawn_envoy, stop_envoy
 from .repo import ROOT
 from .sim import Sim
 
-MTLS_CONFIG = ROOT / "envoy" / "envoy-mtls.yaml"
+MTLS_CONFIG = ROOT / "deploy" / "envoy" / "envoy-mtls.yaml"
 TRUST_DOMAIN = "cluster.local"
 POD_ID = f"spiffe://{TRUST_DOMAIN}/ns/llm/sa/vllm"
 GATEWAY_ID = f"spiffe://{TRUST_DOMAIN}/ns/istio-system/sa/istio-ingressgateway-service-account"
@@ -77,7 +77,7 @@ def make_pki(d: Path) -> Pki:
 
 
 def write_sds(d: Path, pki: Pki) -> Path:
-    """SDS `default` and `ROOTCA` as the files envoy/envoy-mtls.yaml reads (default.yaml,
+    """SDS `default` and `ROOTCA` as the files deploy/envoy/envoy-mtls.yaml reads (default.yaml,
     ROOTCA.yaml in `d`); returns `d`."""
     d.mkdir(parents=True, exist_ok=True)
     secrets = {
@@ -181,7 +181,7 @@ class Sidecars:
 
 @dataclass
 class MtlsEnvoy(Envoy):
-    """The gateway on envoy/envoy-mtls.yaml: its endpoints marked tlsMode: istio, its SDS from
+    """The gateway on deploy/envoy/envoy-mtls.yaml: its endpoints marked tlsMode: istio, its SDS from
     `sds_dir` (write_sds), and with `client_cert=False` no certificate on the scrape cluster."""
 
     config_file: Path = MTLS_CONFIG

@@ -1,7 +1,7 @@
 """The OCI artifact istio-agent pulls: reproducible, accepted by a real registry, and loadable
 under Istio's own fetch rules with the digest the generated manifests pin.
 
-  .venv/bin/python -m pytest -q deploy/test_oci_artifact.py      (make validate-oci)
+  .venv/bin/python -m pytest -q deploy/oci/test_oci_artifact.py      (make validate-oci)
 
 Needs dist/warmroute.wasm (make wasm) and, for the registry round trip, the Debian packages
 docker-registry (the reference distribution server) and skopeo: installed with apt-get when
@@ -37,7 +37,7 @@ import urllib.request
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import oci_artifact  # noqa: E402
 
@@ -360,6 +360,14 @@ def test_not_wasm_refused(tmp_path):
     r = subprocess.run([sys.executable, str(HERE / "oci_artifact.py"), "build", str(tmp_path / "plugin.wasm"),
                         "--layout", str(tmp_path / "oci")], capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "not a WebAssembly module" in r.stderr
+
+
+def test_dockerfile_builds_the_layout_istio_reads():
+    """Dockerfile.wasm, the Docker route to an image: nothing but the module, at /plugin.wasm,
+    the file extract_plugin() takes from a Docker-format image's single layer."""
+    lines = [line.split() for line in (HERE / "Dockerfile.wasm").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    assert lines == [["FROM", "scratch"], ["COPY", "dist/warmroute.wasm", "./plugin.wasm"]], lines
 
 
 def test_istio_pulls_the_module_the_manifests_pin(wasm, registry, tmp_path):

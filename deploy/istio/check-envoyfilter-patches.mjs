@@ -147,7 +147,7 @@ for (const [key, filters] of workloads) {
         const filters = s.hcm.typed_config.http_filters;
         filters.splice(filters.length - 1, 0, value);
       } else if (op === "EXTENSION_CONFIG ADD") continue;
-      else { fail(`${where}: no stand-in for ${op}; teach deploy/check-envoyfilter-patches.mjs`); continue; }
+      else { fail(`${where}: no stand-in for ${op}; teach deploy/istio/check-envoyfilter-patches.mjs`); continue; }
       applied.push(`${p.applyTo} ${p.patch.operation}${p.patch.value?.name ? ` ${p.patch.value.name}` : ""}`);
     }
   }

@@ -1,13 +1,9 @@
 // Cross-checks between warmroute's Istio manifests that no schema can express:
 //  - every WasmPlugin's spec.pluginConfig and every generated EnvoyFilter's embedded JSON
 //    equals istio/generated/pluginconfig.json (no hand-copied drift);
-//  - the filter itself accepts each plugin config: every copy is handed, as Envoy would hand
-//    it, to warmroute-check-config (the core's Config::parse, the same code on_configure
-//    runs), never to a schema copied by hand; --shipped also refuses the debug header;
-//  - so is every Wasm filter `configuration` of the standalone Envoy configs named after
-//    ISTIO_DIR (envoy.yaml, envoy/*.yaml);
-//  - max_body_bytes fits the Envoy buffers it runs under (--buffer-limits): in the standalone
-//    configs the listener's and each virtual host's/route's limits, on Istio the VIRTUAL_HOST/
+//  - the filter itself accepts each plugin config (../filter-verdict.mjs: warmroute-check-config,
+//    the core's Config::parse, on each copy as Envoy hands it over);
+//  - max_body_bytes fits the Envoy buffers it runs under (--buffer-limits): the VIRTUAL_HOST/
 //    LISTENER patches of the EnvoyFilters selecting the workload the filter runs in, over
 //    Envoy's 1 MiB default (Istio sets no listener limit);
 //  - every EnvoyFilter selects a workload warmroute runs in (the ingress gateway, a client
@@ -30,18 +26,17 @@
 //  - header mode: each backend name has a DestinationRule subset and, in every VirtualService,
 //    a header match routing to it (a missing one is a 503 "no healthy upstream" in production).
 //
-//   WARMROUTE_CHECK_CONFIG=path/to/warmroute-check-config node check-warmroute.mjs ISTIO_DIR [ENVOY_YAML...]
-import { spawnSync } from "node:child_process";
+//   WARMROUTE_CHECK_CONFIG=path/to/warmroute-check-config node check-warmroute.mjs ISTIO_DIR
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
+import { bodyLimit, ENVOY_DEFAULT_BUFFER, verdicts } from "../filter-verdict.mjs";
 
-const [dir, ...envoyConfigs] = process.argv.slice(2);
+const [dir, ...extra] = process.argv.slice(2);
 const checker = process.env.WARMROUTE_CHECK_CONFIG;
-if (!dir || !checker) {
-  console.error("usage: WARMROUTE_CHECK_CONFIG=BIN node check-warmroute.mjs ISTIO_DIR [ENVOY_YAML...]");
+if (!dir || extra.length || !checker) {
+  console.error("usage: WARMROUTE_CHECK_CONFIG=BIN node check-warmroute.mjs ISTIO_DIR");
   process.exit(2);
 }
 let failed = 0;
@@ -86,33 +81,8 @@ const contextFor = (o) => {
 };
 
 // ---- the filter's own verdict: each config as Envoy hands it over (JSON text)
-const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "warmroute-config-"));
-let seq = 0;
-// buffers: [body, listener] limits in bytes, or undefined where the config carries none.
-function contract(config, where, buffers) {
-  const file = path.join(scratch, `${seq++}.json`);
-  fs.writeFileSync(file, typeof config === "string" ? config : JSON.stringify(config));
-  const limits = buffers ? ["--buffer-limits", buffers.join(",")] : [];
-  const r = spawnSync(checker, ["--shipped", ...limits, file], { encoding: "utf8" });
-  const line = (r.stdout || r.stderr || `${r.error ?? "no output"}`).trim().replace(file, where);
-  if (r.status === 0) ok(line.replace(/^ok +/, ""));
-  else fail(line.replace(/^FAIL +/, ""));
-}
+const { verdict: contract, close } = verdicts(checker, ok, fail);
 contract(ref, "generated/pluginconfig.json");
-
-// Envoy's per_connection_buffer_limit_bytes when a listener sets none.
-const ENVOY_DEFAULT_BUFFER = 1048576;
-// The least any route of an HTTP connection manager may buffer per request: a route's
-// request_body_buffer_limit, else its virtual host's, else the listener's limit.
-function bodyLimit(vhosts, listener) {
-  let least = Infinity;
-  for (const vh of vhosts) {
-    for (const r of vh.routes?.length ? vh.routes : [{}]) {
-      least = Math.min(least, Number(r.request_body_buffer_limit ?? vh.request_body_buffer_limit ?? listener));
-    }
-  }
-  return least;
-}
 
 // [body, listener] buffer limits of the proxies o's filter runs in: the VIRTUAL_HOST and
 // LISTENER patches of every EnvoyFilter selecting that workload, over Envoy's defaults.
@@ -468,29 +438,5 @@ for (const g of gatewayObjects) {
   }
 }
 
-// ---- standalone Envoy configs: every warmroute Wasm filter's configuration
-for (const f of envoyConfigs) {
-  let found = 0;
-  // ctx: the enclosing listener's buffer limit and, inside an HTTP connection manager with an
-  // inline route_config, the least body buffer of its routes.
-  const visit = (v, ctx) => {
-    if (Array.isArray(v)) return v.forEach((x) => visit(x, ctx));
-    if (!v || typeof v !== "object") return;
-    if (v.filter_chains) ctx = { listener: Number(v.per_connection_buffer_limit_bytes ?? ENVOY_DEFAULT_BUFFER) };
-    if (String(v["@type"] ?? "").endsWith(".HttpConnectionManager") && ctx) {
-      ctx = { ...ctx, body: v.route_config ? bodyLimit(v.route_config.virtual_hosts ?? [], ctx.listener) : undefined };
-    }
-    const cfg = v.config;
-    if (cfg?.vm_config?.runtime?.startsWith("envoy.wasm.runtime") && cfg.configuration?.value !== undefined) {
-      found++;
-      const where = `${path.basename(f)} ${cfg.name ?? "wasm"} configuration`;
-      if (ctx?.body === undefined) fail(`${where}: not under a listener with an inline route_config: its body buffer is unknown`);
-      contract(cfg.configuration.value, where, ctx?.body === undefined ? undefined : [ctx.body, ctx.listener]);
-    }
-    Object.values(v).forEach((x) => visit(x, ctx));
-  };
-  load(f).forEach((d) => visit(d, undefined));
-  if (!found) fail(`${f}: no Wasm filter configuration found`);
-}
-fs.rmSync(scratch, { recursive: true, force: true });
+close();
 process.exit(failed ? 1 : 0);

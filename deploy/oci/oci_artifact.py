@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Package dist/warmroute.wasm as the OCI image istio-agent pulls, without Docker.
 
-  python3 deploy/oci_artifact.py build dist/warmroute.wasm --layout dist/oci [--tar dist/warmroute-oci.tar]
+  python3 deploy/oci/oci_artifact.py build dist/warmroute.wasm --layout dist/oci [--tar dist/warmroute-oci.tar]
       writes an OCI image layout (and optionally the same layout as one tar file) and prints the
       image's manifest digest, sha256:<hex>: the digest istio-agent compares an oci:// module with
-  python3 deploy/oci_artifact.py digest dist/oci
+  python3 deploy/oci/oci_artifact.py digest dist/oci
       prints the manifest digest of a layout this tool wrote, after checking every blob's digest
 
 Push it with any OCI client, e.g.
@@ -17,8 +17,8 @@ The image is Istio's "compat" variant with OCI media types (pkg/wasm/imagefetche
 extractOCIStandardImage): an OCI image manifest whose one layer, of media type
 application/vnd.oci.image.layer.v1.tar+gzip, is a tar.gz holding plugin.wasm. Every Istio release
 with the OCI fetcher accepts it: older ones required exactly one layer, newer ones read the last,
-and this image has one. It is also what `docker build -f Dockerfile.wasm` gives (in Docker's media
-types), so a registry, a scanner or skopeo treats it as an ordinary image. The other variant, a
+and this image has one. It is also what `docker build -f deploy/oci/Dockerfile.wasm` gives (in
+Docker's media types), so a registry, a scanner or skopeo treats it as an ordinary image. The other variant, a
 raw-Wasm layer of type application/vnd.module.wasm.content.layer.v1+wasm, is accepted by
 istio-agent only with exactly two layers (extractOCIArtifactImage), a rule of Istio's alone.
 
