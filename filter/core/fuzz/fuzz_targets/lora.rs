@@ -4,9 +4,10 @@
 //! Input: a selector (bits 0-2: slot count 0..=7; bit 3: the rest is the
 //! record, else `/metrics` text), then the bytes.
 //! Invariants: no panic; bounded allocation; a record of `n` slots reads as
-//! `n` slots; what decodes re-encodes to the same bytes when its lists are
-//! within `MAX_ADAPTERS` and `MAX_NAME_BYTES`, else to a record holding
-//! them cut to those bounds; a scrape's adapters are shared within the bounds.
+//! `n` slots; what decodes re-encodes to a record that decodes the same (of
+//! the same length) when its lists are within `MAX_ADAPTERS` and
+//! `MAX_NAME_BYTES`, else to one holding them cut to those bounds; a
+//! scrape's adapters are shared within the bounds.
 #![no_main]
 
 use fuzz_support::bounded;
@@ -55,7 +56,8 @@ fn record(bytes: &[u8], n: usize) {
     assert_eq!(decode_lora(&again, n), kept);
     let valid = all.iter().any(Option::is_some) || bytes == encode_lora(&vec![None; n]);
     if valid && kept == all {
-        assert_eq!(again, bytes);
+        // Not byte for byte: any presence byte but 0 reads as a pod, written 1.
+        assert_eq!(again.len(), bytes.len());
     }
 }
 
