@@ -261,8 +261,9 @@ impl Worker {
         ex.sized = length.is_some();
         let too_large = length.is_some_and(|l| l > max_body);
         // With a gate, a compressed body is buffered like any other (within
-        // `max_body_bytes`), unread, so that it waits its turn with the rest.
-        ex.compressed = encoded && self.holding.is_some();
+        // `max_body_bytes`), unread, so that it waits its turn with the rest;
+        // one too large to buffer routes at once, like a plain one.
+        ex.compressed = encoded && self.holding.is_some() && !too_large;
         let fallback = if end_of_stream {
             Some(Unread::NoBody)
         } else if encoded && !ex.compressed {
