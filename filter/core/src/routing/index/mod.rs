@@ -304,15 +304,18 @@ impl Index {
         ix
     }
 
-    /// Sizes each backend's share: its known capacity in blocks, else an equal
-    /// share. When they add up to more than `max_blocks`, the bound is filled
-    /// max-min fairly: each backend gets what it asks up to an equal share of
-    /// what those asking less left over. A scraped capacity is foreign input:
-    /// a pod that claims a vast cache takes at most an equal share of the
-    /// bound from the others, never theirs.
+    /// Sizes each backend's share: its known capacity in blocks, else (`None`)
+    /// an equal share of the members' (`Some(0)`: an empty slot, which holds
+    /// nothing and takes no share). When they add up to more than
+    /// `max_blocks`, the bound is filled max-min fairly: each backend gets what
+    /// it asks up to an equal share of what those asking less left over. A
+    /// scraped capacity is foreign input: a pod that claims a vast cache takes
+    /// at most an equal share of the bound from the others, never theirs.
     pub fn set_capacities(&mut self, known: &[Option<usize>]) {
-        let n = self.lru.len().max(1);
-        let share = self.max_blocks / n;
+        let members = (0..self.lru.len())
+            .filter(|&b| known.get(b).copied().flatten() != Some(0))
+            .count();
+        let share = self.max_blocks / members.max(1);
         let wanted: Vec<usize> = (0..self.lru.len())
             .map(|b| {
                 known

@@ -168,6 +168,24 @@ fn a_pod_that_claims_a_vast_cache_takes_no_other_pods_share() {
 }
 
 #[test]
+fn empty_slots_take_no_share_from_the_pods() {
+    // A discovered pool of 64 slots holding 4 pods of a vast cache each.
+    let mut ix = Index::new(64, 1 << 18, 1000);
+    let mut known = vec![Some(0); 64];
+    for b in [3, 10, 20, 40] {
+        known[b] = Some(1 << 20);
+    }
+    ix.set_capacities(&known);
+    // A quarter each of the bound less the block each empty slot keeps.
+    assert_eq!(ix.capacity(3), ((1 << 18) - 60) / 4);
+    assert_eq!(ix.capacity(0), 1);
+    // A pod of unknown capacity asks an equal share of the members'.
+    known[40] = None;
+    ix.set_capacities(&known);
+    assert_eq!(ix.capacity(40), ((1 << 18) - 60) / 4);
+}
+
+#[test]
 fn a_long_prompt_costs_a_sample_of_entries_but_counts_all_its_blocks() {
     let mut ix = Index::new(1, 1 << 20, 60_000);
     ix.record(&chain(1, 512), 0, 0);

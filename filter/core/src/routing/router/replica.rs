@@ -171,10 +171,14 @@ impl Router {
             .fleet
             .health()
             .iter()
-            .map(|h| {
-                h.scrape
+            .enumerate()
+            .map(|(b, h)| match self.fleet.backend(b) {
+                // An empty slot of a discovered pool: no share of the bound.
+                None => Some(0),
+                Some(_) => h
+                    .scrape
                     .capacity_tokens
-                    .map(|t| (t as f64 * blocks_per_token) as usize)
+                    .map(|t| (t as f64 * blocks_per_token) as usize),
             })
             .collect();
         self.index.set_capacities(&known);
