@@ -18,9 +18,11 @@
 //! ```
 //! `gate_load_b` and `work_b` are [`crate::routing::load`]'s and [`crate::routing::work`]'s: this
 //! gateway's in-flight requests plus what a fresh scrape shows beyond them
-//! (or less what it shows finished: a client that stopped reading does not
-//! hold the knee), so a request ending frees headroom at once, and a scrape's
-//! queue or KV usage holds a pod at its knee until the next scrape says otherwise.
+//! (for the request count, also less what it shows finished: a client that
+//! stopped reading does not hold the knee; `knee.work` still counts those
+//! streams' decode budgets), so a request ending frees headroom at once, and a
+//! scrape's queue or KV usage holds a pod at its knee until the next scrape
+//! says otherwise.
 //!
 //! **Across worker VMs.** Envoy runs a VM per worker, and a paused request can
 //! only be resumed by its own VM. The held requests of the whole gateway are
@@ -114,20 +116,21 @@ impl Open {
         let most = (0..slots.len())
             .filter(|&b| slots[b] > 0)
             .max_by_key(|&b| (slots[b], std::cmp::Reverse(b)));
-        Open {
-            mask: mask(slots.iter().map(|&s| s > 0), slots.len()),
-            most,
+        // Spelled out even when every pod has room (unlike [`mask`]): a ticket's
+        // bits past the fleet then match nothing.
+        let mut open = vec![0u8; slots.len().div_ceil(8)];
+        for b in (0..slots.len()).filter(|&b| slots[b] > 0) {
+            open[b / 8] |= 1 << (b % 8);
         }
+        Open { mask: open, most }
     }
 
     /// Whether some pod with a free slot may serve `t`: a byte-wise test.
     fn fits(&self, t: &Ticket) -> bool {
-        match (t.eligible.is_empty(), self.mask.is_empty()) {
-            (true, _) => self.most.is_some(),
-            // Every pod has a free slot.
-            (false, true) => t.eligible.iter().any(|&m| m != 0),
-            (false, false) => t.eligible.iter().zip(&self.mask).any(|(e, o)| e & o != 0),
+        if t.eligible.is_empty() {
+            return self.most.is_some();
         }
+        t.eligible.iter().zip(&self.mask).any(|(e, o)| e & o != 0)
     }
 
     /// The pod with the most free slots that may serve `t`.

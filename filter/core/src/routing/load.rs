@@ -35,7 +35,9 @@
 //! finished it, and a few dozen such clients would hold every pod at its knee
 //! for as long as they keep their connections. The difference is taken back
 //! until the next scrape: requests that end meanwhile count as ended twice,
-//! an under-count of at most one scrape period.
+//! and requests sent but not yet in the pod's gauges when it answered (in its
+//! HTTP queue, being tokenized) count as ended: an under-count of at most one
+//! scrape period, which lets a burst past the knee by that many.
 
 use crate::config::Knee;
 use crate::config::PolicyConfig;

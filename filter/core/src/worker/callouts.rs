@@ -49,9 +49,14 @@ impl Worker {
             let status = status.unwrap_or_else(|| "none".into());
             return self.members_failed(format_args!("admin status {status}"));
         }
-        // An Envoy that ignores `filter` answers with every cluster: not worth copying in.
+        // An Envoy that ignores `filter` answers with every cluster: past the bound,
+        // not worth copying in.
         if body_size > MAX_REPLY_BYTES {
-            return self.members_failed(format_args!("admin reply of {body_size} bytes"));
+            return self.members_failed(format_args!(
+                "admin reply of {body_size} bytes, over {MAX_REPLY_BYTES}: an Envoy older than \
+                 1.38 lists every cluster; use Envoy 1.38 or later, fewer clusters on this \
+                 gateway (Istio: a Sidecar's egress or exportTo), or a fixed backends list"
+            ));
         }
         let body = host.callout_body(body_size).unwrap_or_default();
         match self.router.members_reply(host, &body, host.now_ms()) {

@@ -57,9 +57,10 @@
 //! request at 1024 pods copy and decode 24 KB for two VMs; the decision
 //! bench, `bench/decision`, measures it). What stays O(backends) is the
 //! totals vector routing weighs, zeroed then filled from the records.
-//! The key carries the layout's version (`ledger.v4`; v3 was dense): VMs of
-//! an older release, running side by side during a rollout, keep their own
-//! ledger instead of wiping this one.
+//! The key carries the layout's version (`ledger.v5`; v3 was dense, v4 the
+//! same layout beside an unversioned slot table): VMs of an older release,
+//! running side by side during a rollout, keep their own ledger instead of
+//! wiping this one.
 
 use crate::codec::{self, put, Reader};
 use crate::fleet::health::{decode_health, encode_health, Health};
@@ -155,7 +156,9 @@ impl Keys {
         Keys {
             fleet,
             log_bytes,
-            ledger: k("ledger.v4"),
+            // v5: the slot table moved to `members.v1`, and the ledger's shares are
+            // per slot; every slot-indexed record moves with the slot table.
+            ledger: k("ledger.v5"),
             rotation: k("rotation.v1"),
             vm_seq: k("vm_seq.v1"),
             lease: k("lease.v1"),

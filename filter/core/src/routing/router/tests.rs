@@ -425,7 +425,7 @@ fn a_vm_creates_the_shared_values_as_it_is_configured() {
             .count()
     };
     let r = Router::new(cfg("cache_aware"), &host);
-    assert_eq!(kept(&host, ".ledger.v4"), 1);
+    assert_eq!(kept(&host, ".ledger.v5"), 1);
     assert_eq!(
         kept(&host, ".rotation.v1"),
         0,
