@@ -19,6 +19,16 @@ pub fn forbidden_client_headers(cfg: &Config) -> Vec<&str> {
     v
 }
 
+/// Whether `model` (from the request body) may be published in `route.model_header`:
+/// not when it holds a control character. The JSON body can carry any of them escaped
+/// (`"a\r\nx-injected: 1"`). Envoy 1.40 refuses such a header value when it encodes the
+/// request and answers 503 itself, so the request never reaches a pod; a hop that does not
+/// check would pass the CR LF on, ending the header there and starting one of the client's
+/// choosing. HTAB and DEL are refused as well: no served model name has them.
+pub fn publishable_model(model: &str) -> bool {
+    !model.bytes().any(|b| b.is_ascii_control())
+}
+
 /// The header (name, value) that steers Envoy to `order[0]` (then the
 /// fallbacks), slots being indices into `fleet`.
 pub fn route_header<'c>(
@@ -96,6 +106,16 @@ mod tests {
             route_header(&c, &f, &[0, 1, 2]),
             Some((ENDPOINT_HEADER, "10.0.0.1:8000,10.0.0.3:8000".to_string()))
         );
+    }
+
+    #[test]
+    fn a_model_with_a_control_character_is_never_published() {
+        for ok in ["llama-3.1-8b", "org/model:v2", "modèle", ""] {
+            assert!(publishable_model(ok), "{ok:?}");
+        }
+        for bad in ["a\r\nx-injected: 1", "a\nb", "a\rb", "a\tb", "a\0b", "a\x7fb", "\x1b[0m"] {
+            assert!(!publishable_model(bad), "{bad:?}");
+        }
     }
 
     #[test]
