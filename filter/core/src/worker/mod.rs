@@ -503,8 +503,8 @@ impl Worker {
             (routed.host_errors, routed.log_gap, routed.redecided),
         );
         let cfg = self.router.config();
-        if let Some((name, value)) =
-            steering::route_header(cfg, self.router.fleet().backends(), &routed.decision.order)
+        for (name, value) in
+            steering::route_headers(cfg, self.router.fleet().backends(), &routed.decision.order)
         {
             if host.set_request_header(name, Some(&value)).is_err() {
                 log::warn!("warmroute: could not set {name}");
