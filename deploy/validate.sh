@@ -416,6 +416,11 @@ mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated
 expect_reject_because "sidecar strip patch that keeps x-warmroute-backend" "sidecar apps.*no EnvoyFilter drops client copies" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("- remove: x-warmroute-priority\n", "", 1)'
+expect_reject_because "gateway strip patch that lets clients name their class" "gateway .*no EnvoyFilter drops client copies.*x-warmroute-priority" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
 mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
   's.replace("  - istio-system/warmroute-gateway\n", "  - istio-system/warmroute-gateway\n  - mesh\n", 1)'
 expect_reject_because "Gateway VirtualService bound to mesh as well" "virtualservice.yaml vllm: binds .*mesh" \
@@ -611,6 +616,8 @@ eg_neg "module without its sha256 (any file at the URL would run)" "is not a sha
   're.sub(r"sha256: \"[0-9a-f]{64}\"", "sha256: \"\"", s, count=1)'
 eg_neg "strip of x-warmroute-backend dropped" "clients' x-warmroute-backend not stripped" \
   're.sub(r"\n *- remove: x-warmroute-backend\n", "\n", s, count=1)'
+eg_neg "strip of the gate's deadline dropped" "clients' x-warmroute-deadline-ms not stripped" \
+  're.sub(r"\n *- remove: x-warmroute-deadline-ms\n", "\n", s, count=1)'
 eg_neg "scrape cluster whose fallback picks any pod" "not a subset policy with NO_FALLBACK" \
   's.replace("fallback_policy: NO_FALLBACK", "fallback_policy: ANY_ENDPOINT", 1)'
 eg_neg "admin cluster at another port than Envoy Gateway's admin" "not a STATIC cluster of the proxy's admin" \
