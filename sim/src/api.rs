@@ -198,7 +198,12 @@ async fn echo_request_headers(req: axum::extract::Request, next: middleware::Nex
     let seen: Vec<(&str, String)> = req
         .headers()
         .iter()
-        .map(|(k, v)| (k.as_str(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
     let echoed = serde_json::to_vec(&seen).unwrap_or_default();
     let mut res = next.run(req).await;

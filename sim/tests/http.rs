@@ -1172,7 +1172,10 @@ async fn echoes_request_headers_only_when_asked() {
     assert_eq!(res.status(), 200);
     let seen: Vec<(String, String)> =
         serde_json::from_slice(res.headers()[REQUEST_HEADERS_HEADER].as_bytes()).unwrap();
-    assert!(seen.contains(&("x-probe".into(), "one\ttwo é".into())), "{seen:?}");
+    assert!(
+        seen.contains(&("x-probe".into(), "one\ttwo é".into())),
+        "{seen:?}"
+    );
     assert!(seen.iter().any(|(k, _)| k == "content-type"), "{seen:?}");
     // An error answer carries them as well.
     let res = echo

@@ -438,7 +438,9 @@ fn authority_mode_rewrites_authority_to_the_backend_host() {
         let name = r.stream.request_header_all(BACKEND_HEADER);
         assert_eq!(name.len(), 1, "{name:?}");
         assert!(
-            authority.iter().all(|a| a.starts_with(&format!("{}.", name[0]))),
+            authority
+                .iter()
+                .all(|a| a.starts_with(&format!("{}.", name[0]))),
             "{authority:?} {name:?}"
         );
         hosts.push(authority);

@@ -132,7 +132,15 @@ mod tests {
         for ok in ["llama-3.1-8b", "org/model:v2", "modèle", ""] {
             assert!(publishable_model(ok), "{ok:?}");
         }
-        for bad in ["a\r\nx-injected: 1", "a\nb", "a\rb", "a\tb", "a\0b", "a\x7fb", "\x1b[0m"] {
+        for bad in [
+            "a\r\nx-injected: 1",
+            "a\nb",
+            "a\rb",
+            "a\tb",
+            "a\0b",
+            "a\x7fb",
+            "\x1b[0m",
+        ] {
             assert!(!publishable_model(bad), "{bad:?}");
         }
     }

@@ -879,7 +879,8 @@ fn a_model_with_a_line_break_is_routed_without_the_model_header() {
     let mut headers = chat_headers();
     headers.push(("x-gateway-model-name", "forged"));
     let body = |model: &str| {
-        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#).into_bytes()
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+            .into_bytes()
     };
     // The body's JSON escapes decode to a real CR LF.
     let mut ex = send(&mut w, &host, &headers, &body(r"a\r\nx-injected: 1"));
@@ -890,13 +891,20 @@ fn a_model_with_a_line_break_is_routed_without_the_model_header() {
     for bad in [r"a\nb", r"a\rb", r"a\tb", r"a\u0000b", r"a\u007fb"] {
         let mut ex = send(&mut w, &host, &headers, &body(bad));
         assert!(routed_to(&host).is_some(), "{bad}");
-        assert_eq!(host.exchange.borrow().header("x-gateway-model-name"), None, "{bad}");
+        assert_eq!(
+            host.exchange.borrow().header("x-gateway-model-name"),
+            None,
+            "{bad}"
+        );
         w.on_log(&host, &mut ex);
     }
     // A plain name is still published.
     let mut ex = send(&mut w, &host, &headers, &body("llama"));
     assert_eq!(
-        host.exchange.borrow().header("x-gateway-model-name").as_deref(),
+        host.exchange
+            .borrow()
+            .header("x-gateway-model-name")
+            .as_deref(),
         Some("llama")
     );
     w.on_log(&host, &mut ex);
