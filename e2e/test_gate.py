@@ -14,7 +14,16 @@ import socket
 import threading
 import time
 
-from warmroute_harness import MODEL, Fleet, post, words
+from warmroute_harness import MODEL, post, words
+from warmroute_harness import Fleet as ShippedFleet
+
+# The shipped configs strip the gate's headers from clients; these tests send them as the
+# trusted stage before warmroute would (e2e/test_trust.py runs such a stage, jwt_authn).
+GATE_HEADERS = ("x-warmroute-priority", "x-warmroute-deadline-ms")
+
+
+def Fleet(*args, **kwargs) -> ShippedFleet:  # noqa: N802
+    return ShippedFleet(*args, trusted_headers=GATE_HEADERS, **kwargs)
 
 KNEE_ONE = {
     "metrics": {"enabled": False},
@@ -52,11 +61,11 @@ class Holder:
         self.sock.close()
 
 
-def gauge(f: Fleet, name: str) -> int:
+def gauge(f: ShippedFleet, name: str) -> int:
     return int(f.envoy.stats().get(f"wasmcustom.warmroute.gate.{name}", "0"))
 
 
-def send_in_order(f: Fleet, requests: list[tuple[str, dict]], queued: str, replies: dict) -> list[threading.Thread]:
+def send_in_order(f: ShippedFleet, requests: list[tuple[str, dict]], queued: str, replies: dict) -> list[threading.Thread]:
     """Sends each request once the previous one is held (so they arrive in this order)."""
     def one(tag: str, headers: dict) -> None:
         replies[tag] = post(f.envoy.port, "/v1/chat/completions", body(f"{tag} {words(tag, 50)}"), headers=headers)

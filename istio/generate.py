@@ -97,6 +97,13 @@ import tempfile
 
 HEADER = "x-warmroute-backend"
 ENDPOINT_HEADER = "x-gateway-destination-endpoint"
+# The request's model as the filter publishes it when route.model_header is set (the Gateway API
+# Inference Extension's name): stripped from clients whether or not it is set.
+MODEL_HEADER = "x-gateway-model-name"
+# The gate's class and deadline headers (the filter's defaults for gate.header and
+# gate.deadline_header) and the Inference Extension's objective, which the gate reads as a class.
+GATE_HEADERS = {"header": "x-warmroute-priority", "deadline_header": "x-warmroute-deadline-ms"}
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 WASM_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 # The filter reads prompts up to this size; larger ones are routed by load and proxied as is.
@@ -710,7 +717,27 @@ NO_HOST = {
 }
 
 
-def routing_envoyfilter(args, where: str) -> dict:
+def stripped_headers(config: dict, where: str) -> list[str]:
+    """The request headers Envoy drops from clients before any filter runs (early header
+    mutation): every header only warmroute writes, and at the gateway also every header only a
+    trusted stage before it may set (the gate's class and deadline, which RequestAuthentication's
+    outputClaimToHeaders can write from a verified token: its jwt_authn filter runs after the
+    strip). Not the gate's headers in the client sidecar: no RequestAuthentication runs on an
+    outbound listener (pilot/pkg/networking/plugin/authn/authentication.go, BuildHTTP), and the
+    gate there orders only the one app's own requests, so the app is the stage that sets them."""
+    names = [ENDPOINT_HEADER, HEADER, MODEL_HEADER, config.get("route", {}).get("model_header")]
+    if where == "gateway":
+        gate = config.get("gate", {})
+        names += [gate.get("header", GATE_HEADERS["header"]), OBJECTIVE_HEADER,
+                  gate.get("deadline_header", GATE_HEADERS["deadline_header"])]
+    out: list[str] = []
+    for n in names:
+        if n and n.lower() not in out:
+            out.append(n.lower())
+    return out
+
+
+def routing_envoyfilter(args, config: dict, where: str) -> dict:
     """What the proxy that runs warmroute needs beside the filter, whichever form installs it.
 
     Apart from the Wasm EnvoyFilter, so a WasmPlugin can be used with it instead.
@@ -812,9 +839,10 @@ def routing_envoyfilter(args, where: str) -> dict:
         },
         {
             # The client never picks its pod, even while the filter is not running (every
-            # shipped config fails open): Envoy drops both routing headers itself, before it
+            # shipped config fails open): Envoy drops the routing headers itself, before it
             # selects a route and before any HTTP filter runs (early header mutation). The
-            # filter writes its own afterwards.
+            # filter writes its own afterwards. At the gateway the gate's class and deadline go
+            # too: only a stage before warmroute sets them (stripped_headers).
             "applyTo": "NETWORK_FILTER",
             "match": {"context": context, "listener": hcm_listener},
             "patch": {
@@ -828,7 +856,7 @@ def routing_envoyfilter(args, where: str) -> dict:
                                 "typed_config": {
                                     "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation"
                                              ".header_mutation.v3.HeaderMutation",
-                                    "mutations": [{"remove": ENDPOINT_HEADER}, {"remove": HEADER}],
+                                    "mutations": [{"remove": h} for h in stripped_headers(config, where)],
                                 },
                             }
                         ],
@@ -1091,8 +1119,8 @@ def main(argv=None) -> int:
         "pluginconfig.json": json.dumps(config, indent=2) + "\n",
         "envoyfilter-wasm-gateway.yaml": banner + documents([wasm_envoyfilter(args, config, "gateway")]),
         "envoyfilter-wasm-sidecar.yaml": banner + documents([wasm_envoyfilter(args, config, "sidecar")]),
-        "envoyfilter-routing-gateway.yaml": banner + routing_note + documents([routing_envoyfilter(args, "gateway")]),
-        "envoyfilter-routing-sidecar.yaml": banner + routing_note + documents([routing_envoyfilter(args, "sidecar")]),
+        "envoyfilter-routing-gateway.yaml": banner + routing_note + documents([routing_envoyfilter(args, config, "gateway")]),
+        "envoyfilter-routing-sidecar.yaml": banner + routing_note + documents([routing_envoyfilter(args, config, "sidecar")]),
         "stats-tags-gateway.yaml": banner + stats_note(args, "gateway") + documents(stats_configmaps(args, "gateway")),
         "stats-tags-sidecar.yaml": banner + stats_note(args, "sidecar") + documents(stats_configmaps(args, "sidecar")),
     }

@@ -287,9 +287,14 @@ for (const { f, o: pol } of policies) {
       if (rt.route?.cluster === ac?.name || rt.route?.cluster_header) fail(`${at}: route ${rt.name} reaches the admin (or lets the client name a cluster)`);
     }
     const removed = new Set((hcm.early_header_mutation_extensions ?? []).flatMap((e) => e.typed_config?.mutations ?? []).map((m) => m.remove).filter(Boolean));
-    const missing = ["x-gateway-destination-endpoint", "x-warmroute-backend"].filter((h) => !removed.has(h));
+    // The routing headers, the published model (if set), the gate's class and deadline
+    // (istio/generate.py, stripped_headers): only warmroute or a stage before it sets them.
+    const trusted = ["x-gateway-destination-endpoint", "x-warmroute-backend", conf.route?.model_header,
+      conf.gate?.header ?? "x-warmroute-priority", "x-gateway-inference-objective",
+      conf.gate?.deadline_header ?? "x-warmroute-deadline-ms"].filter(Boolean).map((h) => h.toLowerCase());
+    const missing = trusted.filter((h) => !removed.has(h));
     if (missing.length) fail(`${at}: clients' ${missing.join(", ")} not stripped before the route is picked`);
-    else ok(`${at}: clients' routing headers stripped (early header mutation)`);
+    else ok(`${at}: clients' routing, class and deadline headers stripped (early header mutation)`);
   }
 }
 

@@ -94,6 +94,8 @@ eg_neg "module without its sha256 (any file at the URL would run)" "is not a sha
   're.sub(r"sha256: \"[0-9a-f]{64}\"", "sha256: \"\"", s, count=1)'
 eg_neg "strip of x-warmroute-backend dropped" "clients' x-warmroute-backend not stripped" \
   're.sub(r"\n *- remove: x-warmroute-backend\n", "\n", s, count=1)'
+eg_neg "strip of the gate's deadline dropped" "clients' x-warmroute-deadline-ms not stripped" \
+  're.sub(r"\n *- remove: x-warmroute-deadline-ms\n", "\n", s, count=1)'
 eg_neg "scrape cluster whose fallback picks any pod" "not a subset policy with NO_FALLBACK" \
   's.replace("fallback_policy: NO_FALLBACK", "fallback_policy: ANY_ENDPOINT", 1)'
 eg_neg "admin cluster at another port than Envoy Gateway's admin" "not a STATIC cluster of the proxy's admin" \

@@ -218,13 +218,14 @@ def patch_policy(args, config: dict) -> dict:
     patches = [
         # First in the connection manager's chain (the router stays last).
         add(LISTENER_TYPE, listener, f"{HCM}/http_filters/0", wasm_filter(args, config)),
-        # Clients never pick their pod: Envoy drops both routing headers before it selects a
-        # route and before any HTTP filter runs, so also while the filter is not running.
+        # Clients never pick their pod nor their priority: Envoy drops the routing headers and
+        # the gate's class and deadline before it selects a route and before any HTTP filter
+        # runs, so also while the filter is not running (istio/generate.py, stripped_headers).
         add(LISTENER_TYPE, listener, f"{HCM}/early_header_mutation_extensions", [{
             "name": "envoy.http.early_header_mutation.header_mutation",
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
-                "mutations": [{"remove": ig.ENDPOINT_HEADER}, {"remove": ig.HEADER}],
+                "mutations": [{"remove": h} for h in ig.stripped_headers(config, "gateway")],
             },
         }]),
         # What one request may buffer while the filter reads it (istio/generate.py says why).

@@ -10,7 +10,8 @@
 //    sidecar) and patches only that workload's context, and each such workload gets the strict
 //    scrape cluster metrics.cluster names (EDS from istiod under the vLLM Service's outbound
 //    cluster name, override_host with a fallback that picks no host), the strip of client
-//    routing headers and, in endpoint mode, the override_host policy on the vLLM cluster; the
+//    routing headers (route.model_header too, if set; at the gateway also the gate's class and
+//    deadline headers) and, in endpoint mode, the override_host policy on the vLLM cluster; the
 //    scrape cluster speaks Istio mTLS (SDS `default`/`ROOTCA` from sds-grpc) to endpoints marked
 //    tlsMode: istio and plain text to the rest, as Istio's own outbound cluster does;
 //  - a discovered pool (pluginConfig `pool`): route.mode endpoint, pool.cluster is the vLLM
@@ -51,6 +52,11 @@ const all = [...yamls(dir), ...yamls(gen)].flatMap((f) => load(f).map((o) => ({ 
 const ref = JSON.parse(fs.readFileSync(path.join(gen, "pluginconfig.json"), "utf8"));
 const ENDPOINT_HEADER = "x-gateway-destination-endpoint";
 const BACKEND_HEADER = "x-warmroute-backend";
+// What a client may not set at the gateway (istio/generate.py, stripped_headers): the gate's
+// class and deadline (the filter's default names unless the pluginConfig sets others) and the
+// Inference Extension's objective, which the gate reads as a class.
+const GATE_HEADERS = (gate) => [gate?.header ?? "x-warmroute-priority", "x-gateway-inference-objective",
+  gate?.deadline_header ?? "x-warmroute-deadline-ms"].map((h) => h.toLowerCase());
 
 // A workload is what an EnvoyFilter's workloadSelector or a WasmPlugin's selector picks in its
 // namespace; objects with equal keys patch the same proxies.
@@ -305,9 +311,11 @@ for (const [key, w] of workloads) {
       else ok(`${who}: ${ref.metrics.cluster}: ${vllmCluster}'s endpoints, a scrape reaches the header's pod or fails, over Istio mTLS to pods with a sidecar`);
     }
   }
-  const strips = patches.filter(({ p }) => p.applyTo === "NETWORK_FILTER" && [ENDPOINT_HEADER, BACKEND_HEADER].every((h) => removes(p).has(h)));
-  if (!strips.length) fail(`${who}: no EnvoyFilter drops client copies of ${ENDPOINT_HEADER} and ${BACKEND_HEADER} (early header mutation)`);
-  else ok(`${who}: Envoy drops client copies of both routing headers`);
+  const model = ref.route?.model_header ? [ref.route.model_header.toLowerCase()] : [];
+  const trusted = [ENDPOINT_HEADER, BACKEND_HEADER, ...model, ...(w.context === "GATEWAY" ? GATE_HEADERS(ref.gate) : [])];
+  const strips = patches.filter(({ p }) => p.applyTo === "NETWORK_FILTER" && trusted.every((h) => removes(p).has(h)));
+  if (!strips.length) fail(`${who}: no EnvoyFilter drops client copies of ${trusted.join(", ")} (early header mutation)`);
+  else ok(`${who}: Envoy drops client copies of ${trusted.join(", ")}`);
   const policies = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "MERGE" && isOverrideHost(lbPolicy(p.patch?.value)));
   for (const { f, p } of policies) {
     const c = p.match?.cluster ?? {};

@@ -279,6 +279,11 @@ mutate "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated
 expect_reject_because "sidecar strip patch that keeps x-warmroute-backend" "sidecar apps.*no EnvoyFilter drops client copies" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 cp "$istio/generated/envoyfilter-routing-sidecar.yaml" "$neg/istio/generated/envoyfilter-routing-sidecar.yaml"
+mutate "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("- remove: x-warmroute-priority\n", "", 1)'
+expect_reject_because "gateway strip patch that lets clients name their class" "gateway .*no EnvoyFilter drops client copies.*x-warmroute-priority" \
+  node "$here/check-warmroute.mjs" "$neg/istio"
+cp "$istio/generated/envoyfilter-routing-gateway.yaml" "$neg/istio/generated/envoyfilter-routing-gateway.yaml"
 mutate "$istio/generated/virtualservice.yaml" "$neg/istio/generated/virtualservice.yaml" \
   's.replace("  - istio-system/warmroute-gateway\n", "  - istio-system/warmroute-gateway\n  - mesh\n", 1)'
 expect_reject_because "Gateway VirtualService bound to mesh as well" "virtualservice.yaml vllm: binds .*mesh" \

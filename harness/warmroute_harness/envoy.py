@@ -2,8 +2,8 @@
 
 The configuration is the repository's own `envoy.yaml` (or a variant under deploy/envoy/), patched
 only where a run must differ: ports, backend list, the filter's JSON, concurrency, the pool's
-load-balancing policy, the listener's buffer limit. Tests and the bench thus exercise the shipped
-config, not a copy.
+load-balancing policy, the listener's buffer limit, headers the run itself sets as a trusted
+stage would. Tests and the bench thus exercise the shipped config, not a copy.
 """
 
 from __future__ import annotations
@@ -129,6 +129,12 @@ class Envoy:
     # A bootstrap fragment Envoy merges over the config (--config-yaml), as istio-agent passes
     # a bootstrap override.
     config_yaml: str | None = None
+    # Headers the shipped config strips from clients (early header mutation) that this run's
+    # client sends itself, standing for the trusted stage an operator puts before warmroute
+    # (e.g. the gate's class, which jwt_authn would set from a token). Each must be stripped
+    # by the config, or rendering fails: a test must not believe it bypasses a strip that
+    # is not there.
+    trusted_headers: tuple[str, ...] = ()
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
@@ -163,6 +169,15 @@ class Envoy:
             }]
         if not self.with_filter:
             hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
+        if self.trusted_headers:
+            strips = [m for ext in hcm.get("early_header_mutation_extensions", [])
+                      for m in ext["typed_config"]["mutations"]]
+            missing = set(self.trusted_headers) - {m.get("remove") for m in strips}
+            if missing:
+                raise ValueError(f"{self.config_file.name} does not strip {sorted(missing)}")
+            for ext in hcm["early_header_mutation_extensions"]:
+                ext["typed_config"]["mutations"] = [m for m in ext["typed_config"]["mutations"]
+                                                    if m.get("remove") not in self.trusted_headers]
         for cluster in cfg["static_resources"]["clusters"]:
             eds = cluster.get("eds_cluster_config", {}).get("eds_config", {}).get("path_config_source")
             if eds is not None and self.eds_path is not None:

@@ -19,6 +19,8 @@
 //!   its errors; without the flag these routes do not exist, as in vLLM without
 //!   `VLLM_ALLOW_RUNTIME_LORA_UPDATING`.
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
+//! * With `--echo-request-headers`, every response also carries the request's headers as the
+//!   pod received them ([`REQUEST_HEADERS_HEADER`]).
 //! * Invalid input never panics: it gets vLLM's error body, OpenAI's shape
 //!   `{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}`
 //!   (vLLM's `ErrorResponse` wrapping an `ErrorInfo`; `code` is the HTTP status), and for an
@@ -62,6 +64,11 @@ use crate::metrics::{self, CacheInfo};
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-sim-replica";
 
+/// Response header with the request's headers as received, a JSON array of `[name, value]`
+/// pairs in arrival order (`--echo-request-headers`). Values are read as lossy UTF-8; JSON
+/// escapes every control character, so any value fits in a response header.
+pub const REQUEST_HEADERS_HEADER: &str = "x-sim-request-headers";
+
 /// Largest accepted request body (long prompts are big; axum's default is 2 MiB).
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
@@ -82,6 +89,7 @@ pub struct AppState {
     runtime_lora_updating: bool,
     pub replica: Arc<str>,
     replica_header: HeaderValue,
+    echo_request_headers: bool,
     cache_info: Option<CacheInfo>,
     metrics_delay: std::time::Duration,
     default_max_tokens: usize,
@@ -136,6 +144,7 @@ impl AppState {
             runtime_lora_updating: args.allow_runtime_lora_updating,
             replica: replica.into(),
             replica_header,
+            echo_request_headers: args.echo_request_headers,
             cache_info,
             metrics_delay: std::time::Duration::from_millis(args.metrics_delay_ms),
             default_max_tokens: args.default_max_tokens.max(1),
@@ -175,14 +184,37 @@ pub fn router(state: AppState) -> Router {
             .route("/v1/load_lora_adapter", post(load_lora_adapter))
             .route("/v1/unload_lora_adapter", post(unload_lora_adapter));
     }
-    router
+    router = router
         .fallback(not_found)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    if state.echo_request_headers {
+        router = router.layer(middleware::from_fn(echo_request_headers));
+    }
+    router
         .layer(middleware::map_response_with_state(
             state.clone(),
             add_replica_header,
         ))
         .with_state(state)
+}
+
+async fn echo_request_headers(req: axum::extract::Request, next: middleware::Next) -> Response {
+    let seen: Vec<(&str, String)> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let echoed = serde_json::to_vec(&seen).unwrap_or_default();
+    let mut res = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_bytes(&echoed) {
+        res.headers_mut().insert(REQUEST_HEADERS_HEADER, v);
+    }
+    res
 }
 
 async fn add_replica_header(State(state): State<AppState>, mut res: Response) -> Response {

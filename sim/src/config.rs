@@ -97,6 +97,11 @@ pub struct Args {
     /// when `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is set).
     #[arg(long)]
     pub allow_runtime_lora_updating: bool,
+    /// Answer every request with the request headers it arrived with, as a JSON array of
+    /// `[name, value]` pairs in `x-sim-request-headers` ([`crate::api::REQUEST_HEADERS_HEADER`]):
+    /// tests through a proxy see what reached the pod, not what the proxy's own header map held.
+    #[arg(long)]
+    pub echo_request_headers: bool,
 }
 
 /// One `--lora-modules` entry (vLLM's `LoRAModulePath`).

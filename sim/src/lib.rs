@@ -30,7 +30,7 @@ use std::io;
 
 use tokio::net::TcpListener;
 
-pub use api::REPLICA_HEADER;
+pub use api::{REPLICA_HEADER, REQUEST_HEADERS_HEADER};
 pub use config::Args;
 
 /// Binds `--host:--port` (port 0 picks a free one).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::{json, Value};
-use warmroute_sim::{Args, REPLICA_HEADER};
+use warmroute_sim::{Args, REPLICA_HEADER, REQUEST_HEADERS_HEADER};
 
 struct Sim {
     base: String,
@@ -1151,4 +1151,43 @@ async fn lora_modules_need_enable_lora() {
     let err = warmroute_sim::serve(args, listener).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("--enable-lora"), "{err}");
+}
+
+#[tokio::test]
+async fn echoes_request_headers_only_when_asked() {
+    let body = json!({"model": "sim-llama-8b", "prompt": "hi", "max_tokens": 1});
+    let send = |sim: &Sim| {
+        sim.client
+            .post(format!("{}/v1/completions", sim.base))
+            .header("x-probe", "one\ttwo é")
+            .json(&body)
+            .send()
+    };
+    let quiet = start(&[]).await;
+    let res = send(&quiet).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get(REQUEST_HEADERS_HEADER).is_none());
+
+    let echo = start(&["--echo-request-headers"]).await;
+    let res = send(&echo).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let seen: Vec<(String, String)> =
+        serde_json::from_slice(res.headers()[REQUEST_HEADERS_HEADER].as_bytes()).unwrap();
+    assert!(
+        seen.contains(&("x-probe".into(), "one\ttwo é".into())),
+        "{seen:?}"
+    );
+    assert!(seen.iter().any(|(k, _)| k == "content-type"), "{seen:?}");
+    // An error answer carries them as well.
+    let res = echo
+        .client
+        .get(format!("{}/nowhere", echo.base))
+        .header("x-probe", "404")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+    let seen: Vec<(String, String)> =
+        serde_json::from_slice(res.headers()[REQUEST_HEADERS_HEADER].as_bytes()).unwrap();
+    assert!(seen.contains(&("x-probe".into(), "404".into())), "{seen:?}");
 }

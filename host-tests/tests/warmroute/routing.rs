@@ -432,7 +432,18 @@ fn authority_mode_rewrites_authority_to_the_backend_host() {
     let mut hosts = Vec::new();
     for i in 0..3 {
         let r = chat_request(&vm, &text(i, 200));
-        hosts.push(r.stream.request_header_all(":authority"));
+        let authority = r.stream.request_header_all(":authority");
+        // The backend's name beside it, for per-pod routes to match besides the Host (a
+        // client's Host alone must not reach them while the filter does not run).
+        let name = r.stream.request_header_all(BACKEND_HEADER);
+        assert_eq!(name.len(), 1, "{name:?}");
+        assert!(
+            authority
+                .iter()
+                .all(|a| a.starts_with(&format!("{}.", name[0]))),
+            "{authority:?} {name:?}"
+        );
+        hosts.push(authority);
         r.finish();
     }
     let mut flat: Vec<String> = hosts

@@ -497,7 +497,13 @@ impl Worker {
             &self.router.config().route.model_header,
             key.and_then(|k| k.model.as_deref()),
         ) {
-            if host.set_request_header(name, Some(model)).is_err() {
+            // A model no pod can serve (no served name has a control character): routed as
+            // usual without the header, so routes on it fall to their default, and the pod
+            // answers it as it would without warmroute (vLLM: 404, no such model). Refusing
+            // it here would be a second error shape for the same mistake.
+            if !steering::publishable_model(model) {
+                log::debug!("warmroute: model has a control character, {name} not written");
+            } else if host.set_request_header(name, Some(model)).is_err() {
                 log::warn!("warmroute: could not set {name}");
             }
         }
@@ -525,8 +531,8 @@ impl Worker {
             (routed.host_errors, routed.log_gap, routed.redecided),
         );
         let cfg = self.router.config();
-        if let Some((name, value)) =
-            steering::route_header(cfg, self.router.fleet().backends(), &routed.decision.order)
+        for (name, value) in
+            steering::route_headers(cfg, self.router.fleet().backends(), &routed.decision.order)
         {
             if host.set_request_header(name, Some(&value)).is_err() {
                 log::warn!("warmroute: could not set {name}");

@@ -891,6 +891,47 @@ fn requests_go_to_pods_that_serve_their_model_and_an_unknown_one_gets_a_404() {
 }
 
 #[test]
+fn a_model_with_a_line_break_is_routed_without_the_model_header() {
+    // No models declared: any model goes to any pod, so this one is routed, not a 404.
+    let cfg = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}],
+        "route":{"model_header":"x-gateway-model-name"}}"#;
+    let host = MemoryHost::default();
+    let mut w = Worker::configure(&host, cfg.as_bytes()).unwrap();
+    let mut headers = chat_headers();
+    headers.push(("x-gateway-model-name", "forged"));
+    let body = |model: &str| {
+        format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#)
+            .into_bytes()
+    };
+    // The body's JSON escapes decode to a real CR LF.
+    let mut ex = send(&mut w, &host, &headers, &body(r"a\r\nx-injected: 1"));
+    assert!(routed_to(&host).is_some(), "routed as usual");
+    assert_eq!(host.exchange.borrow().header("x-gateway-model-name"), None);
+    assert_eq!(host.exchange.borrow().header("x-injected"), None);
+    w.on_log(&host, &mut ex);
+    for bad in [r"a\nb", r"a\rb", r"a\tb", r"a\u0000b", r"a\u007fb"] {
+        let mut ex = send(&mut w, &host, &headers, &body(bad));
+        assert!(routed_to(&host).is_some(), "{bad}");
+        assert_eq!(
+            host.exchange.borrow().header("x-gateway-model-name"),
+            None,
+            "{bad}"
+        );
+        w.on_log(&host, &mut ex);
+    }
+    // A plain name is still published.
+    let mut ex = send(&mut w, &host, &headers, &body("llama"));
+    assert_eq!(
+        host.exchange
+            .borrow()
+            .header("x-gateway-model-name")
+            .as_deref(),
+        Some("llama")
+    );
+    w.on_log(&host, &mut ex);
+}
+
+#[test]
 fn adapter_requests_stay_on_the_pods_that_have_it_loaded() {
     let host = MemoryHost::default();
     host.now.set(500);
