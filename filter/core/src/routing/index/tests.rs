@@ -153,8 +153,8 @@ fn a_pod_that_claims_a_vast_cache_takes_no_other_pods_share() {
         (0..3).map(|b| ix.capacity(b)).collect::<Vec<_>>(),
         [500, 1000, 1200]
     );
-    // One claims 10^12 blocks: the others keep theirs, it gets what is left.
-    ix.set_capacities(&[Some(500), Some(1_000_000_000_000), Some(1200)]);
+    // One claims a vast cache (10^12 tokens and more): the others keep theirs, it gets what is left.
+    ix.set_capacities(&[Some(500), Some(usize::MAX), Some(1200)]);
     assert_eq!(
         (0..3).map(|b| ix.capacity(b)).collect::<Vec<_>>(),
         [500, 1300, 1200]
