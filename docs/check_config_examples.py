@@ -77,9 +77,13 @@ def examples() -> list[tuple[str, int, dict]]:
     return found
 
 
+# Objects whose keys are the operator's names, not fields: a leaf, never probed.
+MAPS = {"gate.objectives"}
+
+
 def leaf_paths(v, prefix: str = "") -> set[str]:
     """Dotted paths of the values that are not objects; an array of objects is `name[]`."""
-    if isinstance(v, dict):
+    if isinstance(v, dict) and prefix not in MAPS:
         out = set()
         for k, x in v.items():
             out |= leaf_paths(x, f"{prefix}.{k}" if prefix else k)
@@ -113,7 +117,7 @@ PROBE = "__undocumented_probe__"
 
 def objects(v, prefix: str = ""):
     """(path, path of keys and indices) of every object in a configuration; arrays as `[]`."""
-    if isinstance(v, dict):
+    if isinstance(v, dict) and prefix not in MAPS:
         yield prefix, []
         for k, x in v.items():
             for p, keys in objects(x, f"{prefix}.{k}" if prefix else k):

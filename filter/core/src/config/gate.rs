@@ -55,8 +55,13 @@ pub struct GateConfig {
     pub classes: Vec<Class>,
     /// Rank of a request without a (known) class.
     pub default_class: usize,
-    /// Headers naming the class, first present wins (lower-case).
-    pub class_headers: Vec<String>,
+    /// Header naming the class (lower-case).
+    pub class_header: String,
+    /// The Gateway API Inference Extension's objectives
+    /// ([`crate::config::OBJECTIVE_HEADER`]) and the class rank each stands
+    /// for: an objective carries an integer priority set on its
+    /// `InferenceObjective`, not a class name, so the operator maps them.
+    pub objectives: Vec<(String, usize)>,
     /// Header carrying the client's deadline, in milliseconds from arrival.
     pub deadline_header: String,
     /// Share of releases that go to a lower class while a higher one waits.
@@ -70,17 +75,28 @@ pub struct GateConfig {
 }
 
 impl GateConfig {
-    /// The class rank of a request whose class headers read `value` (the
-    /// first one present), and its deadline relative to arrival.
-    pub fn classify(&self, value: Option<&str>, deadline: Option<&str>) -> (usize, u64) {
-        let rank = value
-            .map(|v| v.trim().to_ascii_lowercase())
-            .and_then(|v| {
-                self.classes
-                    .iter()
-                    .position(|c| c.name == v || c.aliases.contains(&v))
-            })
-            .unwrap_or(self.default_class);
+    /// The class rank of a request whose class header reads `class` (a class
+    /// name or alias) or, without a known one, whose objective header reads
+    /// `objective` (a name in `objectives`), and its deadline relative to arrival.
+    pub fn classify(
+        &self,
+        class: Option<&str>,
+        objective: Option<&str>,
+        deadline: Option<&str>,
+    ) -> (usize, u64) {
+        let by_class = class.map(|v| v.trim().to_ascii_lowercase()).and_then(|v| {
+            self.classes
+                .iter()
+                .position(|c| c.name == v || c.aliases.contains(&v))
+        });
+        let by_objective = || {
+            let o = objective?.trim();
+            self.objectives
+                .iter()
+                .find(|(name, _)| name == o)
+                .map(|&(_, rank)| rank)
+        };
+        let rank = by_class.or_else(by_objective).unwrap_or(self.default_class);
         let max_wait = self.classes.get(rank).map_or(0, |c| c.max_wait_ms);
         let asked = deadline.and_then(|d| d.trim().parse::<u64>().ok());
         (rank, asked.map_or(max_wait, |d| d.min(max_wait)))

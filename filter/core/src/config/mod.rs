@@ -103,8 +103,9 @@ pub struct FeedbackConfig {
     pub request_usage: bool,
 }
 
-/// The Gateway API Inference Extension's header naming a request's objective,
-/// read after the gate's own header.
+/// The Gateway API Inference Extension's header naming a request's objective
+/// (an `InferenceObjective`), read after the gate's own header and mapped to a
+/// class by `gate.objectives`.
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
 
 /// Most clusters one filter discovers pods in.

@@ -160,15 +160,28 @@ fn a_gate_needs_a_knee_and_names_its_classes() {
     let names: Vec<&str> = g.classes.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, vec!["interactive", "standard", "batch"]);
     assert_eq!(g.default_class, 1);
+    assert_eq!(g.class_header, "x-warmroute-priority");
+    assert!(g.objectives.is_empty());
+    let mapped = Config::parse(
+        format!(r#"{base}{{"knee":{{"requests":8}},"objectives":{{"premium":"Interactive","bulk":"batch"}}}}}}"#)
+            .as_bytes(),
+    )
+    .unwrap()
+    .gate
+    .unwrap();
     assert_eq!(
-        g.class_headers,
-        vec!["x-warmroute-priority".to_string(), OBJECTIVE_HEADER.into()]
+        mapped.objectives,
+        vec![("bulk".to_string(), 2), ("premium".to_string(), 0)]
     );
     for (gate, named) in [
         (r#"{}"#, "gate.knee"),
         (r#"{"knee":{"requests":0}}"#, "gate.knee.requests"),
         (r#"{"knee":{"kv_usage":2}}"#, "gate.knee.kv_usage"),
         (r#"{"knee":{"requests":4},"classes":[]}"#, "gate.classes"),
+        (
+            r#"{"knee":{"requests":4},"objectives":{"premium":"gold"}}"#,
+            "gate.objectives.premium",
+        ),
         (
             r#"{"knee":{"requests":4},"default_class":"gold"}"#,
             "gate.default_class",

@@ -179,14 +179,28 @@ fn gate_config(g: WireGate, scraping: bool) -> Result<GateConfig, ConfigError> {
         .iter()
         .position(|c| c.name == default)
         .ok_or_else(|| bad("gate.default_class", format!("{default:?} is not a class")))?;
+    let objectives = g
+        .objectives
+        .into_iter()
+        .map(|(name, class)| {
+            let rank = classes
+                .iter()
+                .position(|c| c.name == class.to_ascii_lowercase())
+                .ok_or_else(|| {
+                    bad(
+                        format!("gate.objectives.{name}"),
+                        format!("{class:?} is not a class"),
+                    )
+                })?;
+            Ok((name, rank))
+        })
+        .collect::<Result<_, ConfigError>>()?;
     Ok(GateConfig {
         knee,
         classes,
         default_class,
-        class_headers: vec![
-            header_name("gate.header", g.header)?,
-            OBJECTIVE_HEADER.to_string(),
-        ],
+        class_header: header_name("gate.header", g.header)?,
+        objectives,
         deadline_header: header_name("gate.deadline_header", g.deadline_header)?,
         // Past 1/2 every release would go to a lower class: priority upside down.
         lower_share: finite_in_range("gate.lower_share", g.lower_share, 0.0, 0.5)?,

@@ -251,6 +251,7 @@ pub(super) struct WireGate {
     pub(super) check_ms: u64,
     pub(super) retry_after_s: u32,
     pub(super) max_held_bytes: u64,
+    pub(super) objectives: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for WireGate {
@@ -278,6 +279,7 @@ impl Default for WireGate {
             check_ms: 50,
             retry_after_s: 1,
             max_held_bytes: 128 << 20,
+            objectives: std::collections::BTreeMap::new(),
         }
     }
 }

@@ -642,7 +642,8 @@ mod tests {
                 },
             ],
             default_class: 1,
-            class_headers: vec!["x-warmroute-priority".into()],
+            class_header: "x-warmroute-priority".into(),
+            objectives: vec![("premium-chat".into(), 0)],
             deadline_header: "x-warmroute-deadline-ms".into(),
             lower_share: 0.1,
             check_ms: 50,
@@ -654,11 +655,18 @@ mod tests {
     #[test]
     fn classes_come_from_names_or_aliases_and_deadlines_are_capped() {
         let g = gate();
-        assert_eq!(g.classify(Some("Critical"), None), (0, 5000));
-        assert_eq!(g.classify(Some("interactive"), Some("250")), (0, 250));
-        assert_eq!(g.classify(Some("interactive"), Some("99999")), (0, 5000));
-        assert_eq!(g.classify(Some("gold"), Some("soon")), (1, 60_000));
-        assert_eq!(g.classify(None, None), (1, 60_000));
+        assert_eq!(g.classify(Some("Critical"), None, None), (0, 5000));
+        assert_eq!(g.classify(Some("interactive"), None, Some("250")), (0, 250));
+        assert_eq!(
+            g.classify(Some("interactive"), None, Some("99999")),
+            (0, 5000)
+        );
+        assert_eq!(g.classify(Some("gold"), None, Some("soon")), (1, 60_000));
+        assert_eq!(g.classify(None, None, None), (1, 60_000));
+        // An objective names no class itself: only through the configured map.
+        assert_eq!(g.classify(None, Some("premium-chat"), None), (0, 5000));
+        assert_eq!(g.classify(None, Some("interactive"), None), (1, 60_000));
+        assert_eq!(g.classify(Some("batch"), Some("premium-chat"), None).0, 1);
         assert_eq!(g.lower_every(), 10);
     }
 

@@ -32,7 +32,7 @@
 //! | `admission/` | the gate: admit, hold, release, shed |
 //! | [`stats`], [`steering`] | the filter's Envoy stats; the header that steers Envoy |
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, OBJECTIVE_HEADER};
 use crate::fleet::inflight::Delta;
 use crate::fleet::passive::Answer;
 use crate::fleet::scrape_schedule::Scheduler;
@@ -242,9 +242,11 @@ impl Worker {
         }
         ex.session = header(&cfg.session_header).map(|v| v.into_owned());
         if let Some(g) = &cfg.gate {
-            let class = g.class_headers.iter().find_map(|h| header(h));
+            let class = header(&g.class_header);
+            let objective = header(OBJECTIVE_HEADER);
             let deadline = header(&g.deadline_header);
-            (ex.class, ex.wait_ms) = g.classify(class.as_deref(), deadline.as_deref());
+            (ex.class, ex.wait_ms) =
+                g.classify(class.as_deref(), objective.as_deref(), deadline.as_deref());
         }
         let max_body = cfg.max_body_bytes;
         let post = header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));

@@ -13,7 +13,8 @@ const GATED: &str = r#"{"backends":[
         "gate":{"knee":{"requests":1},
           "classes":[{"name":"interactive","max_wait_ms":5000,"max_queue":4},
                      {"name":"batch","max_wait_ms":60000,"max_queue":2}],
-          "default_class":"batch","lower_share":0}}"#;
+          "default_class":"batch","lower_share":0,
+          "objectives":{"premium-chat":"interactive"}}}"#;
 
 fn gated(host: &MemoryHost) -> Worker {
     Worker::configure(host, GATED.as_bytes()).unwrap()
@@ -86,7 +87,7 @@ fn held_requests_leave_highest_class_first_as_requests_end() {
         &mut w,
         &host,
         5,
-        &[("x-gateway-inference-objective", "Interactive")],
+        &[("x-gateway-inference-objective", "premium-chat")],
     );
     assert_eq!((s3, s4, s5), (Step::Pause, Step::Pause, Step::Pause));
     assert!(resumed(&host).is_empty());
