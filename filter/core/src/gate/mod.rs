@@ -292,7 +292,7 @@ impl Queue {
     pub fn push(&mut self, mut t: Ticket) -> u64 {
         t.seq = self.next_seq;
         t.granted_ms = 0;
-        self.next_seq += 1;
+        self.next_seq = self.next_seq.wrapping_add(1);
         let seq = t.seq;
         self.tickets.push(t);
         seq
@@ -393,7 +393,7 @@ impl Queue {
                 break;
             };
             slots[pod] -= 1;
-            self.releases += 1;
+            self.releases = self.releases.wrapping_add(1);
             let t = &mut self.tickets[pick];
             t.granted_ms = now_ms.max(1);
             t.pod = pod as u16;
@@ -582,6 +582,20 @@ mod tests {
         );
         q.sweep(100_000 + GRANT_TTL_MS);
         assert!(q.tickets.is_empty(), "a ticket its VM never shed");
+    }
+
+    #[test]
+    fn counters_read_from_a_record_wrap_rather_than_panic() {
+        // Found by the gate_queue fuzz target: a record's counts are foreign input.
+        let mut q = Queue {
+            next_seq: u64::MAX,
+            releases: u64::MAX,
+            ..Queue::default()
+        };
+        q.push(ticket(1, 1, 0, 100));
+        assert_eq!(q.next_seq, 0);
+        assert_eq!(q.grant(&mut [1], 10, 3).len(), 1);
+        assert_eq!(q.releases, 0);
     }
 
     #[test]
