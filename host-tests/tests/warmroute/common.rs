@@ -26,6 +26,18 @@ pub fn host() -> Host {
     Host::load(&p).unwrap_or_else(|e| panic!("loading {}: {e:?}", p.display()))
 }
 
+/// [`host`] metering wasmtime fuel: work per call, deterministic (not a timed assertion).
+pub fn fuel_host() -> Host {
+    Host::load_with(
+        wasm_path(),
+        HostOptions {
+            fuel: true,
+            ..HostOptions::default()
+        },
+    )
+    .unwrap_or_else(|e| panic!("loading {}: {e:?}", wasm_path().display()))
+}
+
 pub fn addr(i: usize) -> String {
     format!("10.0.0.{}:8000", i + 1)
 }

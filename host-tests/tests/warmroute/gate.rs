@@ -110,14 +110,7 @@ fn a_held_request_past_its_deadline_is_answered_429_at_the_next_check() {
 fn releasing_a_thousand_held_requests_costs_each_about_what_routing_it_does() {
     const PODS: usize = 32;
     const HELD: usize = 1024;
-    let h = Host::load_with(
-        wasm_path(),
-        HostOptions {
-            fuel: true,
-            ..HostOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("loading {}: {e:?}", wasm_path().display()));
+    let h = fuel_host();
     let gate = json!({"gate": {
         "knee": {"requests": 32, "waiting": 1},
         "classes": [{"name": "standard", "max_wait_ms": 60000, "max_queue": HELD},

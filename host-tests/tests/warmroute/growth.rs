@@ -53,14 +53,7 @@ fn median_fuel(fuel: &[u64], from: usize) -> u64 {
 #[test]
 fn prompts_differing_past_the_last_sample_grow_neither_memory_nor_work() {
     let t0 = std::time::Instant::now();
-    let h = Host::load_with(
-        wasm_path(),
-        HostOptions {
-            fuel: true,
-            ..HostOptions::default()
-        },
-    )
-    .unwrap_or_else(|e| panic!("loading {}: {e:?}", wasm_path().display()));
+    let h = fuel_host();
     let vm = start(&h, &config(4, json!({})));
     let fuel_of = |vm: &Vm| vm.fuel_used().expect("the host meters fuel");
     let shared = text(u64::MAX, SHARED_BLOCKS * BLOCK - MESSAGE_HEAD);
