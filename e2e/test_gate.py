@@ -47,12 +47,18 @@ def body(text: str, max_tokens: int = 4) -> dict:
 
 
 class Holder:
-    """A request that holds its pod until `close()`: sent, never read."""
+    """A request that holds its pod until `close()`: sent, never read. `stream`: ask for the
+    answer as a stream; `rcvbuf`: a small receive window, so an unread stream backs up into
+    Envoy and the pod at once."""
 
-    def __init__(self, port: int, text: str, max_tokens: int = 4000, headers: dict | None = None):
-        data = json.dumps(body(text, max_tokens)).encode()
+    def __init__(self, port: int, text: str, max_tokens: int = 4000, headers: dict | None = None,
+                 stream: bool = False, rcvbuf: int | None = None):
+        data = json.dumps({**body(text, max_tokens), **({"stream": True} if stream else {})}).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock = socket.socket()
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect(("127.0.0.1", port))
         self.sock.sendall(
             (f"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
              f"{extra}content-length: {len(data)}\r\n\r\n").encode() + data)
@@ -194,16 +200,8 @@ def test_clients_that_stop_reading_do_not_pin_the_knee():
             "gate": {"knee": {"requests": 2}, "lower_share": 0}}
     with Fleet(1, ["--time-scale", "600"], filter_overrides=gate) as f:
         pod = f.sims[0]
-        streams = []
-        for i in range(2):
-            data = json.dumps({**body(words(f"unread{i}", 20), 60000), "stream": True}).encode()
-            # A small receive window: the stream backs up into Envoy and the pod at once.
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", f.envoy.port))
-            s.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
-                       f"content-length: {len(data)}\r\n\r\n").encode() + data)
-            streams.append(s)
+        streams = [Holder(f.envoy.port, words(f"unread{i}", 20), 60000, stream=True, rcvbuf=4096)
+                   for i in range(2)]
         until("the pod finished both streams",
               lambda: pod.metrics().get("vllm:request_success_total", 0) == 2, timeout=60)
         assert pod.metrics().get("vllm:num_requests_running", 0) == 0

@@ -174,25 +174,23 @@ fn gate_config(g: WireGate, scraping: bool) -> Result<GateConfig, ConfigError> {
             max_queue: in_range(&format!("{field}.max_queue"), c.max_queue, 1, 4096)?,
         });
     }
-    let default = g.default_class.to_ascii_lowercase();
-    let default_class = classes
-        .iter()
-        .position(|c| c.name == default)
-        .ok_or_else(|| bad("gate.default_class", format!("{default:?} is not a class")))?;
+    // A class named in another field: its rank, or the field named in the error.
+    let rank_of = |field: String, class: &str| {
+        let class = class.to_ascii_lowercase();
+        classes
+            .iter()
+            .position(|c| c.name == class)
+            .ok_or_else(|| bad(field, format!("{class:?} is not a class")))
+    };
+    let default_class = rank_of("gate.default_class".into(), &g.default_class)?;
     let objectives = g
         .objectives
         .into_iter()
         .map(|(name, class)| {
-            let rank = classes
-                .iter()
-                .position(|c| c.name == class.to_ascii_lowercase())
-                .ok_or_else(|| {
-                    bad(
-                        format!("gate.objectives.{name}"),
-                        format!("{class:?} is not a class"),
-                    )
-                })?;
-            Ok((name, rank))
+            Ok((
+                name.clone(),
+                rank_of(format!("gate.objectives.{name}"), &class)?,
+            ))
         })
         .collect::<Result<_, ConfigError>>()?;
     Ok(GateConfig {
