@@ -1,42 +1,69 @@
-"""Soak: a long saturated run through the real Envoy with faults and a reload midway.
+"""Soak: a long saturated run through the real Envoy, the gate on, a discovered pool, with faults
+and reloads midway.
 
-    make soak            (or: cd e2e && ../.venv/bin/python soak.py [--requests N] ...)
+    make soak            (or: cd e2e && ../.venv/bin/python soak.py [--requests N] [--pool 500] ...)
 
-200,000 streamed completions (unique prompts) from the project's load client, closed loop at a
+`make soak` runs it twice: as below, then over a pool of 500 pods (the Makefile's SOAK_POOL_ARGS:
+a knee of one request, 1024 in flight, a 1 s scrape period, a smaller index).
+
+Streamed completions (unique prompts) from the project's load client, closed loop at a
 concurrency past the point where throughput stops rising, through Envoy with 2 worker threads
-and the shipped envoy.yaml, in front of 3 simulated vLLM pods. Events are placed by progress
-(requests Envoy completed):
+and the shipped deploy/envoy/envoy-pool.yaml: the pods are the `pool` cluster's endpoints,
+discovered by EDS from a watched file, and the filter reads them from Envoy's admin `/clusters`.
+The gate is on, with a knee of `--knee` requests per pod that the load keeps every pod past:
+most requests wait at the gate and leave it as others end. The pool:
 
+    sim-0 .. sim-2   pods that serve (sim-1 is the one killed)
+    sim-stall        holds every response for --stall-ms after its first byte; its engine runs
+                     on, so its /metrics shows it idle while its clients still wait
+    sim-500          answers a share (--error-rate) of its completion requests 500 at once
+                     (vLLM's error body); its /metrics and /health still answer
+    sim-spare        takes sim-2's place in the pool and gives it back (EDS)
+    sim-x*           with --pool N: more pods that serve, up to N endpoints in all
+
+Events are placed by progress (requests Envoy completed):
+
+    10 %  swap             EDS: sim-2 leaves the pool (its requests in flight finish), sim-spare joins
     20 %  mark A0          phase A: steady load, nothing happens
-    50 %  mark A1, reload  Envoy gets a new listener by file-based LDS (atomic rename into a
+    40 %  mark A1, reload  Envoy gets a new listener by file-based LDS (atomic rename into a
                            watched directory) whose filter has a changed configuration
-                           (`metrics.period_ms` 500 -> 250 ms) and a rebuilt module (the same
+                           (`metrics.period_ms` halved, 500 -> 250 ms) and a rebuilt module (the same
                            code plus a custom section), as a rollout of a new build would:
                            Envoy must start new VMs, configure them and retire the old ones
-    60 %  kill             one pod SIGKILLed, started again on its port 2 s later
-    70 %  mark B0          phase B: the VMs that met one kill meet a second
-    80 %  kill             the same pod again
+    45 %  swap             back: sim-2 in, sim-spare out
+    50 %  kill             sim-1 SIGKILLed, started again on its port 2 s later
+    70 %  mark B0          phase B: the VMs that met one swap and one kill meet them again
+    75 %  swap
+    80 %  kill
+    85 %  swap             back: the pool ends as it began
     end   mark B1
+
+Each phase starts after its VMs have seen a few times the index's capacity in requests (an
+index replica's hash map may double under eviction churn for that long after it filled,
+filter/core/src/routing/index: a high-water mark, not a leak) and have ticked WARM_TICKS times
+(the scraping VM's memory settles in ticks: it reads the pool, ~420 KB for 500 pods, and every
+pod's /metrics at each).
 
 Checks (exit status 1 if one fails; every figure is printed either way):
 - lost requests: every failed request must have been in flight on the killed pod when it died
-  (started before it was reaped, ended after the kill signal, answered by it);
+  (started before it was reaped, ended after the kill signal, answered by it), or be a 500 that
+  sim-500 itself answered (the pod's answer, passed on; counted and printed). A 429 from the
+  gate is lost too: no class's queue or wait limit is reached by this load;
 - the reload: LDS accepted it, new VMs were created and configured (the filter's configure log
   line), the new tick period is in force (the scrape rate doubles from phase A to a quiet window
   after the load), and the old VMs are gone;
-- memory flat after warm-up: over phase A and over phase B, Envoy's RSS within RSS_SLACK and
-  every VM's linear memory unchanged. Between the phases the reload may raise the high-water
+- memory flat after warm-up: over phase A and over phase B, Envoy's RSS within RSS_SLACK (plus
+  what the connections its pools newly keep open hold, CONNECTION_BYTES each) and every VM's
+  linear memory unchanged. Between the phases the reload may raise the high-water
   mark (a second module compiled, two sets of VMs while the old listener drains); phase B holds
-  a fault the VMs have met before, which must not raise it again;
-- the filter's in-flight and prefill gauges back to 0 once the load has stopped;
+  faults the VMs have met before, which must not raise it again;
+- the filter's in-flight and prefill gauges, and the gate's held-request gauges, back to 0 once
+  the load has stopped; nothing held at the gate at the end;
 - no retry dropped by the pool's max_retries, no upstream connection refused by its
   max_connections (a pod back from a restart would get none and serve its queue one request
   at a time).
 
-The filter exports no memory gauge and Envoy none per VM (`wasm.*` stats count VMs, `/memory`
-is Envoy's own heap), so each VM's linear memory is read from /proc/<envoy>/maps: V8 reserves
-8 GiB of address space per Wasm memory and makes its first `memory.size` bytes read-write, so
-the read-write mapping that ends where such a reservation begins is one VM's linear memory.
+Each VM's linear memory is read from /proc/<envoy>/maps (`warmroute_harness.wasm_memories`).
 """
 
 from __future__ import annotations
@@ -45,23 +72,37 @@ import argparse
 import copy
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmroute_harness import LOADGEN_BIN, WASM, Envoy, Sim, free_port, get, spawn_envoy, stop_envoy
+from warmroute_harness import (LOADGEN_BIN, ROOT, WASM, Envoy, Sim, free_port, get, spawn_envoy, stop_envoy,
+                               wasm_memories)
 
 # Envoy's RSS moves a little with allocator caches; a leak of 100 bytes a request would add
-# 5 MiB over one phase (30 % of the requests).
+# 6 MiB over phase A of the default run (60k requests), 9 MiB over phase B.
 RSS_SLACK_BYTES = 5 << 20
+# What an upstream connection Envoy keeps open holds (its objects, codec and socket; its buffers
+# are released when empty): 15.8 KiB of tcmalloc's live heap each, measured by closing 400 and
+# 800 idle connections to a pod. The pools grow to the most requests a pod ever had at once,
+# which the stalling pod and the gate keep raising for a while: a phase may grow Envoy's RSS by
+# this much per connection its pools' high-water mark rose, on top of RSS_SLACK.
+CONNECTION_BYTES = 16 << 10
 DOWN_S = 2.0
+# Reads of the pool after Envoy applied a swap by which every VM routes over the new list
+# (e2e/test_pool.py: the read under way may predate it, the next publishes the slot table,
+# every VM applies it at its next tick, one more for a VM that ticks just after the holder).
+APPLIED_WITHIN = 4
+# Ticks of a set of VMs before a phase starts (20 % of the default run is ~14 s, ~28 ticks).
+WARM_TICKS = 24
 LISTENER_TYPE = "type.googleapis.com/envoy.config.listener.v3.Listener"
+POOL_CONFIG = ROOT / "deploy" / "envoy" / "envoy-pool.yaml"
 
 
 def leb128(n: int) -> bytes:
@@ -82,29 +123,19 @@ def rebuilt_module(src: Path, dst: Path) -> Path:
     return dst
 
 
-def wasm_memories(pid: int) -> dict[int, int]:
-    """Each V8 Wasm memory of the process: start address -> read-write bytes (memory.size)."""
-    maps = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) (\S+)", line)
-            if m:
-                maps.append((int(m[1], 16), int(m[2], 16), m[3]))
-    rw_ending_at = {hi: lo for lo, hi, perm in maps if perm.startswith("rw")}
-    out = {}
-    for lo, hi, perm in maps:
-        if perm.startswith("---") and hi - lo >= 4 << 30 and lo in rw_ending_at:
-            start = rw_ending_at[lo]
-            out[start] = lo - start
-    return out
-
-
 def rss_bytes(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def start_all(sims: list[Sim], logdir: Path) -> None:
+    """Starts every sim, a few dozen at a time (a 500-pod pool starts in seconds, not minutes)."""
+    with ThreadPoolExecutor(32) as pool:
+        for f in [pool.submit(s.start, logdir) for s in sims]:
+            f.result()
 
 
 @dataclass
@@ -116,6 +147,10 @@ class Sample:
     vms: dict[int, int]
     active_vms: int
     scrapes: int  # the filter's scrapes, good and failed
+    held: int  # requests held at the gate (the gauge, every class)
+    pool: int  # endpoints in Envoy's pool cluster
+    upstream: int  # open connections to the pods
+    reply: int = 0  # bytes of the admin's /clusters reply the filter reads (at the marks only)
 
 
 @dataclass
@@ -126,14 +161,25 @@ class Kill:
 
 
 @dataclass
+class Swap:
+    at: float
+    out: str
+    into: str
+
+
+@dataclass
 class Soak:
     args: argparse.Namespace
     logdir: Path
     sims: list[Sim] = field(default_factory=list)
+    pool: list[Sim] = field(default_factory=list)  # the pool's endpoints now
     envoy: Envoy | None = None
     samples: list[Sample] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
+    swaps: list[Swap] = field(default_factory=list)
     reload_at: float = 0.0
+    start_ticks: int = 0  # the lease holder's reads of the pool at the start of the load
+    reload_ticks: int = 0  # and at the reload
     marks: dict[str, Sample] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -147,7 +193,18 @@ class Soak:
         return Sample(time.time(), int(st.get("http.ingress.downstream_rq_completed", "0")), rss_bytes(pid),
                       int(heap), wasm_memories(pid), int(st.get("wasm.envoy.wasm.runtime.v8.active", "0")),
                       int(st.get("wasmcustom.warmroute.scrape.ok", "0"))
-                      + int(st.get("wasmcustom.warmroute.scrape.failed", "0")))
+                      + int(st.get("wasmcustom.warmroute.scrape.failed", "0")),
+                      sum(int(v) for k, v in st.items() if k.startswith("wasmcustom.warmroute.gate.")
+                          and k.endswith(".queued")),
+                      int(st.get("cluster.pool.membership_total", "0")),
+                      int(st.get("cluster.pool.upstream_cx_active", "0")))
+
+    def mark(self) -> Sample:
+        """A sample, and the size of the pool's admin reply: the scraping VM reads it whole each
+        tick, and it grows with the digits of Envoy's per-host counters."""
+        smp = self.sample()
+        smp.reply = len(get(self.envoy.admin_port, "/clusters?format=json&filter=^pool$"))
+        return smp
 
     def sampler(self) -> None:
         while not self.stop.is_set():
@@ -160,11 +217,35 @@ class Soak:
     # --- setup -------------------------------------------------------------------------------
 
     def start(self) -> None:
+        a = self.args
         # Small KV caches (100k tokens a pod): the filter's index replicas, sized from them, are
         # full and evicting within the first ~15k requests, so both phases run at capacity.
-        sim_args = ["--time-scale", str(self.args.time_scale), "--kv-capacity-tokens", "100000"]
-        self.sims = [Sim(f"sim-{i}", free_port(), sim_args).start(self.logdir) for i in range(3)]
-        self.envoy = Envoy(self.sims, concurrency=2)
+        base = ["--time-scale", str(a.time_scale), "--kv-capacity-tokens", "100000"]
+        serving = [Sim(f"sim-{i}", free_port(), base) for i in range(3)]
+        self.victim, self.leaver = serving[1], serving[2]
+        self.stall = Sim("sim-stall", free_port(), base + ["--stall-after-first-byte-ms", str(a.stall_ms)])
+        self.erring = Sim("sim-500", free_port(), base + ["--error-rate", str(a.error_rate)])
+        self.spare = Sim("sim-spare", free_port(), base)
+        named = [*serving, self.stall, self.erring]
+        fillers = [Sim(f"sim-x{i}", free_port(), base) for i in range(max(0, a.pool - len(named)))]
+        self.sims = [*named, self.spare, *fillers]
+        start_all(self.sims, self.logdir)
+        self.pool = [*named, *fillers]
+        gate = {"knee": {"requests": a.knee},
+                # One class whose queue and wait hold the whole load: a 429 here is a fault.
+                "classes": [{"name": "standard", "max_wait_ms": 30000, "max_queue": 4096}],
+                "default_class": "standard"}
+        slots = max(64, len(self.pool) + 1)
+        # stale_after_ms: its default (2000) unless the period needs more (2 periods + a timeout).
+        metrics = {"period_ms": a.period_ms, "timeout_ms": a.period_ms * 4 // 5,
+                   "stale_after_ms": max(2000, 3 * a.period_ms)}
+        overrides = {"gate": gate, "pool": {"max_backends": slots}, "metrics": metrics}
+        if a.max_blocks:
+            overrides["index"] = {"max_blocks": a.max_blocks}
+        self.envoy = Envoy(self.sims, config_file=POOL_CONFIG, concurrency=2, filter_overrides=overrides)
+        self.envoy.eds_path = self.logdir / "eds" / "pool.yaml"
+        self.envoy.eds_path.parent.mkdir()
+        self.envoy.set_endpoints(self.pool)
         cfg = self.envoy.render()
         self.listener = cfg["static_resources"].pop("listeners")[0]
         self.lds_dir = self.logdir / "lds"
@@ -212,6 +293,24 @@ class Soak:
         victim.start(self.logdir)
         k.restarted = time.time()
 
+    def settle(self) -> None:
+        """Waits until the pool is whole in every VM: Envoy holds the swapped list and the
+        filter has read it (APPLIED_WITHIN reads), and a restarted pod has answered two scrapes
+        since (`Envoy.wait_scraped`: then every VM has had the ticks that bring it back)."""
+        e = self.envoy
+        e.wait_for(f"Envoy's pool at {len(self.pool)} pods",
+                   lambda: e.stat("cluster.pool.membership_total") == len(self.pool))
+        e.wait_ticks(APPLIED_WITHIN)
+        if self.kills:
+            e.wait_scraped(self.victim)
+
+    def swap(self) -> None:
+        """EDS: the leaver and the spare trade places in the pool, whichever is in now."""
+        out, into = (self.leaver, self.spare) if self.leaver in self.pool else (self.spare, self.leaver)
+        self.pool = [into if s is out else s for s in self.pool]
+        self.swaps.append(Swap(time.time(), out.name, into.name))
+        self.envoy.set_endpoints(self.pool)
+
     def reload(self) -> None:
         listener = copy.deepcopy(self.listener)
         hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
@@ -220,9 +319,11 @@ class Soak:
             rebuilt_module(WASM, self.logdir / "warmroute-rebuilt.wasm"))
         fc = json.loads(wasm["config"]["configuration"]["value"])
         # The scrape timeout must stay below the period (the config check rejects it otherwise).
-        fc["metrics"]["period_ms"], fc["metrics"]["timeout_ms"] = 250, 200
+        period = self.args.period_ms // 2
+        fc["metrics"]["period_ms"], fc["metrics"]["timeout_ms"] = period, period * 4 // 5
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
         self.reload_at = time.time()
+        self.reload_ticks = self.envoy.ticks()
         self.write_lds(listener)
 
 
@@ -237,6 +338,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     try:
         soak.start()
+        # The load starts once the filter has read the pool: before that it routes by Envoy's
+        # fallback policy, which this run is not about.
+        e = soak.envoy
+        e.wait_for("Envoy's pool", lambda: e.stat("cluster.pool.membership_total") == len(soak.pool))
+        e.wait_for("two reads of the pool", lambda: e.membership_reads() >= 2)
+        soak.start_ticks = e.ticks()
         before = soak.stats()
         configured_before = configure_lines(logdir)
         sampler = threading.Thread(target=soak.sampler, daemon=True)
@@ -249,27 +356,38 @@ def run(args: argparse.Namespace) -> int:
             "--json", str(report_path), "--records", str(records_path),
             "--target", f"http://127.0.0.1:{soak.envoy.port}"])
         base = int(before.get("http.ingress.downstream_rq_completed", "0"))
-        plan = [(0.20, "A0"), (0.50, "A1"), (0.50, "reload"), (0.60, "kill"), (0.70, "B0"), (0.80, "kill")]
-        victim = soak.sims[1]
+        plan = [(0.10, "swap"), (0.20, "A0"), (0.40, "A1"), (0.40, "reload"), (0.45, "swap"), (0.50, "kill"),
+                (0.70, "B0"), (0.75, "swap"), (0.80, "kill"), (0.85, "swap")]
         for frac, what in plan:
-            # A mark also waits for the restarted pod to be back in rotation (one tick).
-            settle = max([k.restarted + 3 for k in soak.kills] + [0]) if what[0] in "AB" else 0
-            while loadgen.poll() is None and (progress(soak) - base < frac * args.requests or time.time() < settle):
+            while loadgen.poll() is None and progress(soak) - base < frac * args.requests:
                 time.sleep(0.05)
+            # A mark waits for the pool to be whole again in every VM: a restarted pod scraped
+            # and back in rotation, a swap read (events the load goes on through).
+            if what[0] in "AB" and loadgen.poll() is None:
+                soak.settle()
+            # A phase starts once its VMs have ticked WARM_TICKS times: the scraping VM's
+            # memory settles in ticks (a read of the pool and a scrape of each pod per tick).
+            if what in ("A0", "B0") and loadgen.poll() is None:
+                since = soak.reload_ticks if what == "B0" else soak.start_ticks
+                e.wait_for(f"{WARM_TICKS} ticks before {what}", lambda: e.ticks() >= since + WARM_TICKS,
+                           timeout=WARM_TICKS * e.tick_s * 4 + 30)
             if loadgen.poll() is not None:
                 print(f"soak: the load ended before the {what} at {frac:.0%} (a faster machine: raise --requests)",
                       file=sys.stderr)
                 break
             if what == "kill":
-                soak.kill_and_restart(victim)
+                soak.kill_and_restart(soak.victim)
+            elif what == "swap":
+                soak.swap()
             elif what == "reload":
                 soak.reload()
             else:
-                soak.marks[what] = soak.sample()
+                soak.marks[what] = soak.mark()
         loadgen.wait(args.max_seconds + 60)
-        end_of_load = soak.marks["B1"] = soak.sample()
-        # Two ticks of the new period: the gauges are published at the tick.
-        time.sleep(1.0)
+        end_of_load = soak.marks["B1"] = soak.mark()
+        # Ticks of the new period: the gauges are published at the tick (counted by the pool's
+        # reads, one per tick of the lease holder; every VM ticks on the same period).
+        e.wait_ticks(4)
         after = soak.stats()
         final = soak.sample()
         soak.stop.set()
@@ -289,7 +407,8 @@ def run(args: argparse.Namespace) -> int:
 
 def configure_lines(logdir: Path) -> int:
     log = logdir / "envoy-soak.log"
-    return sum("warmroute: 3 backends, strategy" in line for line in log.read_text(errors="replace").splitlines())
+    return sum("warmroute: " in line and ", strategy " in line
+               for line in log.read_text(errors="replace").splitlines())
 
 
 def mib(n: float) -> str:
@@ -301,31 +420,52 @@ def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample,
             wall: float) -> int:
     problems: list[str] = []
     start = report["started_unix_ms"] / 1000
-    victim = soak.sims[1].name
+    victim = soak.victim.name
     failed = [r for r in records if r["outcome"] != "ok"]
     excused: dict[int, int] = {}
-    lost = []
+    lost, erred = [], []
     for r in failed:
         s = start + r["start_ms"] / 1000
         e = s + r["e2e_ms"] / 1000
         k = next((i for i, k in enumerate(soak.kills)
                   if s < k.dead and e >= k.sent and r.get("replica") == victim), None)
-        if k is None:
-            lost.append(r)
-        else:
+        if k is not None:
             excused[k] = excused.get(k, 0) + 1
+        elif r.get("status") == 500 and r.get("replica") == soak.erring.name:
+            erred.append(r)
+        else:
+            lost.append(r)
 
     print("\n== soak figures")
     print(f"wall time {wall:.0f} s (load {report['runtime_s']:.1f} s); requests {len(records)} of {args.requests}, "
           f"ok {report['ok']}, failed {len(failed)}, aborted {report['aborted']}, skipped {report['skipped']}")
     e2e = report.get("e2e_ms") or {}
     print(f"throughput {report['throughput_rps']:.0f} req/s at concurrency {args.concurrency}; "
-          f"e2e ms p50 {e2e.get('p50', 0):.1f} p99 {e2e.get('p99', 0):.1f}; "
-          f"served {report['served']}")
+          f"e2e ms p50 {e2e.get('p50', 0):.1f} p99 {e2e.get('p99', 0):.1f}")
+    served = report["served"]
+    fill = [v for k, v in served.items() if k.startswith("sim-x")]
+    print("served by " + ", ".join(f"{k} {v}" for k, v in served.items() if not k.startswith("sim-x"))
+          + (f"; {len(fill)} filler pods {min(fill)}-{max(fill)} each" if fill else ""))
     for i, k in enumerate(soak.kills):
         print(f"kill {i + 1} of {victim} at +{k.sent - start:.1f} s (reaped in {1000 * (k.dead - k.sent):.0f} ms, "
               f"back at +{k.restarted - start:.1f} s): {excused.get(i, 0)} requests in flight on it failed")
-    print(f"lost requests (failed, not in flight on the killed pod): {len(lost)}")
+    for w in soak.swaps:
+        print(f"swap at +{w.at - start:.1f} s: {w.out} left the pool, {w.into} joined")
+    routed = lambda name: sum(1 for r in records if r.get("replica") == name)  # noqa: E731
+    print(f"{soak.erring.name} answered {len(erred)} requests 500 ({len(erred) / max(1, len(records)):.1%} of all)")
+    stalled = sorted(r["e2e_ms"] for r in records if r.get("replica") == soak.stall.name and r["outcome"] == "ok")
+    if stalled:
+        print(f"{soak.stall.name} served {len(stalled)} requests, e2e ms p50 {stalled[len(stalled) // 2]:.0f} "
+              f"max {stalled[-1]:.0f} (stall {args.stall_ms} ms after the first byte)")
+    else:
+        problems.append(f"{soak.stall.name} served nothing: its stall was not exercised")
+    if not erred:
+        problems.append(f"{soak.erring.name} answered nothing: its 500s were not exercised")
+    if len(soak.pool) > 6:
+        fillers = [x for x in soak.pool if x.name.startswith("sim-x")]
+        print(f"pool of {len(soak.pool)} pods: {sum(1 for x in fillers if routed(x.name))} of {len(fillers)} "
+              f"filler pods served requests")
+    print(f"lost requests (failed, not in flight on the killed pod, not {soak.erring.name}'s own 500): {len(lost)}")
     for r in lost[:5]:
         print(f"   start +{r['start_ms'] / 1000:.3f} s replica {r.get('replica')} status {r.get('status')} {r.get('error')}")
     overflow = int(after.get("cluster.pool.upstream_rq_retry_overflow", "0"))
@@ -378,33 +518,65 @@ def verdict(soak: Soak, args, before, after, end_of_load: Sample, final: Sample,
               f"peak {mib(max(s.rss for s in soak.samples))}, idle after {mib(final.rss)}")
         print(f"Envoy heap (tcmalloc allocated): A {mib(m['A0'].heap)} -> {mib(m['A1'].heap)}, "
               f"B {mib(m['B0'].heap)} -> {mib(m['B1'].heap)}")
+        print(f"the pool's admin reply (bytes): A {m['A0'].reply} -> {m['A1'].reply}, "
+              f"B {m['B0'].reply} -> {m['B1'].reply}")
         for phase in "AB":
             a, b = m[phase + "0"], m[phase + "1"]
+            opened = max(0, high_water(soak, b) - high_water(soak, a))
+            allowed = RSS_SLACK_BYTES + opened * CONNECTION_BYTES
+            print(f"phase {phase}: Envoy RSS {mib(a.rss)} -> {mib(b.rss)}, connections to the pods at most "
+                  f"{high_water(soak, a)} -> {high_water(soak, b)}: RSS may grow {mib(allowed)}")
             print(f"VM linear memory, phase {phase} (KiB): " + ", ".join(
                 f"{a.vms[x] >> 10} -> {b.vms.get(x, 0) >> 10}" for x in sorted(a.vms)))
-            if b.rss > a.rss + RSS_SLACK_BYTES:
+            if b.rss > a.rss + allowed:
                 problems.append(f"Envoy RSS grew {mib(b.rss - a.rss)} over phase {phase}")
             if a.vms.keys() != b.vms.keys() or any(b.vms[x] != a.vms[x] for x in a.vms):
                 problems.append(f"VM memory changed over phase {phase}")
 
-    print("timeline (s, requests done, Envoy RSS MiB, heap MiB, VMs, their linear memory MiB):")
+    print("timeline (s, requests done, Envoy RSS MiB, heap MiB, VMs, their linear memory MiB, "
+          "requests held at the gate, connections to the pods):")
     step = max(1, len(soak.samples) // 24)
     for smp in soak.samples[::step]:
         print(f"   +{smp.t - start:5.1f} {smp.completed:7d} {smp.rss / (1 << 20):6.1f} {smp.heap / (1 << 20):5.1f}"
-              f" {smp.active_vms} {sum(smp.vms.values()) / (1 << 20):5.1f}")
+              f" {smp.active_vms} {sum(smp.vms.values()) / (1 << 20):5.1f} {smp.held:4d} {smp.upstream:5d}")
     with open(soak.logdir / "samples.jsonl", "w") as f:
         for smp in soak.samples:
             f.write(json.dumps({**smp.__dict__, "vms": {hex(a): v for a, v in smp.vms.items()}}) + "\n")
 
+    # The gate.
+    gate = {k.removeprefix("wasmcustom.warmroute.gate."): int(v) for k, v in after.items()
+            if k.startswith("wasmcustom.warmroute.gate.")}
+    classes = sorted({k.split(".")[0] for k in gate})
+    for c in classes:
+        g = {k.split(".", 1)[1]: v for k, v in gate.items() if k.startswith(c + ".")}
+        released = g.get("released", 0)
+        print(f"gate {c}: admitted {g.get('admitted', 0)}, held {g.get('held', 0)}, released {released} "
+              f"(mean wait {g.get('wait_ms', 0) / max(1, released):.0f} ms), shed {g.get('shed_deadline', 0)} "
+              f"past their deadline and {g.get('shed_queue_full', 0)} over a full queue, "
+              f"{g.get('abandoned', 0)} abandoned by their client; held at most "
+              f"{max((x.held for x in soak.samples), default=0)} at once (1 s samples)")
+        if not g.get("held", 0):
+            problems.append("the gate held nothing: the load never took every pod past its knee")
+
     # Gauges.
     gauges = {k.removeprefix("wasmcustom."): v for k, v in after.items()
               if k.startswith("wasmcustom.warmroute.backend.") and k.endswith((".inflight", ".prefill_blocks"))}
-    print("gauges at the end: " + ", ".join(f"{k.removeprefix('warmroute.backend.')}={v}" for k, v in sorted(gauges.items())))
-    if any(v != "0" for v in gauges.values()):
+    busy = {k: v for k, v in gauges.items() if v != "0"}
+    print(f"gauges at the end: {len(gauges)} in-flight and prefill gauges, {len(busy)} not 0"
+          + (": " + ", ".join(f"{k}={v}" for k, v in sorted(busy.items())) if busy else ""))
+    if busy:
         problems.append("in-flight gauges not back to 0")
+    queued = {k: v for k, v in gate.items() if k.endswith(".queued") and v}
+    if queued:
+        problems.append(f"requests still held at the gate at the end: {queued}")
 
     print("\nsoak: " + ("PASS" if not problems else "FAIL: " + "; ".join(problems)))
     return 1 if problems else 0
+
+
+def high_water(soak: Soak, at: Sample) -> int:
+    """The most connections to the pods Envoy held at once up to `at` (1 s samples)."""
+    return max([s.upstream for s in soak.samples if s.t <= at.t] + [at.upstream])
 
 
 def scrape_rates(soak: Soak, final: Sample, quiet: Sample) -> tuple[float, float]:
@@ -417,11 +589,26 @@ def scrape_rates(soak: Soak, final: Sample, quiet: Sample) -> tuple[float, float
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--requests", type=int, default=200_000)
+    p.add_argument("--requests", type=int, default=300_000)
     # Past the knee on a 2-core machine: throughput was flat from 384 up, latency rising.
     p.add_argument("--concurrency", type=int, default=512)
     p.add_argument("--time-scale", type=float, default=50)
     p.add_argument("--max-seconds", type=float, default=480)
+    # Every pod past this many requests in flight holds requests at the gate; the load keeps
+    # 512 in flight over 5 pods that serve.
+    p.add_argument("--knee", type=int, default=16)
+    p.add_argument("--stall-ms", type=int, default=1000)
+    # Not 1: a pod that fails every request at once looks idle, and the router and the gate,
+    # which count a 500 as the pod's answer (it may be the client's fault), send it a large
+    # share of the load (46 % of all requests at rate 1, 5 pods), leaving the gate little to do.
+    p.add_argument("--error-rate", type=float, default=0.25)
+    p.add_argument("--pool", type=int, default=0, help="pods in the pool in all (more pods that serve added)")
+    # The reload halves it. Every pod is scraped once a period: a 500-pod pool wants a longer one.
+    p.add_argument("--period-ms", type=int, default=500)
+    # Each phase must start after its VMs' index replicas have churned through a few times
+    # their capacity (see the top); a 500-pod pool's would need millions of requests at the
+    # default (262144), so that run bounds it as a smaller gateway would.
+    p.add_argument("--max-blocks", type=int, default=0, help="index.max_blocks (0: the default)")
     p.add_argument("--logdir")
     return run(p.parse_args())
 
