@@ -130,6 +130,11 @@ pub struct Stats {
     host_errors: Counter,
     log_gaps: Counter,
     redecided: Counter,
+    peer_served: Counter,
+    peer_pulls_ok: Counter,
+    peer_pulls_failed: Counter,
+    peer_imported: Counter,
+    peer_dropped: Counter,
     gate: Vec<ClassStats>,
 }
 
@@ -223,6 +228,11 @@ impl Stats {
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
             redecided: counter("warmroute.redecided".into()),
+            peer_served: counter("warmroute.peers.served".into()),
+            peer_pulls_ok: counter("warmroute.peers.pulls_ok".into()),
+            peer_pulls_failed: counter("warmroute.peers.pulls_failed".into()),
+            peer_imported: counter("warmroute.peers.events_imported".into()),
+            peer_dropped: counter("warmroute.peers.events_dropped".into()),
             gate: cfg
                 .gate
                 .iter()
@@ -349,6 +359,26 @@ impl Stats {
         self.ejections.add(1);
     }
 
+    /// A peer replica's pull answered ([`crate::routing::exchange`]).
+    pub fn peer_served(&mut self) {
+        self.peer_served.add(1);
+    }
+
+    /// A pull of a peer replica: a usable reply or not.
+    pub fn peer_pulled(&mut self, ok: bool) {
+        if ok {
+            self.peer_pulls_ok.add(1);
+        } else {
+            self.peer_pulls_failed.add(1);
+        }
+    }
+
+    /// A peer's events written to this replica's log, and those left out.
+    pub fn peer_imported(&mut self, events: u32, dropped: u32) {
+        self.peer_imported.add(events.into());
+        self.peer_dropped.add(dropped.into());
+    }
+
     /// Adds every counter's pending increments to Envoy's stats.
     pub fn flush(&mut self, host: &impl Host) {
         let lists = [
@@ -376,6 +406,11 @@ impl Stats {
             &mut self.host_errors,
             &mut self.log_gaps,
             &mut self.redecided,
+            &mut self.peer_served,
+            &mut self.peer_pulls_ok,
+            &mut self.peer_pulls_failed,
+            &mut self.peer_imported,
+            &mut self.peer_dropped,
         ];
         lists
             .into_iter()

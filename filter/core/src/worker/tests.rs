@@ -1211,3 +1211,95 @@ fn the_index_sizing_is_in_the_stats() {
         Some(4000)
     );
 }
+
+/// A replica of a 3-pod gateway with peers (its peer listener on 15099).
+fn replica(host: &MemoryHost) -> Worker {
+    let config = CONFIG.replace(
+        r#""metrics":"#,
+        r#""peers":{"cluster":"peers","port":15099},"metrics":"#,
+    );
+    Worker::configure(host, config.as_bytes()).unwrap()
+}
+
+/// What `w` answers a peer's `GET path` arriving on `port` (status, body).
+fn peer_get(w: &mut Worker, host: &MemoryHost, path: &str, port: u16) -> (u32, Vec<u8>) {
+    let mut ex = TestExchange::request(&[(":method", "GET"), (":path", path)], b"");
+    ex.local_port = Some(port);
+    *host.exchange.borrow_mut() = ex;
+    let step = w.on_request_headers(host, &mut Exchange::default(), true);
+    assert_eq!(step, Step::Replied);
+    assert_eq!(routed_to(host), None, "a peer's request is never routed");
+    let reply = host.exchange.borrow().local_reply.clone().unwrap();
+    (reply.status, reply.body)
+}
+
+#[test]
+fn replicas_pull_each_others_placements_and_a_client_cannot() {
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    // Replicas started at different times take different ids.
+    there.now.set(1);
+    let (mut a, mut b) = (replica(&here), replica(&there));
+    let path = format!("{}?since=0", crate::routing::exchange::PEER_PATH);
+    // A client asking on the client listener's port gets nothing.
+    assert_eq!(peer_get(&mut a, &here, &path, 10000), (404, Vec::new()));
+    let body = chat_body(&"q".repeat(3000));
+    send(&mut a, &here, &chat_headers(), &body);
+    let pod = routed_to(&here).unwrap();
+    // b's lease holder reads the peers cluster (a on .1, b itself on .2), then pulls both.
+    there.now.set(500);
+    b.tick(&there);
+    let sent = there.take_callouts();
+    let admin = sent
+        .iter()
+        .find(|c| c.header(":path").is_some_and(|p| p.contains("peers")))
+        .unwrap();
+    let peers = endpoints(&["10.0.0.1:15099", "10.0.0.2:15099"]);
+    let peers = Reply {
+        body: String::from_utf8_lossy(&peers.body)
+            .replace(r#""name":"pool""#, r#""name":"peers""#)
+            .into_bytes(),
+        ..peers
+    };
+    deliver(&mut b, &there, std::slice::from_ref(admin), |_| {
+        peers.clone()
+    });
+    there.now.set(1000);
+    b.tick(&there);
+    let pulls: Vec<SentCallout> = there
+        .take_callouts()
+        .into_iter()
+        .filter(|c| c.cluster == "peers")
+        .collect();
+    assert_eq!(pulls.len(), 2);
+    let (status, from_a) = peer_get(&mut a, &here, pulls[0].header(":path").unwrap(), 15099);
+    assert_eq!(status, 200);
+    let (_, from_b) = peer_get(&mut b, &there, pulls[1].header(":path").unwrap(), 15099);
+    deliver(&mut b, &there, &pulls, |dest| {
+        let body = if dest == "10.0.0.1:15099" {
+            &from_a
+        } else {
+            &from_b
+        };
+        Reply {
+            status: Some("200".into()),
+            body: body.clone(),
+        }
+    });
+    b.tick(&there);
+    assert_eq!(there.metric("warmroute.peers.events_imported"), Some(1));
+    assert_eq!(there.metric("warmroute.peers.pulls_ok"), Some(1));
+    // b itself is not pulled again; a is, from where its reply ended.
+    there.now.set(1500);
+    b.tick(&there);
+    let again: Vec<SentCallout> = there
+        .take_callouts()
+        .into_iter()
+        .filter(|c| c.cluster == "peers")
+        .collect();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].header(ENDPOINT_HEADER), Some("10.0.0.1:15099"));
+    assert!(!again[0].header(":path").unwrap().ends_with("since=0"));
+    // The same prompt through b goes where a sent it.
+    send(&mut b, &there, &chat_headers(), &body);
+    assert_eq!(routed_to(&there), Some(pod));
+}

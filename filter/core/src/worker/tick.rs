@@ -6,6 +6,7 @@
 use super::Worker;
 use crate::fleet::view::Standing;
 use crate::host::Host;
+use crate::routing::exchange::Peers;
 
 impl Worker {
     /// The root context's tick: flushes stats; writes pending releases and this
@@ -80,7 +81,7 @@ impl Worker {
         self.stats
             .index_gauges(host, &capacity, self.router.bytes_per_token());
         let cfg = self.router.config();
-        if !cfg.metrics.enabled && cfg.pool.is_none() {
+        if !cfg.metrics.enabled && cfg.pool.is_none() && cfg.peers.is_none() {
             return;
         }
         let vm = self.router.fleet().vm_id();
@@ -93,12 +94,16 @@ impl Worker {
         {
             self.scheduler.reset();
             self.members_call = None;
+            if let Some(p) = &mut self.peers {
+                *p = Peers::new(self.replica);
+            }
             return;
         }
         self.read_members(host, now);
         if self.router.config().metrics.enabled {
             self.scrape(host, now);
         }
+        self.pull_peers(host, now);
     }
 
     /// The VM is going away (reconfiguration, drain): what waits for the tick goes now.

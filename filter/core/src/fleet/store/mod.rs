@@ -137,6 +137,7 @@ pub struct Keys {
     members: String,
     lora: String,
     gate: String,
+    replica: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -168,6 +169,7 @@ impl Keys {
             members: k("members.v1"),
             lora: k("lora.v1"),
             gate: k("gate.v2"),
+            replica: k("replica.v1"),
             // The events carry their own layout version too ([`crate::fleet::store`]
             // only names the slots).
             log_slots: (0..log_shape.slots)
@@ -199,6 +201,7 @@ impl Keys {
             &self.members,
             &self.lora,
             &self.gate,
+            &self.replica,
         ]
         .into_iter()
         .chain(&self.log_slots)
@@ -423,6 +426,19 @@ impl<H: Host> Store<'_, H> {
     pub fn new_vm_id(&self) -> Result<u64, HostError> {
         self.take_number(&self.keys.vm_seq)
             .map(|n| n.wrapping_add(1))
+    }
+
+    /// This gateway replica's id among its peers ([`crate::fleet`] keeps it for
+    /// the exchange): the first VM to ask sets it to `fresh` (a clock reading:
+    /// two replicas would have to start in the same nanosecond to collide), the
+    /// others read it.
+    pub fn replica_id(&self, fresh: u64) -> Result<u64, HostError> {
+        update(self.host, &self.keys.replica, |v| {
+            match v.as_deref().and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                Some(b) => (None, u64::from_le_bytes(b)),
+                None => (Some(fresh.to_le_bytes().to_vec()), fresh),
+            }
+        })
     }
 
     /// The next value of the round-robin rotation shared by all workers.
