@@ -46,6 +46,7 @@
 //! cluster) by the replica id in the reply ([`Peers::answered`]).
 
 use crate::codec::{put, Reader};
+use crate::fleet::inflight::InFlight;
 use crate::routing::index::kept_positions;
 use crate::routing::index_log::{Event, Kind};
 use std::collections::VecDeque;
@@ -55,7 +56,8 @@ pub const PEER_PATH: &str = "/warmroute/peer/v1/events";
 
 const MAGIC: &[u8; 4] = b"wrpx";
 const VERSION: u8 = 1;
-const REPLY_HEADER: usize = 4 + 1 + 8 + 8 + 2 + 4;
+const REPLY_HEADER: usize = 4 + 1 + 8 + 8 + 2 + 2 + 4;
+const LOAD_BYTES: usize = 2 + 4 + 4 + 4;
 const EVENT_HEADER: usize = 1 + 2 + 4 + 4 + 4;
 /// Longest pod address a reply may carry (an IPv6 address with port is ~47 bytes).
 const MAX_ADDRESS_BYTES: usize = 255;
@@ -82,8 +84,12 @@ pub struct Batch {
     pub replica: u64,
     /// Where to ask from next time.
     pub next_seq: u64,
-    /// The pods the events name, by address.
+    /// The pods the events and loads name, by address.
     pub pods: Vec<String>,
+    /// What the serving replica's own requests hold on each pod where that is
+    /// something (index into `pods`): its share of the fleet's load, which the
+    /// gate and the bounds weigh.
+    pub loads: Vec<(u16, InFlight)>,
     /// The events, oldest first.
     pub events: Vec<PeerEvent>,
 }
@@ -118,27 +124,53 @@ impl BatchWriter {
         }
     }
 
-    /// Adds event `seq` about the pod at `address`; false (and nothing added)
-    /// once the reply is full: the peer asks from `seq` next time.
-    pub fn push(&mut self, seq: u64, address: &str, event: PeerEventRef<'_>) -> bool {
-        let pod = self.batch.pods.iter().position(|p| p == address);
-        let address_cost = if pod.is_some() { 0 } else { 1 + address.len() };
-        let cost = EVENT_HEADER + 8 * event.blocks.len() + address_cost;
+    /// The index of the pod at `address` in the reply's table, adding it if
+    /// `cost` more bytes (and its entry) fit; `None`: they do not.
+    fn pod(&mut self, address: &str, cost: usize) -> Option<u16> {
+        let known = self.batch.pods.iter().position(|p| p == address);
+        let entry = if known.is_some() {
+            0
+        } else {
+            1 + address.len()
+        };
         if address.len() > MAX_ADDRESS_BYTES
-            || self.bytes + cost > self.max_bytes
-            || (pod.is_none() && self.batch.pods.len() >= usize::from(u16::MAX))
-            || self.batch.events.len() >= usize::from(u16::MAX)
+            || self.bytes + cost + entry > self.max_bytes
+            || (known.is_none() && self.batch.pods.len() >= usize::from(u16::MAX))
         {
-            return false;
+            return None;
         }
-        let pod = pod.unwrap_or_else(|| {
+        self.bytes += cost + entry;
+        let i = known.unwrap_or_else(|| {
             self.batch.pods.push(address.to_owned());
             self.batch.pods.len() - 1
         });
-        self.bytes += cost;
+        Some(i as u16)
+    }
+
+    /// Adds what this replica's requests hold on the pod at `address`; false if it does not fit.
+    pub fn load(&mut self, address: &str, held: InFlight) -> bool {
+        if self.batch.loads.len() >= usize::from(u16::MAX) {
+            return false;
+        }
+        let Some(pod) = self.pod(address, LOAD_BYTES) else {
+            return false;
+        };
+        self.batch.loads.push((pod, held));
+        true
+    }
+
+    /// Adds event `seq` about the pod at `address`; false (and nothing added)
+    /// once the reply is full: the peer asks from `seq` next time.
+    pub fn push(&mut self, seq: u64, address: &str, event: PeerEventRef<'_>) -> bool {
+        if self.batch.events.len() >= usize::from(u16::MAX) {
+            return false;
+        }
+        let Some(pod) = self.pod(address, EVENT_HEADER + 8 * event.blocks.len()) else {
+            return false;
+        };
         self.batch.events.push(PeerEvent {
             kind: event.kind,
-            pod: pod as u16,
+            pod,
             age_ms: event.age_ms,
             len: event.len,
             blocks: event.blocks.to_vec(),
@@ -173,6 +205,7 @@ pub struct PeerEventRef<'a> {
 
 impl Batch {
     /// `magic ‖ version u8 ‖ replica u64 ‖ next_seq u64 ‖ n_pods u16 ‖ n_pods × (len u8 ‖ address)
+    /// ‖ n_loads u16 ‖ n_loads × (pod u16 ‖ requests u32 ‖ prefill_blocks u32 ‖ decode_tokens u32)
     /// ‖ n_events u32 ‖ n_events × (kind u8 ‖ pod u16 ‖ age_ms u32 ‖ len u32 ‖ n u32 ‖ n × u64)`.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(REPLY_HEADER);
@@ -184,6 +217,13 @@ impl Batch {
         for p in &self.pods {
             put(&mut out, p.len() as u8);
             out.extend_from_slice(p.as_bytes());
+        }
+        put(&mut out, self.loads.len() as u16);
+        for (pod, f) in &self.loads {
+            put(&mut out, *pod);
+            put(&mut out, f.requests);
+            put(&mut out, f.prefill_blocks);
+            put(&mut out, f.decode_tokens);
         }
         put(&mut out, self.events.len() as u32);
         for e in &self.events {
@@ -219,6 +259,18 @@ impl Batch {
                 (!text.is_empty()).then(|| text.to_owned())
             })
             .collect::<Option<Vec<String>>>()?;
+        let n_loads = r.get::<u16>()?;
+        let loads = (0..n_loads)
+            .map(|_| {
+                let pod = r.get::<u16>()?;
+                let held = InFlight {
+                    requests: r.get()?,
+                    prefill_blocks: r.get()?,
+                    decode_tokens: r.get()?,
+                };
+                (usize::from(pod) < pods.len()).then_some((pod, held))
+            })
+            .collect::<Option<Vec<(u16, InFlight)>>>()?;
         let n_events = r.get::<u32>()? as usize;
         // Each event takes at least its header: a count the bytes cannot hold is a lie.
         if n_events > r.rest().len() / EVENT_HEADER {
@@ -256,6 +308,7 @@ impl Batch {
             replica,
             next_seq,
             pods,
+            loads,
             events,
         })
     }
@@ -347,6 +400,8 @@ struct Peer {
     call: Option<(u32, u64)>,
     /// This replica itself (its own endpoint is in the peers cluster).
     me: bool,
+    /// What the peer's own requests held per pod, by address, when it last answered.
+    loads: Option<(u64, Vec<(String, InFlight)>)>,
 }
 
 /// The puller's state: the peers, their cursors and the pulls under way.
@@ -395,6 +450,7 @@ impl Peers {
                         cursor: None,
                         call: None,
                         me: false,
+                        loads: None,
                     })
             })
             .collect();
@@ -434,10 +490,11 @@ impl Peers {
             .any(|p| p.call.is_some_and(|(t, _)| t == token))
     }
 
-    /// The reply to pull `token` (`body`: `None` when it failed): the batch to
-    /// import, with the peer's cursor moved past it. A peer that restarted
-    /// (another replica id) is read from its reply's start as it is.
-    pub fn answered(&mut self, token: u32, body: Option<&[u8]>) -> Answer {
+    /// The reply to pull `token` at `now` (`body`: `None` when it failed): the
+    /// batch to import, with the peer's cursor moved past it and its loads
+    /// kept. A peer that restarted (another replica id) is read from its
+    /// reply's start as it is.
+    pub fn answered(&mut self, token: u32, body: Option<&[u8]>, now: u64) -> Answer {
         let Some(p) = self
             .peers
             .iter_mut()
@@ -454,7 +511,30 @@ impl Peers {
             return Answer::Me;
         }
         p.cursor = Some((batch.replica, batch.next_seq));
+        let loads = batch
+            .loads
+            .iter()
+            .filter_map(|&(pod, held)| Some((batch.pods.get(usize::from(pod))?.clone(), held)))
+            .collect();
+        p.loads = Some((now, loads));
         Answer::Events(batch)
+    }
+
+    /// What the peers' own requests hold, per pod address, summed over the
+    /// peers that answered within `max_age_ms` (a dead peer's load lapses).
+    pub fn loads(&self, now: u64, max_age_ms: u64) -> Vec<(String, InFlight)> {
+        let mut out: Vec<(String, InFlight)> = Vec::new();
+        let fresh = self.peers.iter().filter_map(|p| match &p.loads {
+            Some((at, loads)) if now.saturating_sub(*at) <= max_age_ms => Some(loads),
+            _ => None,
+        });
+        for (address, held) in fresh.flatten() {
+            match out.iter_mut().find(|(a, _)| a == address) {
+                Some((_, sum)) => sum.add(held),
+                None => out.push((address.clone(), *held)),
+            }
+        }
+        out
     }
 
     /// How many peers are pulled (this replica left out).
@@ -552,6 +632,14 @@ mod tests {
                 blocks: &[3],
             },
         );
+        w.load(
+            "a",
+            InFlight {
+                requests: 2,
+                prefill_blocks: 3,
+                decode_tokens: 4,
+            },
+        );
         let hex: String = w.finish().iter().map(|b| format!("{b:02x}")).collect();
         let expected = [
             "77727078",         // magic
@@ -560,6 +648,11 @@ mod tests {
             "0100000000000000", // next_seq
             "0100",             // one pod
             "0161",             // "a"
+            "0100",             // one load
+            "0000",             // pod 0
+            "02000000",         // 2 requests
+            "03000000",         // 3 blocks to prefill
+            "04000000",         // 4 tokens to decode
             "01000000",         // one event
             "00",               // received
             "0000",             // pod 0
@@ -609,6 +702,25 @@ mod tests {
     }
 
     #[test]
+    fn a_load_reads_back_and_one_about_no_pod_is_refused() {
+        let mut w = BatchWriter::new(1, 0, 1 << 20);
+        let held = InFlight {
+            requests: 5,
+            prefill_blocks: 6,
+            decode_tokens: 7,
+        };
+        assert!(w.load("10.0.0.1:8000", held));
+        let good = w.finish();
+        let b = Batch::decode(&good).unwrap();
+        assert_eq!(b.pods.len(), 1);
+        assert_eq!(b.loads, [(0, held)]);
+        let mut bad = good.clone();
+        let pod_at = 4 + 1 + 8 + 8 + 2 + 1 + 13 + 2;
+        bad[pod_at] = 1;
+        assert_eq!(Batch::decode(&bad), Err(BatchError::Malformed));
+    }
+
+    #[test]
     fn a_reply_stays_within_its_budget_and_resumes_where_it_stopped() {
         let (a, k, l) = event(Kind::Received, 40);
         let one = EVENT_HEADER + 8 * a.len();
@@ -655,8 +767,8 @@ mod tests {
         assert!(p.due(10, 1000).is_empty(), "one pull per peer at a time");
         let theirs = BatchWriter::new(9, 30, 1 << 20).finish();
         let mine = BatchWriter::new(7, 0, 1 << 20).finish();
-        assert!(matches!(p.answered(1, Some(&theirs)), Answer::Events(b) if b.next_seq == 30));
-        assert_eq!(p.answered(2, Some(&mine)), Answer::Me);
+        assert!(matches!(p.answered(1, Some(&theirs), 0), Answer::Events(b) if b.next_seq == 30));
+        assert_eq!(p.answered(2, Some(&mine), 0), Answer::Me);
         assert_eq!(p.count(), 1);
         assert_eq!(
             p.due(20, 1000),
@@ -667,12 +779,26 @@ mod tests {
         assert!(p.due(500, 1000).is_empty());
         assert_eq!(p.due(1021, 1000).len(), 1);
         p.dispatched("a:1", 4, 1021);
-        assert_eq!(p.answered(4, Some(b"garbage")), Answer::Failed);
+        assert_eq!(p.answered(4, Some(b"garbage"), 1021), Answer::Failed);
         assert_eq!(
             p.due(1030, 1000),
             [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
         );
         // Members change: the cursor of a peer that stays is kept.
+        // Loads: the latest of each peer that answered lately, summed per pod.
+        let mut w = BatchWriter::new(9, 30, 1 << 20);
+        let two = InFlight {
+            requests: 2,
+            ..InFlight::default()
+        };
+        w.load("pod:1", two);
+        p.dispatched("a:1", 5, 1030);
+        assert!(matches!(
+            p.answered(5, Some(&w.finish()), 1030),
+            Answer::Events(_)
+        ));
+        assert_eq!(p.loads(1030, 100), [("pod:1".to_owned(), two)]);
+        assert!(p.loads(1131, 100).is_empty(), "a silent peer's load lapses");
         p.set_members(vec!["a:1".into(), "c:1".into()]);
         let since: Vec<String> = p
             .due(1040, 1000)

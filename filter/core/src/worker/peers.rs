@@ -130,11 +130,16 @@ impl Worker {
         let body = (ok && body_size <= p.max_reply_bytes)
             .then(|| host.callout_body(body_size))
             .flatten();
-        match peers.answered(token, body.as_deref()) {
+        let now = host.now_ms();
+        match peers.answered(token, body.as_deref(), now) {
             Answer::Events(batch) => {
-                let imported = self.router.import_peer(host, &batch, host.now_ms());
+                let imported = self.router.import_peer(host, &batch, now);
                 self.stats.peer_pulled(true);
                 self.stats.peer_imported(imported.events, imported.dropped);
+                let loads = peers.loads(now, self.router.fleet().lease_ms());
+                if let Err(e) = self.router.record_peer_loads(host, &loads, now) {
+                    log::debug!("warmroute: the peers' load not shared: {e:?}");
+                }
             }
             Answer::Me => {}
             Answer::Failed => self.stats.peer_pulled(false),

@@ -1287,6 +1287,14 @@ fn replicas_pull_each_others_placements_and_a_client_cannot() {
     });
     b.tick(&there);
     assert_eq!(there.metric("warmroute.peers.events_imported"), Some(1));
+    // a's request is still in flight: b counts it on that pod, as its own VMs' are counted.
+    let slot = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+        .iter()
+        .position(|p| pod.starts_with(p))
+        .unwrap();
+    let mut expected = vec![0, 0, 0];
+    expected[slot] = 1;
+    assert_eq!(inflight(&b, &there), expected);
     assert_eq!(there.metric("warmroute.peers.pulls_ok"), Some(1));
     // b itself is not pulled again; a is, from where its reply ended.
     there.now.set(1500);

@@ -577,6 +577,35 @@ impl<H: Host> Store<'_, H> {
         })
     }
 
+    /// Sets `writer.vm`'s share to `inflight` as a whole (not by deltas), or
+    /// drops it when empty: what a source outside this Envoy's VMs holds (the
+    /// gateway's other replicas, [`crate::fleet`] keeps it for routing's
+    /// exchange), counted in every VM's load like a VM's own. It lapses with
+    /// `writer.lease_ms` as a VM's share does.
+    pub fn set_share(&self, writer: Writer, inflight: Sparse) -> Result<(), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.ledger, |v| {
+            let ledger = Ledger::decode(v.as_deref(), n);
+            let mut shares: Vec<Share> = ledger
+                .shares
+                .into_iter()
+                .filter(|s| s.vm != writer.vm)
+                .collect();
+            if !inflight.is_empty() {
+                shares.push(Share {
+                    vm: writer.vm,
+                    heartbeat_ms: writer.now_ms,
+                    lease_ms: writer.lease_ms,
+                    inflight: inflight.clone(),
+                });
+            }
+            (
+                Some(Ledger::with_total(ledger.next_seq, shares, n).encode()),
+                (),
+            )
+        })
+    }
+
     /// Health of every backend as the scraper last published it.
     pub fn health(&self) -> Result<Vec<Health>, HostError> {
         let v = self.host.get_shared(&self.keys.health)?.0;

@@ -3,6 +3,8 @@
 //! imported into the shared log, where every VM of this Envoy applies them.
 
 use super::Router;
+use crate::fleet::inflight::{InFlight, Sparse};
+use crate::fleet::store::Writer;
 use crate::host::{Host, HostError};
 use crate::routing::exchange::{Batch, BatchWriter, Outbox, PeerEventRef};
 use crate::routing::index_log::{Event, Head, IMPORTED};
@@ -36,8 +38,17 @@ impl Router {
         since: u64,
         max_bytes: usize,
     ) -> Result<Vec<u8>, HostError> {
-        let next = self.fleet.store(host).log_next_seq()?;
-        self.sync_index(host, next)?;
+        let ledger = self.fleet.store(host).read_ledger()?.value;
+        self.sync_index(host, ledger.next_seq)?;
+        // This replica's own load: every VM's share but the one its peers' replies make.
+        let mut own = vec![InFlight::default(); self.fleet.slot_count()];
+        for s in ledger.shares.iter().filter(|s| s.vm != IMPORTED) {
+            for (b, held) in &s.inflight {
+                if let Some(o) = own.get_mut(*b as usize) {
+                    o.add(held);
+                }
+            }
+        }
         let Some(outbox) = &self.outbox else {
             return Ok(BatchWriter::new(replica, since, max_bytes).finish());
         };
@@ -46,6 +57,15 @@ impl Router {
         let since = if since > until { 0 } else { since };
         let start = since.max(outbox.oldest().unwrap_or(until));
         let mut w = BatchWriter::new(replica, start, max_bytes);
+        for (b, held) in own.into_iter().enumerate() {
+            if let Some(pod) = self
+                .fleet
+                .backend(b)
+                .filter(|_| held != InFlight::default())
+            {
+                w.load(&pod.address, held);
+            }
+        }
         let now = host.now_ms();
         let mut full = false;
         for e in outbox.range(start, until) {
@@ -70,6 +90,29 @@ impl Router {
             w.skip_to(until);
         }
         Ok(w.finish())
+    }
+
+    /// Counts the peers' own in-flight work (`loads`, by pod address) in every
+    /// VM's load: one share of this Envoy's ledger, as a VM's, lapsing with
+    /// this VM's lease if it stops pulling.
+    pub fn record_peer_loads<H: Host>(
+        &self,
+        host: &H,
+        loads: &[(String, InFlight)],
+        now: u64,
+    ) -> Result<(), HostError> {
+        let mut share: Sparse = loads
+            .iter()
+            .filter_map(|(address, held)| Some((self.fleet.backend_at(address)? as u32, *held)))
+            .collect();
+        share.sort_by_key(|&(b, _)| b);
+        share.dedup_by_key(|&mut (b, _)| b);
+        let writer = Writer {
+            vm: IMPORTED,
+            now_ms: now,
+            lease_ms: self.fleet.lease_ms(),
+        };
+        self.fleet.store(host).set_share(writer, share)
     }
 
     /// Writes a peer's events to this replica's log (every VM applies them
