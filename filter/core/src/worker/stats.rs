@@ -359,6 +359,11 @@ impl Stats {
         self.ejections.add(1);
     }
 
+    /// The tick read the index log; `gap`: some events were lost to this VM.
+    pub fn log_read(&mut self, gap: bool) {
+        self.log_gaps.add(gap.into());
+    }
+
     /// A peer replica's pull answered ([`crate::routing::exchange`]).
     pub fn peer_served(&mut self) {
         self.peer_served.add(1);

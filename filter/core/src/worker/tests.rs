@@ -1311,3 +1311,30 @@ fn replicas_pull_each_others_placements_and_a_client_cannot() {
     send(&mut b, &there, &chat_headers(), &body);
     assert_eq!(routed_to(&there), Some(pod));
 }
+
+#[test]
+fn a_worker_that_routes_little_still_serves_its_peers_every_event() {
+    // Two workers of one replica; the shared log holds 64 events (the default 1 MiB).
+    let host = MemoryHost::default();
+    let (mut busy, mut idle) = (replica(&host), replica(&host));
+    let path = format!("{}?since=0", crate::routing::exchange::PEER_PATH);
+    let route = |w: &mut Worker, from: usize| {
+        for i in from..from + 40 {
+            send(
+                w,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("question {i}")),
+            );
+        }
+    };
+    route(&mut busy, 0);
+    // The idle worker's tick follows the log, as its requests would.
+    host.now.set(500);
+    idle.tick(&host);
+    route(&mut busy, 40);
+    let (status, body) = peer_get(&mut idle, &host, &path, 15099);
+    assert_eq!(status, 200);
+    let batch = crate::routing::exchange::Batch::decode(&body).unwrap();
+    assert_eq!(batch.events.len(), 80, "every event the busy worker routed");
+}

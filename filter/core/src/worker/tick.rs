@@ -42,6 +42,12 @@ impl Worker {
                 self.router.fleet().inflight(host).unwrap_or_default()
             });
         self.router.expire(now);
+        if self.router.config().peers.is_some() {
+            match self.router.catch_up(host) {
+                Ok(gap) => self.stats.log_read(gap),
+                Err(e) => log::debug!("warmroute: the index log not read at the tick: {e:?}"),
+            }
+        }
         match self.router.fleet().sweep_fleets(host, now) {
             Ok(gone) => gone.iter().for_each(|id| {
                 log::info!(

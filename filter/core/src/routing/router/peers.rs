@@ -28,6 +28,15 @@ pub(super) fn keep_for_peers(outbox: &mut Option<Outbox>, e: Event) {
 }
 
 impl Router {
+    /// Applies what other workers appended to the log since this VM last
+    /// looked; true if some were lost. A worker that routes little still
+    /// follows the log at its tick, so what its outbox serves peers has no gap
+    /// that a pull landing on it would pass on.
+    pub fn catch_up<H: Host>(&mut self, host: &H) -> Result<bool, HostError> {
+        let next = self.fleet.store(host).log_next_seq()?;
+        self.sync_index(host, next)
+    }
+
     /// The reply to a peer asking for this replica's events from `since`:
     /// those this VM applied, with their pods by address and their ages.
     /// Reads the log first, so a peer sees what other workers routed too.
