@@ -4,15 +4,17 @@
 //! balancer spreads over several gateways still finds the pod that holds it.
 //!
 //! ```text
-//! serve(since)  = own events e with seq_e ∈ [max(since, next − slots), next), in order,
-//!                 while the reply stays within max_reply_bytes;
-//!                 each as (kind, pod address, age = now − time_e, len, kept hashes)
-//!                 (imported events are not served again: nothing echoes between peers)
-//! pull(peer)    = every period (`metrics.period_ms`), from the VM holding the scrape
-//!                 lease, one request per peer, since the peer's last `next` (first
-//!                 contact: since 0, the peer's whole ring: a joining replica copies it)
+//! serve(since)  = the serving worker's outbox (its replica's own events, origin not IMPORTED,
+//!                 up to the log head it applied) from max(since, oldest kept), in order,
+//!                 while the reply stays within max_reply_bytes; each as
+//!                 (kind, pod address, age = now − time_e, len, kept hashes);
+//!                 with the replica's own in-flight work per pod (every ledger share but IMPORTED's)
+//! pull(peer)    = every tick (`metrics.period_ms`), from the VM holding the scrape lease,
+//!                 one request per peer, since the peer's last `next` (first contact: since 0,
+//!                 all its outbox: a joining replica copies it)
 //! import(event) = pod address → this replica's slot (unknown pod: dropped);
 //!                 time = max(now − age, slot joined);  one log event of origin IMPORTED
+//! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
 //! ```
 //! | parameter | default | why |
 //! |---|---|---|
@@ -21,10 +23,11 @@
 //! | `peers.admin_cluster` | `envoy-admin` | Envoy's admin, to read the peers cluster's endpoints (EDS or DNS keeps them current) |
 //! | `peers.timeout_ms` | 500 | a slow peer costs one callout slot for this long, never a request |
 //! | `peers.max_reply_bytes` | 1 MiB | a reply past it is not read (a lying or broken peer); a serving replica cuts its reply to fit |
+//! | `peers.outbox_bytes` | 1 MiB | per worker: thousands of recent placements, where the shared log's ring (64 events by default) laps within a second at a busy gateway's rate |
 //!
 //! **Why pull, through Envoy.** A gateway replica needs nothing beside the
 //! gateways: peers are found by Envoy's own discovery, reached by Envoy's
-//! callouts, and served by the filter on a listener of their own. Pulling at
+//! callouts, and served by the filter on a port of their own. Pulling at
 //! the tick never touches a request: a dead peer is a failed callout, a
 //! slow one a timed-out one, and a reply that does not decode (another
 //! version, garbage, an over-long count) is dropped whole.
@@ -40,7 +43,10 @@
 //! kept hashes ≈ 100 for a 128 KB prompt ([`crate::routing::index::kept_positions`]);
 //! each replica imports the fleet's whole event rate, which is what a single
 //! gateway would apply itself, so its index and its CPU per fleet request do
-//! not grow with N; its pulls per period do (N − 1 callouts).
+//! not grow with N; its pulls per period do (N − 1 callouts). The loads
+//! make each replica's gate and bounds weigh the others' requests one tick
+//! late: a burst that reaches every replica within one tick still passes
+//! the knee on each.
 //!
 //! A replica tells itself among the peers (its own endpoint is in the peers
 //! cluster) by the replica id in the reply ([`Peers::answered`]).
