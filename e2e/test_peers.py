@@ -8,10 +8,9 @@ Every wait counts events (a replica's imported events, its peers' pulls), never 
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import threading
-
-import pytest
 
 from warmroute_harness import MODEL, ROOT, Fleet, chat, free_port, post, words
 
@@ -41,6 +40,16 @@ def grown(messages: list[dict], reply, tag: str) -> list[dict]:
     return messages + [{"role": "assistant", "content": answer}, {"role": "user", "content": words(tag, 30)}]
 
 
+def open_talks(envoy, n: int, tag: str) -> list[tuple[str, list[dict]]]:
+    """`n` conversations' first turns through `envoy`: each one's pod and its next turn."""
+    talks = []
+    for i in range(n):
+        messages = opening(f"{tag}{i}-")
+        r = turn(envoy.port, messages)
+        talks.append((r.replica, grown(messages, r, f"{tag}-next{i}-")))
+    return talks
+
+
 def imported(envoy) -> int:
     return envoy.stat("wasmcustom.warmroute.peers.events_imported")
 
@@ -54,11 +63,7 @@ def wait_imported(envoy, n: int) -> None:
 def test_a_conversation_spread_over_the_replicas_finds_its_pod():
     with Fleet(3, FAST, gateways=3, config_file=PEERS, filter_overrides=DEBUG) as f:
         a, b, c = f.envoys
-        talks = []
-        for i in range(6):
-            messages = opening(f"spread{i}-")
-            r = turn(a.port, messages)
-            talks.append((r.replica, grown(messages, r, f"second{i}-")))
+        talks = open_talks(a, 6, "spread")
         # Each other replica pulls a's 6 placements (its lease holder, within a tick or two).
         wait_imported(b, 6)
         wait_imported(c, 6)
@@ -76,17 +81,10 @@ def test_a_conversation_spread_over_the_replicas_finds_its_pod():
             assert (r3.replica, d3["reason"]) == (pod, "cache_hit"), (i, d3)
             assert int(d3["match"].split("/")[0]) > held, (i, d, d3)
         # A client on the client port cannot read the events (only the peer port answers).
-        conn_status = get_status(a.port, "/warmroute/peer/v1/events?since=0")
-        assert conn_status == 404
-
-
-def get_status(port: int, path: str) -> int:
-    import http.client
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    c.request("GET", path)
-    status = c.getresponse().status
-    c.close()
-    return status
+        c = http.client.HTTPConnection("127.0.0.1", a.port, timeout=10)
+        c.request("GET", "/warmroute/peer/v1/events?since=0")
+        assert c.getresponse().status == 404
+        c.close()
 
 
 def test_a_replica_started_mid_run_routes_its_first_turns_warm():
@@ -96,11 +94,7 @@ def test_a_replica_started_mid_run_routes_its_first_turns_warm():
     f.envoys = f.envoys[:2]
     with f:
         a = f.envoys[0]
-        talks = []
-        for i in range(5):
-            messages = opening(f"late{i}-")
-            r = turn(a.port, messages)
-            talks.append((r.replica, grown(messages, r, f"next{i}-")))
+        talks = open_talks(a, 5, "late")
         a.wait_for("a pull of the stopped replica failed", lambda: a.stat("wasmcustom.warmroute.peers.pulls_failed") >= 1)
         late.start(f.logdir)
         f.envoys.append(late)
@@ -138,11 +132,7 @@ def test_a_dead_peer_and_a_lying_one_change_nothing_for_clients():
             # Both bad peers are pulled and refused, every tick, while clients are served.
             b.wait_for("pulls of the dead and the lying peer failed",
                        lambda: b.stat("wasmcustom.warmroute.peers.pulls_failed") >= 4)
-            talks = []
-            for i in range(4):
-                messages = opening(f"liar{i}-")
-                r = turn(a.port, messages)
-                talks.append((r.replica, grown(messages, r, f"after{i}-")))
+            talks = open_talks(a, 4, "liar")
             wait_imported(b, 4)
             for pod, messages in talks:
                 r = turn(b.port, messages)

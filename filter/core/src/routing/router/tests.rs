@@ -52,12 +52,8 @@ fn chat(turns: &[(&str, &str)]) -> PromptKey {
     prompt_key(Endpoint::Chat, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
 }
 
-#[test]
-fn a_prefix_learned_by_one_vm_is_matched_by_another() {
-    let host = MemoryHost::default();
-    let mut a = Router::new(cfg("cache_aware"), &host);
-    let mut b = Router::new(cfg("cache_aware"), &host);
-    assert_ne!(a.fleet().vm_id(), b.fleet().vm_id());
+/// A conversation's first two turns: a long system prompt, a question, an answer, a question.
+fn two_turns() -> (PromptKey, PromptKey) {
     let sys = "x".repeat(4000);
     let answer = "y".repeat(3000);
     let turn1 = chat(&[("system", &sys), ("user", "q1")]);
@@ -67,6 +63,16 @@ fn a_prefix_learned_by_one_vm_is_matched_by_another() {
         ("assistant", &answer),
         ("user", "q2"),
     ]);
+    (turn1, turn2)
+}
+
+#[test]
+fn a_prefix_learned_by_one_vm_is_matched_by_another() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    assert_ne!(a.fleet().vm_id(), b.fleet().vm_id());
+    let (turn1, turn2) = two_turns();
     let first = a.route(&host, &prompt(&turn1));
     a.fleet_mut()
         .release(&host, first.decision.order[0], one())
@@ -517,15 +523,7 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     let mut a = Router::new(with_peers("cache_aware", ABC), &here);
     let cba = r#"{"name":"c","address":"127.0.0.1:3"},{"name":"b","address":"127.0.0.1:2"},{"name":"a","address":"127.0.0.1:1"}"#;
     let mut b = Router::new(with_peers("cache_aware", cba), &there);
-    let sys = "x".repeat(4000);
-    let answer = "y".repeat(3000);
-    let turn1 = chat(&[("system", &sys), ("user", "q1")]);
-    let turn2 = chat(&[
-        ("system", &sys),
-        ("user", "q1"),
-        ("assistant", &answer),
-        ("user", "q2"),
-    ]);
+    let (turn1, turn2) = two_turns();
     let first = a.route(&here, &prompt(&turn1));
     let pod = first.decision.order[0];
     here.now.set(here.now.get() + 40);
