@@ -23,6 +23,7 @@
 //! | `peers.admin_cluster` | `envoy-admin` | Envoy's admin, to read the peers cluster's endpoints (EDS or DNS keeps them current) |
 //! | `peers.timeout_ms` | 500 | a slow peer costs one callout slot for this long, never a request |
 //! | `peers.max_reply_bytes` | 1 MiB | a reply past it is not read (a lying or broken peer); a serving replica cuts its reply to fit |
+//! | [`MEMBERS_EVERY_MS`] | 2000 | the peers cluster's endpoints read this often: a replica that joins is pulled, and pulls, within about 2 s plus a tick |
 //! | `peers.outbox_bytes` | 1 MiB | per worker: thousands of recent placements, where the shared log's ring (64 events by default) laps within a second at a busy gateway's rate |
 //!
 //! **Why pull, through Envoy.** A gateway replica needs nothing beside the
@@ -417,7 +418,15 @@ pub struct Peers {
     peers: Vec<Peer>,
     /// The read of the peers cluster's endpoints under way (token, sent).
     pub members_call: Option<(u32, u64)>,
+    /// When that read last succeeded.
+    pub members_read_ms: Option<u64>,
 }
+
+/// How often the puller reads the peers cluster's endpoints from Envoy's
+/// admin: replicas come and go at a rollout's or an autoscaler's pace, and an
+/// admin read costs Envoy about what a pull does, so reading it at every tick
+/// would double the exchange's callouts for nothing.
+pub const MEMBERS_EVERY_MS: u64 = 2_000;
 
 /// What a pull's reply was.
 #[derive(Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use super::Worker;
 use crate::config::ENDPOINT_HEADER;
 use crate::fleet::membership::{admin_path, parse_endpoints};
 use crate::host::{Callout, Host};
-use crate::routing::exchange::{since_of, Answer};
+use crate::routing::exchange::{since_of, Answer, MEMBERS_EVERY_MS};
 use crate::worker::Step;
 
 const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
@@ -54,9 +54,13 @@ impl Worker {
         };
         let Some(peers) = &mut self.peers else { return };
         let lost_after = p.timeout_ms + self.router.config().metrics.period_ms;
-        if peers
-            .members_call
-            .is_none_or(|(_, sent)| now.saturating_sub(sent) > lost_after)
+        let stale = peers
+            .members_read_ms
+            .is_none_or(|at| now.saturating_sub(at) >= MEMBERS_EVERY_MS);
+        if stale
+            && peers
+                .members_call
+                .is_none_or(|(_, sent)| now.saturating_sub(sent) > lost_after)
         {
             let path = admin_path(&[p.cluster.as_str()]);
             let call = Callout {
@@ -113,13 +117,16 @@ impl Worker {
                 .as_deref()
                 .map(|b| parse_endpoints(b, &[p.cluster.as_str()]))
             {
-                Some(Ok((endpoints, _))) => peers.set_members(
-                    endpoints
-                        .into_iter()
-                        .filter(|e| e.routable)
-                        .map(|e| e.address)
-                        .collect(),
-                ),
+                Some(Ok((endpoints, _))) => {
+                    peers.members_read_ms = Some(host.now_ms());
+                    peers.set_members(
+                        endpoints
+                            .into_iter()
+                            .filter(|e| e.routable)
+                            .map(|e| e.address)
+                            .collect(),
+                    )
+                }
                 _ => log::debug!("warmroute: the peers' endpoints not read; keeping the last"),
             }
             return true;

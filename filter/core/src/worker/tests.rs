@@ -1265,11 +1265,12 @@ fn replicas_pull_each_others_placements_and_a_client_cannot() {
     });
     there.now.set(1000);
     b.tick(&there);
-    let pulls: Vec<SentCallout> = there
-        .take_callouts()
-        .into_iter()
-        .filter(|c| c.cluster == "peers")
-        .collect();
+    let sent = there.take_callouts();
+    assert!(
+        sent.iter().all(|c| c.cluster != "envoy-admin"),
+        "the peers' endpoints are read every 2 s, not at every tick"
+    );
+    let pulls: Vec<SentCallout> = sent.into_iter().filter(|c| c.cluster == "peers").collect();
     assert_eq!(pulls.len(), 2);
     let (status, from_a) = peer_get(&mut a, &here, pulls[0].header(":path").unwrap(), 15099);
     assert_eq!(status, 200);
