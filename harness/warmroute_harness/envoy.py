@@ -392,10 +392,15 @@ class Envoy:
         return f"{path.name}, {len(bad)} warnings or worse; last:\n" + "\n".join(x[:300] for x in tail)
 
     def host_stats(self, cluster: str) -> dict[int, dict[str, int]]:
-        """Envoy's per-host counters of `cluster` (admin /clusters), by the host's port."""
+        """Envoy's per-host counters of `cluster` (admin /clusters), by the host's port.
+
+        Envoy before 1.38 ignores `filter` and lists every cluster; `pool` and `pool-metrics`
+        share their hosts' ports, so only the named cluster's entry is read."""
         doc = json.loads(get(self.admin_port, f"/clusters?format=json&filter=^{cluster}$"))
         out: dict[int, dict[str, int]] = {}
         for c in doc.get("cluster_statuses", []):
+            if c.get("name") != cluster:
+                continue
             for h in c.get("host_statuses", []):
                 port = h["address"]["socket_address"]["port_value"]
                 out[port] = {s["name"]: int(s.get("value") or 0) for s in h.get("stats", []) if "name" in s}

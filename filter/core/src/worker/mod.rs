@@ -168,10 +168,11 @@ pub struct Worker {
 }
 
 /// The oldest Envoy the filter and the shipped configurations pass the e2e
-/// suite on (`make e2e-oldest-envoy` runs part of it there). On 1.36 and 1.37
-/// requests route, but the scrapes through the metrics cluster do not reach
-/// their own pods, so per-pod load and health are wrong.
-pub const MIN_ENVOY: &str = "1.39 or later";
+/// suite on (`make e2e-oldest-envoy` runs part of it there). On 1.36 the
+/// virtual host's `request_body_buffer_limit` is applied only when the router
+/// sees the headers, after the filter has held the body, so prompts past the
+/// listener's buffer (1 MiB) get 413 (envoyproxy/envoy#42607, in 1.37).
+pub const MIN_ENVOY: &str = "1.37 or later";
 
 impl Worker {
     /// Parses and validates the plugin configuration and starts a worker:
