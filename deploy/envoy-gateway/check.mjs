@@ -322,7 +322,7 @@ for (const { f, o: pol } of policies) {
         : pfb?.fallback_policy !== "NO_FALLBACK" || pfb?.panic_mode_any === true ? "override_host fallback is not a subset policy with NO_FALLBACK: a pull of a gone replica would be answered by another"
         : pc.transport_socket || pc.transport_socket_matches ? "a transport socket: the peer port is the gateway's own listener, in plain text"
         : pc.type === "EDS" ? "type EDS: Envoy Gateway serves EDS only for the clusters it generates"
-        : !["STRICT_DNS", "LOGICAL_DNS"].includes(pc.type) || pc.type === "LOGICAL_DNS" ? `type ${pc.type ?? "STATIC"}, not STRICT_DNS of the replicas' headless Service (one endpoint per ready replica)`
+        : pc.type !== "STRICT_DNS" ? `type ${pc.type ?? "STATIC"}, not STRICT_DNS of the replicas' headless Service (one endpoint per ready replica)`
         : eps.length !== 1 || Number(eps[0].port_value) !== port ? `endpoints ${JSON.stringify(eps)}: not one DNS name on peers.port ${port}`
         : undefined;
       if (why) fail(`${at}: peers.cluster ${conf.peers.cluster} ${why}`);
