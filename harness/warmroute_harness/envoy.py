@@ -139,6 +139,11 @@ class Envoy:
     # replica's peer port, and every replica's (the cluster's endpoints; default: its own).
     peer_port: int = field(default_factory=free_port)
     peer_ports: list[int] = field(default_factory=list)
+    # The address the peer port binds (replicas found by DNS share one port, each its own address),
+    # and a whole warmroute-peers cluster to use instead of the config's (e.g. the STRICT_DNS one
+    # deploy/envoy-gateway/generate.py ships); peer_ports then lists nothing.
+    peer_host: str = "127.0.0.1"
+    peers_cluster: dict | None = None
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
@@ -160,7 +165,8 @@ class Envoy:
             ]
         has_peers = any(c["name"] == "warmroute-peers" for c in cfg["static_resources"]["clusters"])
         if has_peers:
-            listener["additional_addresses"][0]["address"]["socket_address"]["port_value"] = self.peer_port
+            sa = listener["additional_addresses"][0]["address"]["socket_address"]
+            sa["address"], sa["port_value"] = self.peer_host, self.peer_port
             fc["peers"]["port"] = self.peer_port
         _deep_update(fc, self.filter_overrides)
         self.filter = fc
@@ -191,7 +197,10 @@ class Envoy:
             if eds is not None and self.eds_path is not None:
                 eds["path"] = str(self.eds_path)
                 eds["watched_directory"] = {"path": str(self.eds_path.parent)}
-            if cluster["name"] == "warmroute-peers":
+            if cluster["name"] == "warmroute-peers" and self.peers_cluster is not None:
+                cluster.clear()
+                cluster.update(copy.deepcopy(self.peers_cluster))
+            elif cluster["name"] == "warmroute-peers":
                 cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
                     {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
                     for p in (self.peer_ports or [self.peer_port])
