@@ -4,8 +4,8 @@ decision-time curve (decision).
 
 Routing quality hides the filter's own cost behind the sims' compute, so these runs put
 Envoy in front of a backend that answers at once. The helper crates they build are members
-of the root Cargo workspace: the floor filter (bench/floor-filter) and the decision bench
-(bench/decision); the phase-timing variant of warmroute gets its own target folder so it
+of the root Cargo workspace: the floor filter (bench/floor-filter), the no-op ext_proc picker
+(bench/extproc-floor) and the decision bench (bench/decision); the phase-timing variant of warmroute gets its own target folder so it
 never replaces the shipped build's output.
 """
 

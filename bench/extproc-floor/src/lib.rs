@@ -1,8 +1,8 @@
 //! The floor under the architecture the Gateway API Inference Extension chose: an endpoint
 //! picker that is an Envoy `ext_proc` gRPC service, sent the request body by Envoy. This picker
-//! answers exactly as the Inference Extension's picker (the EPP) does in Envoy's
-//! `FULL_DUPLEX_STREAMED` mode and decides nothing, so what it costs is what the architecture
-//! charges before any picker does any work: the bench sets it beside warmroute.
+//! sends the messages the Inference Extension's picker (the EPP) sends in Envoy's
+//! `FULL_DUPLEX_STREAMED` mode, in the same order, and decides nothing, so what it costs is what
+//! the architecture charges before any picker does any work: the bench sets it beside warmroute.
 //!
 //! One gRPC stream per HTTP request, the messages in order (EPP `pkg/epp/handlers/server.go`,
 //! `request.go`; Envoy requires each side's answers in the order headers, body, trailers):
@@ -14,7 +14,7 @@
 //! | last request body chunk            | request-headers answer (the pick), then the whole body    |
 //! | request headers, end of stream     | request-headers answer (the pick) at once                 |
 //! | request trailers                   | as the last chunk if the body was open, then a trailers answer |
-//! | response headers                   | an empty headers answer                                   |
+//! | response headers                   | an empty headers answer (the EPP's adds a debug header)   |
 //! | response body chunk                | the same chunk back, streamed (end of stream as it came)  |
 //! | response trailers                  | an empty trailers answer                                  |
 //!
