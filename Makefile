@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench soak fuzz docs release clean real-setup real
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-cost soak fuzz docs release clean real-setup real
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -98,6 +98,11 @@ $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 
 bench: build $(VENV)/.bench-installed ## Routing quality and filter cost (minutes; not part of `make test`)
 	cd bench && ../$(PY) run.py
+
+bench-cost: build ## The cost of routing: warmroute beside no filter, the floor filter and the no-op ext_proc picker (the Inference Extension's architecture), paired rounds at 1 KB and 128 KB; first the ext_proc hop's e2e (~2 min once built, the picker's crate ~70 s from nothing; results merged into bench/results; not part of `make test`)
+	cargo build --release -p warmroute-extproc-floor
+	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_extproc_floor.py
+	cd bench && ../$(PY) run.py --only overhead --merge
 
 soak: build ## 200k requests at saturation, a pod killed twice, a filter reload midway: no loss, flat memory (~1 min; not part of `make test`)
 	cd e2e && ../$(PY) soak.py

@@ -313,6 +313,13 @@ class Envoy:
     def stop(self) -> None:
         stop_envoy(self.proc)
 
+    def pids(self) -> list[int]:
+        """The processes that make up this gateway (whose CPU time is its cost): Envoy alone
+        here; a gateway with a companion process (the bench's ext_proc picker) adds it."""
+        if self.proc is None:
+            raise RuntimeError("Envoy is not running")
+        return [self.proc.pid]
+
     def rss_bytes(self) -> int:
         """Envoy's resident set size now (VmRSS of /proc/<pid>/status)."""
         if self.proc is None:
