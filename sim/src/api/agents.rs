@@ -239,13 +239,18 @@ fn responses_usage(u: &SeqUsage) -> Value {
     })
 }
 
+/// What every `ResponsesResponse` of one request repeats.
+struct Head<'a> {
+    id: &'a str,
+    created: u64,
+    model: &'a str,
+    req: &'a Map<String, Value>,
+    max_tokens: usize,
+}
+
 /// vLLM's `ResponsesResponse`, `id` first.
 fn response_object(
-    id: &str,
-    created: u64,
-    model: &str,
-    req: &Map<String, Value>,
-    max_tokens: usize,
+    h: &Head<'_>,
     status: &str,
     output: Option<(&str, &str)>,
     usage: Option<&SeqUsage>,
@@ -258,22 +263,22 @@ fn response_object(
         .into_iter()
         .collect();
     json!({
-        "id": id,
-        "created_at": created,
+        "id": h.id,
+        "created_at": h.created,
         "incomplete_details": if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null },
-        "instructions": req.get("instructions").cloned().unwrap_or(Value::Null),
+        "instructions": h.req.get("instructions").cloned().unwrap_or(Value::Null),
         "metadata": null,
-        "model": model,
+        "model": h.model,
         "object": "response",
         "output": output,
         "parallel_tool_calls": true,
         "temperature": 1.0,
         "tool_choice": "auto",
-        "tools": req.get("tools").cloned().unwrap_or(json!([])),
+        "tools": h.req.get("tools").cloned().unwrap_or(json!([])),
         "top_p": 1.0,
         "background": false,
-        "max_output_tokens": max_tokens,
-        "previous_response_id": req.get("previous_response_id").cloned().unwrap_or(Value::Null),
+        "max_output_tokens": h.max_tokens,
+        "previous_response_id": h.req.get("previous_response_id").cloned().unwrap_or(Value::Null),
         "status": status,
         "usage": usage.map(responses_usage),
     })
@@ -340,16 +345,14 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
         } else {
             "completed"
         };
-        let v = response_object(
-            &id,
+        let head = Head {
+            id: &id,
             created,
-            &model,
-            &obj,
+            model: &model,
+            req: &obj,
             max_tokens,
-            status,
-            Some((&msg_id, &text)),
-            Some(&usage),
-        );
+        };
+        let v = response_object(&head, status, Some((&msg_id, &text)), Some(&usage));
         return Ok(Json(v).into_response());
     }
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
@@ -365,16 +368,14 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
             seq += 1;
             sse(name, &v)
         };
-        let initial = response_object(
-            &id,
+        let head = Head {
+            id: &id,
             created,
-            &model,
-            &obj,
+            model: &model,
+            req: &obj,
             max_tokens,
-            "in_progress",
-            None,
-            None,
-        );
+        };
+        let initial = response_object(&head, "in_progress", None, None);
         for name in ["response.created", "response.in_progress"] {
             if tx
                 .send(send(name, json!({"response": initial})))
@@ -417,16 +418,7 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
                     } else {
                         "completed"
                     };
-                    let done = response_object(
-                        &id,
-                        created,
-                        &model,
-                        &obj,
-                        max_tokens,
-                        status,
-                        Some((&msg_id, &text)),
-                        Some(&usage),
-                    );
+                    let done = response_object(&head, status, Some((&msg_id, &text)), Some(&usage));
                     let _ = tx
                         .send(send("response.completed", json!({"response": done})))
                         .await;
