@@ -174,6 +174,20 @@ impl AppState {
         format!("{prefix}-{}", self.new_hex())
     }
 
+    /// A UUID's text form (8-4-4-4-12 hex digits), unique per process and distinct across
+    /// replicas, as vLLM's chat ids carry.
+    fn new_uuid(&self) -> String {
+        let (a, b) = (self.new_hex(), self.new_hex());
+        format!(
+            "{}-{}-{}-{}-{}",
+            &a[..8],
+            &a[8..12],
+            &a[12..],
+            &b[..4],
+            &b[4..]
+        )
+    }
+
     /// 16 hex digits, unique per process and distinct across replicas.
     fn new_hex(&self) -> String {
         format!("{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))

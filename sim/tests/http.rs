@@ -1229,7 +1229,7 @@ async fn a_stored_response_is_continued_by_its_id_on_this_instance_only() {
         )
         .await;
     let id = first["id"].as_str().unwrap().to_string();
-    assert!(id.starts_with("resp_") && id.len() == 37, "{id}");
+    assert!(id.starts_with("resp_") && id.len() == 21, "{id}");
     assert_eq!(first["object"], "response");
     assert_eq!(first["output"][0]["content"][0]["type"], "output_text");
     let input = first["usage"]["input_tokens"].as_u64().unwrap();

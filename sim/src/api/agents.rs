@@ -6,7 +6,7 @@
 //!   a string or parts of type `input_text`/`output_text`/`text`), `function_call` and
 //!   `function_call_output` items; `instructions` becomes a system message; `tools` renders as
 //!   in chat; `max_output_tokens`, `stream`, `store` (default true), `request_id` (the id of the
-//!   response, vLLM's extra field; else `resp_<32 hex>`).
+//!   response, vLLM's extra field; else `resp_` and 16 hex digits).
 //! * The store, as vLLM's `OpenAIServingResponses` keeps it: only with `--enable-responses-store`
 //!   or `VLLM_ENABLE_RESPONSES_API_STORE=1` (without, `store` is quietly off), in this process's
 //!   memory. A request naming a `previous_response_id` this instance does not hold gets vLLM's
@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -214,8 +214,42 @@ impl Run {
     }
 }
 
-fn sse(name: &str, v: &Value) -> Result<Event, Infallible> {
-    Ok(Event::default().event(name).data(v.to_string()))
+/// A JSON object with its keys in the order given: vLLM's answers are pydantic models, which
+/// keep their fields' declaration order (a `ResponsesResponse` starts with its `id`), where
+/// serde_json's `Map` sorts its keys. A value made with [`raw`] is written as it is.
+fn ordered(pairs: &[(&str, J)]) -> String {
+    let fields: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| match v {
+            J::Raw(text) => format!("{}:{text}", json!(k)),
+            J::Value(v) => format!("{}:{v}", json!(k)),
+        })
+        .collect();
+    format!("{{{}}}", fields.join(","))
+}
+
+/// A field's value: JSON text already written ([`ordered`]), or a value to write.
+enum J {
+    Raw(String),
+    Value(Value),
+}
+
+impl From<Value> for J {
+    fn from(v: Value) -> J {
+        J::Value(v)
+    }
+}
+
+fn raw(text: String) -> J {
+    J::Raw(text)
+}
+
+fn json_response(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn sse(name: &str, data: String) -> Result<Event, Infallible> {
+    Ok(Event::default().event(name).data(data))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -229,14 +263,33 @@ pub async fn responses(State(st): State<AppState>, body: Bytes) -> Response {
     }
 }
 
-fn responses_usage(u: &SeqUsage) -> Value {
-    json!({
-        "input_tokens": u.prompt_tokens,
-        "input_tokens_details": {"cache_write_tokens": u.created_cache_tokens, "cached_tokens": u.cached_tokens},
-        "output_tokens": u.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-    })
+fn responses_usage(u: &SeqUsage) -> String {
+    ordered(&[
+        ("input_tokens", J::from(json!(u.prompt_tokens))),
+        (
+            "input_tokens_details",
+            raw(ordered(&[
+                ("cached_tokens", J::from(json!(u.cached_tokens))),
+                ("cache_write_tokens", J::from(json!(u.created_cache_tokens))),
+                ("input_tokens_per_turn", J::from(json!([]))),
+                ("cached_tokens_per_turn", J::from(json!([]))),
+            ])),
+        ),
+        ("output_tokens", J::from(json!(u.completion_tokens))),
+        (
+            "output_tokens_details",
+            raw(ordered(&[
+                ("reasoning_tokens", J::from(json!(0))),
+                ("tool_output_tokens", J::from(json!(0))),
+                ("output_tokens_per_turn", J::from(json!([]))),
+                ("tool_output_tokens_per_turn", J::from(json!([]))),
+            ])),
+        ),
+        (
+            "total_tokens",
+            J::from(json!(u.prompt_tokens + u.completion_tokens)),
+        ),
+    ])
 }
 
 /// What every `ResponsesResponse` of one request repeats.
@@ -248,40 +301,88 @@ struct Head<'a> {
     max_tokens: usize,
 }
 
-/// vLLM's `ResponsesResponse`, `id` first.
+/// An output message as vLLM writes it (`status`: `in_progress` without text yet).
+fn output_item(msg_id: &str, status: &str, text: Option<&str>) -> String {
+    let content = text.map_or(
+        json!([]),
+        |t| json!([{"annotations": [], "text": t, "type": "output_text", "logprobs": null}]),
+    );
+    ordered(&[
+        ("id", J::from(json!(msg_id))),
+        ("content", J::from(content)),
+        ("role", J::from(json!("assistant"))),
+        ("status", J::from(json!(status))),
+        ("type", J::from(json!("message"))),
+        ("phase", J::from(Value::Null)),
+    ])
+}
+
+/// vLLM's `ResponsesResponse`, in its fields' order (`id` first).
 fn response_object(
     h: &Head<'_>,
     status: &str,
     output: Option<(&str, &str)>,
     usage: Option<&SeqUsage>,
-) -> Value {
-    let output: Vec<Value> = output
-        .map(|(msg_id, text)| {
-            json!({"id": msg_id, "content": [{"annotations": [], "text": text, "type": "output_text", "logprobs": null}],
-                   "role": "assistant", "status": "completed", "type": "message"})
-        })
-        .into_iter()
-        .collect();
-    json!({
-        "id": h.id,
-        "created_at": h.created,
-        "incomplete_details": if status == "incomplete" { json!({"reason": "max_output_tokens"}) } else { Value::Null },
-        "instructions": h.req.get("instructions").cloned().unwrap_or(Value::Null),
-        "metadata": null,
-        "model": h.model,
-        "object": "response",
-        "output": output,
-        "parallel_tool_calls": true,
-        "temperature": 1.0,
-        "tool_choice": "auto",
-        "tools": h.req.get("tools").cloned().unwrap_or(json!([])),
-        "top_p": 1.0,
-        "background": false,
-        "max_output_tokens": h.max_tokens,
-        "previous_response_id": h.req.get("previous_response_id").cloned().unwrap_or(Value::Null),
-        "status": status,
-        "usage": usage.map(responses_usage),
-    })
+) -> String {
+    let field = |k: &str| h.req.get(k).cloned().unwrap_or(Value::Null);
+    let tools = h
+        .req
+        .get("tools")
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()));
+    let output = output.map_or_else(
+        || "[]".to_string(),
+        |(msg_id, text)| format!("[{}]", output_item(msg_id, "completed", Some(text))),
+    );
+    ordered(&[
+        ("id", J::from(json!(h.id))),
+        ("created_at", J::from(json!(h.created))),
+        (
+            "incomplete_details",
+            J::from(if status == "incomplete" {
+                json!({"reason": "max_output_tokens"})
+            } else {
+                Value::Null
+            }),
+        ),
+        ("instructions", J::from(field("instructions"))),
+        ("metadata", J::from(Value::Null)),
+        ("model", J::from(json!(h.model))),
+        ("object", J::from(json!("response"))),
+        ("output", raw(output)),
+        ("parallel_tool_calls", J::from(json!(true))),
+        ("temperature", J::from(json!(1.0))),
+        (
+            "tool_choice",
+            J::from(json!(if tools.is_some() { "auto" } else { "none" })),
+        ),
+        ("tools", J::from(tools.cloned().unwrap_or(json!([])))),
+        ("top_p", J::from(json!(1.0))),
+        ("background", J::from(json!(false))),
+        ("max_output_tokens", J::from(json!(h.max_tokens))),
+        ("max_tool_calls", J::from(Value::Null)),
+        (
+            "previous_response_id",
+            J::from(field("previous_response_id")),
+        ),
+        ("prompt", J::from(Value::Null)),
+        ("reasoning", J::from(Value::Null)),
+        ("service_tier", J::from(json!("auto"))),
+        ("status", J::from(json!(status))),
+        ("text", J::from(Value::Null)),
+        ("top_logprobs", J::from(Value::Null)),
+        ("truncation", J::from(json!("disabled"))),
+        (
+            "usage",
+            usage.map_or(J::from(Value::Null), |u| raw(responses_usage(u))),
+        ),
+        ("user", J::from(Value::Null)),
+        ("presence_penalty", J::from(json!(0.0))),
+        ("frequency_penalty", J::from(json!(0.0))),
+        ("kv_transfer_params", J::from(Value::Null)),
+        ("ec_transfer_params", J::from(Value::Null)),
+        ("input_messages", J::from(Value::Null)),
+        ("output_messages", J::from(Value::Null)),
+    ])
 }
 
 async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError> {
@@ -300,12 +401,11 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
         messages.push(json!({"role": "system", "content": i}));
     }
     if let Some(p) = &previous {
-        messages.extend(
-            p.messages
-                .iter()
-                .filter(|m| m.get("role") != Some(&json!("system")))
-                .cloned(),
-        );
+        let history = p
+            .messages
+            .iter()
+            .filter(|m| m.get("role") != Some(&json!("system")));
+        messages.extend(history.cloned());
         messages.push(json!({"role": "assistant", "content": p.text}));
     }
     messages.extend(input_messages(obj.get("input"))?);
@@ -318,14 +418,22 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
     }
     chat.insert("messages".into(), Value::Array(messages.clone()));
     let prompt = render_chat(&chat)?;
+    // vLLM's `request_id` (its extra field), else `resp_` and a random_uuid's 16 hex digits.
     let id = match opt_str(&obj, "request_id")? {
         Some(id) => id.to_string(),
-        None => format!("resp_{}{}", st.new_hex(), st.new_hex()),
+        None => format!("resp_{}", st.new_hex()),
     };
-    let msg_id = st.new_id("msg");
+    let msg_id = format!("msg_{}", st.new_hex());
     let run = Run::start(&st, tokenize(&prompt), max_tokens, target.lora.clone())?;
     let created = unix_now();
     let model = target.name.clone();
+    let status_of = |reason: &str| {
+        if reason == "length" {
+            "incomplete"
+        } else {
+            "completed"
+        }
+    };
     if !stream {
         let (text, reason, usage) = run
             .finish()
@@ -340,11 +448,6 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
                 },
             );
         }
-        let status = if reason == "length" {
-            "incomplete"
-        } else {
-            "completed"
-        };
         let head = Head {
             id: &id,
             created,
@@ -352,22 +455,17 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
             req: &obj,
             max_tokens,
         };
-        let v = response_object(&head, status, Some((&msg_id, &text)), Some(&usage));
-        return Ok(Json(v).into_response());
+        return Ok(json_response(response_object(
+            &head,
+            status_of(reason),
+            Some((&msg_id, &text)),
+            Some(&usage),
+        )));
     }
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     let responses = st.responses.clone();
     tokio::spawn(async move {
         let mut run = run;
-        let mut seq = 0u64;
-        let mut send = |name: &str, mut v: Value| {
-            if let Value::Object(o) = &mut v {
-                o.insert("sequence_number".into(), json!(seq));
-                o.insert("type".into(), json!(name));
-            }
-            seq += 1;
-            sse(name, &v)
-        };
         let head = Head {
             id: &id,
             created,
@@ -375,13 +473,39 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
             req: &obj,
             max_tokens,
         };
+        let mut seq = 0u64;
+        // Each event: its own fields, then `sequence_number` and `type`, as vLLM's models order them.
+        let mut event = |name: &str, fields: Vec<(&str, J)>| {
+            let mut all = fields;
+            all.push(("sequence_number", J::from(json!(seq))));
+            all.push(("type", J::from(json!(name))));
+            seq += 1;
+            (name.to_string(), ordered(&all))
+        };
         let initial = response_object(&head, "in_progress", None, None);
-        for name in ["response.created", "response.in_progress"] {
-            if tx
-                .send(send(name, json!({"response": initial})))
-                .await
-                .is_err()
-            {
+        let part = |text: &str, logprobs: Value| json!({"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs});
+        let opening = [
+            event("response.created", vec![("response", raw(initial.clone()))]),
+            event("response.in_progress", vec![("response", raw(initial))]),
+            event(
+                "response.output_item.added",
+                vec![
+                    ("item", raw(output_item(&msg_id, "in_progress", None))),
+                    ("output_index", J::from(json!(0))),
+                ],
+            ),
+            event(
+                "response.content_part.added",
+                vec![
+                    ("content_index", J::from(json!(0))),
+                    ("item_id", J::from(json!(msg_id))),
+                    ("output_index", J::from(json!(0))),
+                    ("part", J::from(part("", json!([])))),
+                ],
+            ),
+        ];
+        for (name, v) in opening {
+            if tx.send(sse(&name, v)).await.is_err() {
                 return;
             }
         }
@@ -390,12 +514,17 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
             match ev {
                 SeqEvent::Token { text: t, .. } => {
                     text.push_str(&t);
-                    let delta = json!({"content_index": 0, "delta": t, "item_id": msg_id, "logprobs": [], "output_index": 0});
-                    if tx
-                        .send(send("response.output_text.delta", delta))
-                        .await
-                        .is_err()
-                    {
+                    let (name, v) = event(
+                        "response.output_text.delta",
+                        vec![
+                            ("content_index", J::from(json!(0))),
+                            ("delta", J::from(json!(t))),
+                            ("item_id", J::from(json!(msg_id))),
+                            ("logprobs", J::from(json!([]))),
+                            ("output_index", J::from(json!(0))),
+                        ],
+                    );
+                    if tx.send(sse(&name, v)).await.is_err() {
                         return;
                     }
                 }
@@ -413,15 +542,46 @@ async fn responses_inner(st: AppState, body: Bytes) -> Result<Response, ApiError
                             },
                         );
                     }
-                    let status = if finish_reason == "length" {
-                        "incomplete"
-                    } else {
-                        "completed"
-                    };
-                    let done = response_object(&head, status, Some((&msg_id, &text)), Some(&usage));
-                    let _ = tx
-                        .send(send("response.completed", json!({"response": done})))
-                        .await;
+                    let done = response_object(
+                        &head,
+                        status_of(finish_reason),
+                        Some((&msg_id, &text)),
+                        Some(&usage),
+                    );
+                    let closing = [
+                        event(
+                            "response.output_text.done",
+                            vec![
+                                ("content_index", J::from(json!(0))),
+                                ("item_id", J::from(json!(msg_id))),
+                                ("logprobs", J::from(json!([]))),
+                                ("output_index", J::from(json!(0))),
+                                ("text", J::from(json!(text))),
+                            ],
+                        ),
+                        event(
+                            "response.content_part.done",
+                            vec![
+                                ("content_index", J::from(json!(0))),
+                                ("item_id", J::from(json!(msg_id))),
+                                ("output_index", J::from(json!(0))),
+                                ("part", J::from(part(&text, Value::Null))),
+                            ],
+                        ),
+                        event(
+                            "response.output_item.done",
+                            vec![
+                                ("item", raw(output_item(&msg_id, "completed", Some(&text)))),
+                                ("output_index", J::from(json!(0))),
+                            ],
+                        ),
+                        event("response.completed", vec![("response", raw(done))]),
+                    ];
+                    for (name, v) in closing {
+                        if tx.send(sse(&name, v)).await.is_err() {
+                            return;
+                        }
+                    }
                     return;
                 }
             }
@@ -527,17 +687,20 @@ fn messages_as_chat(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiE
 }
 
 /// vLLM's `_build_anthropic_usage`.
-fn anthropic_usage(u: &SeqUsage) -> Value {
+fn anthropic_usage(u: &SeqUsage) -> String {
     let input = u
         .prompt_tokens
         .saturating_sub(u.cached_tokens)
         .saturating_sub(u.created_cache_tokens);
-    json!({
-        "input_tokens": input,
-        "output_tokens": u.completion_tokens,
-        "cache_creation_input_tokens": u.created_cache_tokens,
-        "cache_read_input_tokens": u.cached_tokens,
-    })
+    ordered(&[
+        ("input_tokens", J::from(json!(input))),
+        ("output_tokens", J::from(json!(u.completion_tokens))),
+        (
+            "cache_creation_input_tokens",
+            J::from(json!(u.created_cache_tokens)),
+        ),
+        ("cache_read_input_tokens", J::from(json!(u.cached_tokens))),
+    ])
 }
 
 fn stop_reason(finish_reason: &str) -> &'static str {
@@ -561,40 +724,81 @@ async fn messages_inner(st: AppState, body: Bytes) -> Result<Response, ApiError>
     let target = resolve_model(&st, &obj)?;
     let max_tokens = opt_count(&obj, "max_tokens")?.unwrap_or(st.default_max_tokens);
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
-    let prompt = render_chat(&messages_as_chat(&obj)?)?;
-    let run = Run::start(&st, tokenize(&prompt), max_tokens, target.lora.clone())?;
-    let id = st.new_id("chatcmpl");
+    let prompt = tokenize(&render_chat(&messages_as_chat(&obj)?)?);
+    let prompt_tokens = prompt.len();
+    let run = Run::start(&st, prompt, max_tokens, target.lora.clone())?;
+    let id = format!("chatcmpl-{}", st.new_uuid());
     let model = target.name.clone();
     if !stream {
         let (text, reason, usage) = run
             .finish()
             .await
             .ok_or_else(|| ApiError::internal("engine stopped"))?;
-        return Ok(Json(json!({
-            "id": id, "type": "message", "role": "assistant",
-            "content": [{"type": "text", "text": text}],
-            "model": &*model, "stop_reason": stop_reason(reason), "stop_sequence": null,
-            "usage": anthropic_usage(&usage),
-        }))
-        .into_response());
+        // `exclude_none`: no `stop_sequence` when it is null.
+        let body = ordered(&[
+            ("id", J::from(json!(id))),
+            ("type", J::from(json!("message"))),
+            ("role", J::from(json!("assistant"))),
+            ("content", J::from(json!([{"type": "text", "text": text}]))),
+            ("model", J::from(json!(&*model))),
+            ("stop_reason", J::from(json!(stop_reason(reason)))),
+            ("usage", raw(anthropic_usage(&usage))),
+        ]);
+        return Ok(json_response(body));
     }
     let (tx, rx) = mpsc::channel::<Result<Event, Infallible>>(64);
     tokio::spawn(async move {
         let mut run = run;
-        let start = json!({"type": "message_start", "message": {
-            "id": id, "type": "message", "role": "assistant", "content": [], "model": &*model,
-            "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}}});
-        let block = json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}});
-        for (name, v) in [("message_start", start), ("content_block_start", block)] {
-            if tx.send(sse(name, &v)).await.is_err() {
+        let message = ordered(&[
+            ("id", J::from(json!(id))),
+            ("type", J::from(json!("message"))),
+            ("role", J::from(json!("assistant"))),
+            ("content", J::from(json!([]))),
+            ("model", J::from(json!(&*model))),
+            ("stop_reason", J::from(Value::Null)),
+            ("stop_sequence", J::from(Value::Null)),
+            (
+                "usage",
+                J::from(json!({"input_tokens": prompt_tokens, "output_tokens": 0})),
+            ),
+        ]);
+        let opening = [
+            (
+                "message_start",
+                ordered(&[
+                    ("type", J::from(json!("message_start"))),
+                    ("message", raw(message)),
+                ]),
+            ),
+            (
+                "content_block_start",
+                ordered(&[
+                    ("type", J::from(json!("content_block_start"))),
+                    (
+                        "content_block",
+                        J::from(json!({"type": "text", "text": ""})),
+                    ),
+                    ("index", J::from(json!(0))),
+                ]),
+            ),
+        ];
+        for (name, v) in opening {
+            if tx.send(sse(name, v)).await.is_err() {
                 return;
             }
         }
         while let Some(ev) = run.rx.recv().await {
             match ev {
                 SeqEvent::Token { text, .. } => {
-                    let d = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}});
-                    if tx.send(sse("content_block_delta", &d)).await.is_err() {
+                    let d = ordered(&[
+                        ("type", J::from(json!("content_block_delta"))),
+                        (
+                            "delta",
+                            J::from(json!({"type": "text_delta", "text": text})),
+                        ),
+                        ("index", J::from(json!(0))),
+                    ]);
+                    if tx.send(sse("content_block_delta", d)).await.is_err() {
                         return;
                     }
                 }
@@ -603,21 +807,33 @@ async fn messages_inner(st: AppState, body: Bytes) -> Result<Response, ApiError>
                     finish_reason,
                     ..
                 } => {
-                    let events = [
+                    let delta = ordered(&[
+                        ("stop_reason", J::from(json!(stop_reason(finish_reason)))),
+                        ("stop_sequence", J::from(Value::Null)),
+                    ]);
+                    let closing = [
                         (
                             "content_block_stop",
-                            json!({"type": "content_block_stop", "index": 0}),
+                            ordered(&[
+                                ("type", J::from(json!("content_block_stop"))),
+                                ("index", J::from(json!(0))),
+                            ]),
                         ),
                         (
                             "message_delta",
-                            json!({"type": "message_delta",
-                            "delta": {"stop_reason": stop_reason(finish_reason), "stop_sequence": null},
-                            "usage": anthropic_usage(&usage)}),
+                            ordered(&[
+                                ("type", J::from(json!("message_delta"))),
+                                ("delta", raw(delta)),
+                                ("usage", raw(anthropic_usage(&usage))),
+                            ]),
                         ),
-                        ("message_stop", json!({"type": "message_stop"})),
+                        (
+                            "message_stop",
+                            ordered(&[("type", J::from(json!("message_stop")))]),
+                        ),
                     ];
-                    for (name, v) in events {
-                        if tx.send(sse(name, &v)).await.is_err() {
+                    for (name, v) in closing {
+                        if tx.send(sse(name, v)).await.is_err() {
                             return;
                         }
                     }

@@ -359,6 +359,23 @@ mod tests {
     }
 
     #[test]
+    fn vllms_own_messages_reports() {
+        // vLLM 0.32's answers as `make real` captured them (bench/real/fixtures): a first turn
+        // (nothing cached, 480 tokens written), and a streamed second turn whose last usage
+        // event says 480 of its 732 prompt tokens were read from the cache.
+        let answer = include_bytes!("../../../../bench/real/fixtures/vllm-messages.json");
+        let r = report_for(Some(Endpoint::Messages), answer).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (503, 0));
+        let stream = include_bytes!("../../../../bench/real/fixtures/vllm-messages-stream.sse");
+        let tail = &stream[stream.len().saturating_sub(TAIL_BYTES)..];
+        let r = report_for(Some(Endpoint::Messages), tail).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (732, 480));
+        // Its first event counts the prompt without saying what was cached: no report.
+        let start = &stream[..stream.iter().position(|&b| b == b'}').unwrap_or(0) + 200];
+        assert_eq!(report_for(Some(Endpoint::Messages), start), None);
+    }
+
+    #[test]
     fn only_a_clear_shortfall_is_an_eviction() {
         let r = |cached| Report {
             prompt_tokens: 1000,

@@ -219,6 +219,38 @@ mod tests {
         }
     }
 
+    /// vLLM 0.32's own answers, as `make real` captured them (`bench/real/fixtures`).
+    const REAL_JSON: &[u8] =
+        include_bytes!("../../../../../bench/real/fixtures/vllm-responses.json");
+    const REAL_STREAM: &[u8] =
+        include_bytes!("../../../../../bench/real/fixtures/vllm-responses-stream.sse");
+
+    #[test]
+    fn the_id_of_vllms_own_answers() {
+        let id_of = |v: serde_json::Value| Scan::Id(response_id(v.as_str().unwrap().as_bytes()));
+        let json: serde_json::Value = serde_json::from_slice(REAL_JSON).unwrap();
+        assert_eq!(scan(REAL_JSON, true), id_of(json["id"].clone()));
+        let first = std::str::from_utf8(REAL_STREAM)
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap();
+        let created: serde_json::Value = serde_json::from_str(first).unwrap();
+        assert_eq!(created["type"], "response.created");
+        assert_eq!(
+            scan(REAL_STREAM, false),
+            id_of(created["response"]["id"].clone())
+        );
+        // Cut anywhere, as Envoy may deliver it: more, or that id.
+        for answer in [REAL_JSON, REAL_STREAM] {
+            let whole = scan(answer, true);
+            for cut in 0..answer.len().min(200) {
+                let s = scan(&answer[..cut], false);
+                assert!(s == Scan::More || s == whole, "cut at {cut}: {s:?}");
+            }
+        }
+    }
+
     #[test]
     fn answers_without_an_id_are_absent() {
         for body in [
