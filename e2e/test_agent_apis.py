@@ -91,10 +91,13 @@ def test_a_follow_up_whose_holder_is_down_or_unknown_routes_as_usual_and_says_wh
         # follow-up is routed as usual (another pod answers 404, as vLLM's would).
         reply, first = respond(e.port, {"model": MODEL, "input": words("q", 50), "max_output_tokens": 4})
         victim = next(s for s in f.sims if s.name == reply.replica)
+        failed = lambda: e.host_stats("pool-metrics").get(victim.port, {}).get("rq_error", 0)  # noqa: E731
+        before = failed()
         victim.stop()
-        e.wait_for(f"{victim.name} marked down",
-                   lambda: e.stats().get(f"wasmcustom.warmroute.backend.{victim.name}.healthy") == "0")
-        e.wait_ticks(2)  # every VM has read the health the scraping VM published
+        # Out of rotation after the shipped metrics.unhealthy_after (2) failed scrapes, counted
+        # by Envoy as they end; seen by every VM within 2 more ticks of the scraping one.
+        e.wait_for(f"2 failed scrapes of {victim.name}", lambda: failed() >= before + 2)
+        e.wait_ticks(2)
         reply, _ = respond(e.port, {"model": MODEL, "input": "and then?", "previous_response_id": first["id"]})
         assert reply.status == 404 and reply.replica != victim.name, (reply.status, reply.replica)
         assert note(reply)["previous_response"] == "holder_down"

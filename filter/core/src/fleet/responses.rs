@@ -99,7 +99,7 @@ pub fn bucket_capacity(max_entries: usize) -> usize {
 /// A bucket's entries; a value of another layout (a length that is no
 /// multiple of an entry, more entries than any configuration keeps) is empty.
 pub fn decode(bytes: &[u8]) -> Vec<Entry> {
-    if bytes.len() % ENTRY_BYTES != 0 || bytes.len() / ENTRY_BYTES > MAX_BUCKET_ENTRIES {
+    if !bytes.len().is_multiple_of(ENTRY_BYTES) || bytes.len() / ENTRY_BYTES > MAX_BUCKET_ENTRIES {
         return Vec::new();
     }
     let mut r = Reader::new(bytes);
