@@ -272,6 +272,24 @@ pub struct PoolConfig {
     pub empty_grace_ms: u64,
 }
 
+/// The gateway's other replicas, which this one exchanges index events with
+/// ([`crate::routing::exchange`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeersConfig {
+    /// The Envoy cluster of the replicas' peer listeners (`override_host` by address).
+    pub cluster: String,
+    /// This gateway's peer listener port: only requests arriving on it are served events.
+    pub port: u16,
+    /// An Envoy cluster pointing at Envoy's own admin (the peers' endpoints).
+    pub admin_cluster: String,
+    /// A pull's timeout.
+    pub timeout_ms: u64,
+    /// Largest reply served or read.
+    pub max_reply_bytes: usize,
+    /// This VM's copy of its replica's recent events for peers, in bytes.
+    pub outbox_bytes: usize,
+}
+
 /// One Envoy cluster of a discovered pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolCluster {
@@ -288,6 +306,8 @@ pub struct Config {
     pub backends: Vec<Backend>,
     /// The pool Envoy discovers, when the fleet is not a fixed list.
     pub pool: Option<PoolConfig>,
+    /// The gateway's replicas to exchange index events with.
+    pub peers: Option<PeersConfig>,
     /// Active strategy.
     pub strategy: Strategy,
     /// How the choice reaches Envoy.

@@ -44,10 +44,12 @@
 //! does not have routes as usual. Bounded all the same: 256 keys, each at
 //! most the largest capacity any configuration writes.
 //!
-//! **Across gateway replicas** (not built): an entry is self-contained (the
-//! id's hash, the pod's address id, the same on every gateway, and when it was
-//! read), so replicas could exchange buckets entry by entry, the newest `at`
-//! of an id winning, with no slot table to agree on.
+//! **Across gateway replicas**: the exchange ([`crate::routing::exchange`])
+//! carries index events, not this record; each gateway remembers the answers
+//! it proxied. An entry is self-contained (the id's hash, the pod's address
+//! id, the same on every gateway, and when it was read), so replicas could
+//! exchange buckets entry by entry, the newest `at` of an id winning, with no
+//! slot table to agree on.
 //!
 //! | parameter | value | why |
 //! |---|---|---|

@@ -46,6 +46,7 @@ use crate::phases::{Laps, Phase};
 use crate::prompt::openai::answer::{scan, Scan, SCAN_BYTES};
 use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
+use crate::routing::exchange::{is_peer_path, Peers};
 use crate::routing::feedback::{report_for, TAIL_BYTES};
 use crate::routing::pending::PendingTicket;
 use crate::routing::router::{Look, Previous, Request, Routed, Router, ANCHOR_BYTES};
@@ -54,6 +55,7 @@ use admission::{Admission, Holding};
 
 mod admission;
 mod callouts;
+mod peers;
 pub mod stats;
 pub mod steering;
 mod tick;
@@ -173,13 +175,18 @@ pub struct Worker {
     holding: Option<Holding>,
     /// When the next full tick is due (the gate's check ticks in between).
     next_tick_ms: u64,
+    /// This gateway replica's id among its peers.
+    replica: u64,
+    /// The pulls from the gateway's other replicas, with `peers` configured.
+    peers: Option<Peers>,
 }
 
 /// The oldest Envoy the filter and the shipped configurations pass the e2e
-/// suite on (`make e2e-oldest-envoy` runs part of it there). On 1.36 and 1.37
-/// requests route, but the scrapes through the metrics cluster do not reach
-/// their own pods, so per-pod load and health are wrong.
-pub const MIN_ENVOY: &str = "1.39 or later";
+/// suite on (`make e2e-oldest-envoy` runs part of it there). On 1.36 the
+/// virtual host's `request_body_buffer_limit` is applied only when the router
+/// sees the headers, after the filter has held the body, so prompts past the
+/// listener's buffer (1 MiB) get 413 (envoyproxy/envoy#42607, in 1.37).
+pub const MIN_ENVOY: &str = "1.37 or later";
 
 impl Worker {
     /// Parses and validates the plugin configuration and starts a worker:
@@ -214,6 +221,13 @@ impl Worker {
         let gated = cfg.gate.is_some();
         let router = Router::new(cfg, host);
         let holding = gated.then(|| Holding::new(host, router.fleet().vm_id()));
+        let fresh = host.now_ns() ^ router.fleet().vm_id().rotate_left(32);
+        let replica = router
+            .fleet()
+            .store(host)
+            .replica_id(fresh)
+            .unwrap_or(fresh);
+        let peers = router.config().peers.as_ref().map(|_| Peers::new(replica));
         Ok(Worker {
             router,
             stats,
@@ -223,6 +237,8 @@ impl Worker {
             unfiltered_logged: false,
             holding,
             next_tick_ms: 0,
+            replica,
+            peers,
         })
     }
 
@@ -261,6 +277,11 @@ impl Worker {
             let deadline = header(&g.deadline_header);
             (ex.class, ex.wait_ms) =
                 g.classify(class.as_deref(), objective.as_deref(), deadline.as_deref());
+        }
+        if cfg.peers.is_some() {
+            if let Some(path) = header(":path").filter(|p| is_peer_path(p)) {
+                return self.serve_peer(host, &path);
+            }
         }
         let max_body = cfg.max_body_bytes;
         let post = header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));

@@ -135,6 +135,11 @@ pub struct Stats {
     continued: Vec<Counter>,
     remembered: Counter,
     not_remembered: Counter,
+    peer_served: Counter,
+    peer_pulls_ok: Counter,
+    peer_pulls_failed: Counter,
+    peer_imported: Counter,
+    peer_dropped: Counter,
     gate: Vec<ClassStats>,
 }
 
@@ -234,6 +239,11 @@ impl Stats {
                 .collect(),
             remembered: counter("warmroute.responses.remembered".into()),
             not_remembered: counter("warmroute.responses.not_remembered".into()),
+            peer_served: counter("warmroute.peers.served".into()),
+            peer_pulls_ok: counter("warmroute.peers.pulls_ok".into()),
+            peer_pulls_failed: counter("warmroute.peers.pulls_failed".into()),
+            peer_imported: counter("warmroute.peers.events_imported".into()),
+            peer_dropped: counter("warmroute.peers.events_dropped".into()),
             gate: cfg
                 .gate
                 .iter()
@@ -381,6 +391,31 @@ impl Stats {
         self.ejections.add(1);
     }
 
+    /// The tick read the index log; `gap`: some events were lost to this VM.
+    pub fn log_read(&mut self, gap: bool) {
+        self.log_gaps.add(gap.into());
+    }
+
+    /// A peer replica's pull answered ([`crate::routing::exchange`]).
+    pub fn peer_served(&mut self) {
+        self.peer_served.add(1);
+    }
+
+    /// A pull of a peer replica: a usable reply or not.
+    pub fn peer_pulled(&mut self, ok: bool) {
+        if ok {
+            self.peer_pulls_ok.add(1);
+        } else {
+            self.peer_pulls_failed.add(1);
+        }
+    }
+
+    /// A peer's events written to this replica's log, and those left out.
+    pub fn peer_imported(&mut self, events: u32, dropped: u32) {
+        self.peer_imported.add(events.into());
+        self.peer_dropped.add(dropped.into());
+    }
+
     /// Adds every counter's pending increments to Envoy's stats.
     pub fn flush(&mut self, host: &impl Host) {
         let lists = [
@@ -411,6 +446,11 @@ impl Stats {
             &mut self.redecided,
             &mut self.remembered,
             &mut self.not_remembered,
+            &mut self.peer_served,
+            &mut self.peer_pulls_ok,
+            &mut self.peer_pulls_failed,
+            &mut self.peer_imported,
+            &mut self.peer_dropped,
         ];
         lists
             .into_iter()

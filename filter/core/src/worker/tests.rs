@@ -1433,3 +1433,131 @@ fn a_messages_turn_is_checked_against_the_pods_anthropic_report() {
     assert_eq!(host.metric("warmroute.feedback.reports"), Some(1));
     assert_eq!(host.metric("warmroute.feedback.reported_tokens"), Some(890));
 }
+
+/// A replica of a 3-pod gateway with peers (its peer listener on 15099).
+fn replica(host: &MemoryHost) -> Worker {
+    let config = CONFIG.replace(
+        r#""metrics":"#,
+        r#""peers":{"cluster":"peers","port":15099},"metrics":"#,
+    );
+    Worker::configure(host, config.as_bytes()).unwrap()
+}
+
+/// What `w` answers a peer's `GET path` arriving on `port` (status, body).
+fn peer_get(w: &mut Worker, host: &MemoryHost, path: &str, port: u16) -> (u32, Vec<u8>) {
+    let mut ex = TestExchange::request(&[(":method", "GET"), (":path", path)], b"");
+    ex.local_port = Some(port);
+    *host.exchange.borrow_mut() = ex;
+    let step = w.on_request_headers(host, &mut Exchange::default(), true);
+    assert_eq!(step, Step::Replied);
+    assert_eq!(routed_to(host), None, "a peer's request is never routed");
+    let reply = host.exchange.borrow().local_reply.clone().unwrap();
+    (reply.status, reply.body)
+}
+
+#[test]
+fn replicas_pull_each_others_placements_and_a_client_cannot() {
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    // Replicas started at different times take different ids.
+    there.now.set(1);
+    let (mut a, mut b) = (replica(&here), replica(&there));
+    let path = format!("{}?since=0", crate::routing::exchange::PEER_PATH);
+    // A client asking on the client listener's port gets nothing.
+    assert_eq!(peer_get(&mut a, &here, &path, 10000), (404, Vec::new()));
+    let body = chat_body(&"q".repeat(3000));
+    send(&mut a, &here, &chat_headers(), &body);
+    let pod = routed_to(&here).unwrap();
+    // b's lease holder reads the peers cluster (a on .1, b itself on .2), then pulls both.
+    there.now.set(500);
+    b.tick(&there);
+    let sent = there.take_callouts();
+    let admin = sent
+        .iter()
+        .find(|c| c.header(":path").is_some_and(|p| p.contains("peers")))
+        .unwrap();
+    let peers = endpoints(&["10.0.0.1:15099", "10.0.0.2:15099"]);
+    let peers = Reply {
+        body: String::from_utf8_lossy(&peers.body)
+            .replace(r#""name":"pool""#, r#""name":"peers""#)
+            .into_bytes(),
+        ..peers
+    };
+    deliver(&mut b, &there, std::slice::from_ref(admin), |_| {
+        peers.clone()
+    });
+    there.now.set(1000);
+    b.tick(&there);
+    let sent = there.take_callouts();
+    assert!(
+        sent.iter().all(|c| c.cluster != "envoy-admin"),
+        "the peers' endpoints are read every 2 s, not at every tick"
+    );
+    let pulls: Vec<SentCallout> = sent.into_iter().filter(|c| c.cluster == "peers").collect();
+    assert_eq!(pulls.len(), 2);
+    let (status, from_a) = peer_get(&mut a, &here, pulls[0].header(":path").unwrap(), 15099);
+    assert_eq!(status, 200);
+    let (_, from_b) = peer_get(&mut b, &there, pulls[1].header(":path").unwrap(), 15099);
+    deliver(&mut b, &there, &pulls, |dest| {
+        let body = if dest == "10.0.0.1:15099" {
+            &from_a
+        } else {
+            &from_b
+        };
+        Reply {
+            status: Some("200".into()),
+            body: body.clone(),
+        }
+    });
+    b.tick(&there);
+    assert_eq!(there.metric("warmroute.peers.events_imported"), Some(1));
+    // a's request is still in flight: b counts it on that pod, as its own VMs' are counted.
+    let slot = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+        .iter()
+        .position(|p| pod.starts_with(p))
+        .unwrap();
+    let mut expected = vec![0, 0, 0];
+    expected[slot] = 1;
+    assert_eq!(inflight(&b, &there), expected);
+    assert_eq!(there.metric("warmroute.peers.pulls_ok"), Some(1));
+    // b itself is not pulled again; a is, from where its reply ended.
+    there.now.set(1500);
+    b.tick(&there);
+    let again: Vec<SentCallout> = there
+        .take_callouts()
+        .into_iter()
+        .filter(|c| c.cluster == "peers")
+        .collect();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].header(ENDPOINT_HEADER), Some("10.0.0.1:15099"));
+    assert!(!again[0].header(":path").unwrap().ends_with("since=0"));
+    // The same prompt through b goes where a sent it.
+    send(&mut b, &there, &chat_headers(), &body);
+    assert_eq!(routed_to(&there), Some(pod));
+}
+
+#[test]
+fn a_worker_that_routes_little_still_serves_its_peers_every_event() {
+    // Two workers of one replica; the shared log holds 64 events (the default 1 MiB).
+    let host = MemoryHost::default();
+    let (mut busy, mut idle) = (replica(&host), replica(&host));
+    let path = format!("{}?since=0", crate::routing::exchange::PEER_PATH);
+    let route = |w: &mut Worker, from: usize| {
+        for i in from..from + 40 {
+            send(
+                w,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("question {i}")),
+            );
+        }
+    };
+    route(&mut busy, 0);
+    // The idle worker's tick follows the log, as its requests would.
+    host.now.set(500);
+    idle.tick(&host);
+    route(&mut busy, 40);
+    let (status, body) = peer_get(&mut idle, &host, &path, 15099);
+    assert_eq!(status, 200);
+    let batch = crate::routing::exchange::Batch::decode(&body).unwrap();
+    assert_eq!(batch.events.len(), 80, "every event the busy worker routed");
+}

@@ -141,6 +141,7 @@ pub struct Keys {
     members: String,
     lora: String,
     gate: String,
+    replica: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -172,6 +173,7 @@ impl Keys {
             members: k("members.v1"),
             lora: k("lora.v1"),
             gate: k("gate.v2"),
+            replica: k("replica.v1"),
             // The events carry their own layout version too ([`crate::fleet::store`]
             // only names the slots).
             log_slots: (0..log_shape.slots)
@@ -203,6 +205,7 @@ impl Keys {
             &self.members,
             &self.lora,
             &self.gate,
+            &self.replica,
         ]
         .into_iter()
         .chain(&self.log_slots)
@@ -429,6 +432,19 @@ impl<H: Host> Store<'_, H> {
             .map(|n| n.wrapping_add(1))
     }
 
+    /// This gateway replica's id among its peers ([`crate::fleet`] keeps it for
+    /// the exchange): the first VM to ask sets it to `fresh` (a clock reading:
+    /// two replicas would have to start in the same nanosecond to collide), the
+    /// others read it.
+    pub fn replica_id(&self, fresh: u64) -> Result<u64, HostError> {
+        update(self.host, &self.keys.replica, |v| {
+            match v.as_deref().and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                Some(b) => (None, u64::from_le_bytes(b)),
+                None => (Some(fresh.to_le_bytes().to_vec()), fresh),
+            }
+        })
+    }
+
     /// The next value of the round-robin rotation shared by all workers.
     pub fn next_rotation(&self) -> Result<u64, HostError> {
         self.take_number(&self.keys.rotation)
@@ -561,6 +577,35 @@ impl<H: Host> Store<'_, H> {
                     seq,
                     reclaimed,
                 },
+            )
+        })
+    }
+
+    /// Sets `writer.vm`'s share to `inflight` as a whole (not by deltas), or
+    /// drops it when empty: what a source outside this Envoy's VMs holds (the
+    /// gateway's other replicas, [`crate::fleet`] keeps it for routing's
+    /// exchange), counted in every VM's load like a VM's own. It lapses with
+    /// `writer.lease_ms` as a VM's share does.
+    pub fn set_share(&self, writer: Writer, inflight: Sparse) -> Result<(), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.ledger, |v| {
+            let ledger = Ledger::decode(v.as_deref(), n);
+            let mut shares: Vec<Share> = ledger
+                .shares
+                .into_iter()
+                .filter(|s| s.vm != writer.vm)
+                .collect();
+            if !inflight.is_empty() {
+                shares.push(Share {
+                    vm: writer.vm,
+                    heartbeat_ms: writer.now_ms,
+                    lease_ms: writer.lease_ms,
+                    inflight: inflight.clone(),
+                });
+            }
+            (
+                Some(Ledger::with_total(ledger.next_seq, shares, n).encode()),
+                (),
             )
         })
     }

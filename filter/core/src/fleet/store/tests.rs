@@ -402,6 +402,7 @@ fn the_stores_own_records_keep_their_layout() {
         (&named.members, ".members.v1"),
         (&named.lora, ".lora.v1"),
         (&named.gate, ".gate.v2"),
+        (&named.replica, ".replica.v1"),
     ] {
         assert!(key.ends_with(version), "{key}");
     }
@@ -453,6 +454,10 @@ fn the_stores_own_records_keep_their_layout() {
     );
     assert_eq!(read(&keys.rotation), "0100000000000000", "rotation.v1");
     assert_eq!(read(&keys.vm_seq), "0100000000000000", "vm_seq.v1");
+    // The first VM sets the replica id, the others read it.
+    assert_eq!(s.replica_id(0x0102), Ok(0x0102));
+    assert_eq!(s.replica_id(0x0304), Ok(0x0102));
+    assert_eq!(read(&keys.replica), "0201000000000000", "replica.v1");
     s.sweep_fleets(100, 30_000).ok();
     assert_eq!(
         read(FLEETS_KEY),

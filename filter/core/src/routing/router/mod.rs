@@ -41,6 +41,7 @@ use crate::hash::{mix, session_hash};
 use crate::host::{Host, HostError};
 use crate::phases::{Split, Stage};
 use crate::prompt::prefix::PromptKey;
+use crate::routing::exchange::Outbox;
 use crate::routing::feedback::{Surpluses, TokenRatio};
 use crate::routing::index::Index;
 use crate::routing::index_log::Kind;
@@ -170,6 +171,8 @@ pub struct Router {
     surplus: Surpluses,
     /// The ratio the index's capacities were last sized with.
     sized_ratio: f64,
+    /// This replica's own recent events, for its peers (with `peers` only).
+    outbox: Option<Outbox>,
 }
 
 /// The fleet as the gate sees it, per slot.
@@ -243,6 +246,7 @@ impl Router {
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
         let index = Index::new(cfg.slot_count(), cfg.index.max_blocks, cfg.index.ttl_ms);
         let bytes_per_token = cfg.index.bytes_per_token;
+        let outbox = cfg.peers.as_ref().map(|p| Outbox::new(p.outbox_bytes));
         let fleet = FleetView::new(cfg, host);
         let n = fleet.slot_count();
         // Start reading the log where it is now: older events describe a past we cannot date.
@@ -260,6 +264,7 @@ impl Router {
             ratio: TokenRatio::new(bytes_per_token),
             surplus: Surpluses::default(),
             sized_ratio: bytes_per_token,
+            outbox,
         };
         router.resize_index();
         router
@@ -818,6 +823,9 @@ impl Router {
     }
 }
 
+mod peers;
 mod replica;
+
+pub use peers::Imported;
 #[cfg(test)]
 mod tests;
