@@ -128,12 +128,13 @@ pub fn find(bytes: &[u8], id: u64) -> Option<Entry> {
     decode(bytes).into_iter().find(|e| e.id == id)
 }
 
-/// `entries` with `new` in: an entry of its id replaced, then the oldest
-/// dropped until at most `capacity` remain.
+/// `entries` with `new` in: an entry of its id replaced, and the oldest of
+/// the others dropped until at most `capacity` remain with it. `new` always
+/// stays, whatever times the others claim (a bucket another writer damaged
+/// or dated ahead must not make the answer just read the first to go).
 pub fn insert(mut entries: Vec<Entry>, new: Entry, capacity: usize) -> Vec<Entry> {
     entries.retain(|e| e.id != new.id);
-    entries.push(new);
-    while entries.len() > capacity.max(1) {
+    while entries.len() >= capacity.max(1) {
         let oldest = entries
             .iter()
             .enumerate()
@@ -146,6 +147,7 @@ pub fn insert(mut entries: Vec<Entry>, new: Entry, capacity: usize) -> Vec<Entry
             None => break,
         }
     }
+    entries.push(new);
     entries
 }
 
@@ -172,6 +174,19 @@ mod tests {
         assert_eq!(find(&encode(&b), 3), Some(e(3, 9, 200)));
         assert_eq!(find(&encode(&b), 2), Some(e(2, 7, 102)));
         assert_eq!(find(&encode(&b), 0), None);
+    }
+
+    #[test]
+    fn the_answer_just_read_stays_whatever_the_others_claim() {
+        // Entries dated after it (a damaged bucket, another writer's clock): one of
+        // them goes, not the new entry.
+        let later = vec![e(1, 7, 900), e(2, 7, 950)];
+        let b = insert(later, e(3, 8, 100), 2);
+        assert_eq!(b, vec![e(2, 7, 950), e(3, 8, 100)]);
+        assert_eq!(
+            insert(vec![e(1, 7, 900)], e(3, 8, 100), 0),
+            vec![e(3, 8, 100)]
+        );
     }
 
     #[test]
