@@ -103,6 +103,17 @@ pub struct FeedbackConfig {
     pub request_usage: bool,
 }
 
+/// The record of which pod answered each stored response
+/// ([`crate::fleet::responses`]), for follow-ups by `previous_response_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponsesConfig {
+    /// Answers remembered (0: none, and follow-ups route as any request).
+    pub max_entries: usize,
+}
+
+/// Most answers the record of stored responses may keep (6 MB of shared data).
+pub const MAX_RESPONSES: usize = 262_144;
+
 /// The Gateway API Inference Extension's header naming a request's objective
 /// (an `InferenceObjective`), read after the gate's own header and mapped to a
 /// class by `gate.objectives`.
@@ -328,6 +339,8 @@ pub struct Config {
     pub gate: Option<GateConfig>,
     /// The pods' own cache reports.
     pub feedback: FeedbackConfig,
+    /// The record of which pod answered each stored `/v1/responses` response.
+    pub responses: ResponsesConfig,
 }
 
 /// Most backends one filter instance routes over.

@@ -510,6 +510,14 @@ impl TryFrom<WireConfig> for Config {
                 enabled: w.feedback.enabled,
                 request_usage: w.feedback.request_usage,
             },
+            responses: ResponsesConfig {
+                max_entries: in_range(
+                    "responses.max_entries",
+                    w.responses.max_entries,
+                    0,
+                    MAX_RESPONSES,
+                )?,
+            },
         })
     }
 }

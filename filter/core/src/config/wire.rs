@@ -326,6 +326,21 @@ impl Default for WireFeedback {
     }
 }
 
+/// The record of which pod answered each stored response ([`crate::fleet::responses`]).
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct WireResponses {
+    pub(super) max_entries: usize,
+}
+
+impl Default for WireResponses {
+    fn default() -> Self {
+        WireResponses {
+            max_entries: 16_384,
+        }
+    }
+}
+
 /// `backends` has no useful default: an empty list (without a `pool`) is
 /// rejected by validation, which names the field.
 #[derive(Debug, Deserialize)]
@@ -349,6 +364,7 @@ pub(super) struct WireConfig {
     pub(super) debug_match_counts: bool,
     pub(super) gate: Option<WireGate>,
     pub(super) feedback: WireFeedback,
+    pub(super) responses: WireResponses,
 }
 
 impl Default for WireConfig {
@@ -372,6 +388,7 @@ impl Default for WireConfig {
             debug_match_counts: false,
             gate: None,
             feedback: WireFeedback::default(),
+            responses: WireResponses::default(),
         }
     }
 }

@@ -1212,6 +1212,228 @@ fn the_index_sizing_is_in_the_stats() {
     );
 }
 
+fn responses_headers() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (":method", "POST"),
+        (":path", "/v1/responses"),
+        ("content-type", "application/json"),
+    ]
+}
+
+/// Delivers a `/v1/responses` answer from `upstream` in `chunks`, and ends the exchange.
+fn answer_from(
+    w: &mut Worker,
+    host: &MemoryHost,
+    ex: &mut Exchange,
+    upstream: &str,
+    status: &str,
+    chunks: &[&str],
+) {
+    {
+        let mut e = host.exchange.borrow_mut();
+        e.status = Some(status.into());
+        e.upstream = Some(upstream.into());
+    }
+    w.on_response_headers(host, ex, false);
+    for (i, c) in chunks.iter().enumerate() {
+        host.exchange.borrow_mut().response_body = c.as_bytes().to_vec();
+        w.on_response_body(host, ex, c.len(), i + 1 == chunks.len());
+    }
+    w.on_log(host, ex);
+}
+
+#[test]
+fn a_stored_responses_follow_up_goes_to_the_pod_that_answered_it_from_any_vm() {
+    let host = MemoryHost::default();
+    let mut a = worker(&host);
+    let mut b = worker(&host);
+    let first = br#"{"model":"m","input":"What is the capital of France?"}"#;
+    let mut ex = send(&mut a, &host, &responses_headers(), first);
+    // Whichever pod the filter chose, Envoy's last try reached c: c holds the response.
+    // Its id arrives split across chunks.
+    answer_from(
+        &mut a,
+        &host,
+        &mut ex,
+        "127.0.0.1:3",
+        "200",
+        &[
+            r#"{"id":"resp_a1b2"#,
+            r#"c3","created_at":1,"object":"response"}"#,
+        ],
+    );
+    a.tick(&host);
+    assert_eq!(host.metric("warmroute.responses.remembered"), Some(1));
+    // The follow-up, through the other VM: to c alone, whatever the loads.
+    let follow = br#"{"model":"m","previous_response_id":"resp_a1b2c3","input":"And of Spain?"}"#;
+    for _ in 0..4 {
+        let mut ex = send(&mut b, &host, &responses_headers(), follow);
+        assert_eq!(routed_to(&host).as_deref(), Some("127.0.0.1:3"));
+        b.on_log(&host, &mut ex);
+    }
+    b.tick(&host);
+    assert_eq!(host.metric("warmroute.decision.stored_response"), Some(4));
+    assert_eq!(host.metric("warmroute.responses.holder"), Some(4));
+}
+
+#[test]
+fn a_client_cannot_steer_by_an_id_no_pod_answered() {
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    // A body that merely names an id, an error answer naming one, an answer
+    // not stored: none of them is remembered.
+    let mut ex = send(
+        &mut w,
+        &host,
+        &responses_headers(),
+        br#"{"model":"m","input":"hi","id":"resp_forged"}"#,
+    );
+    answer_from(
+        &mut w,
+        &host,
+        &mut ex,
+        "127.0.0.1:2",
+        "404",
+        &[r#"{"id":"resp_forged","error":{"code":404}}"#],
+    );
+    let mut ex = send(
+        &mut w,
+        &host,
+        &responses_headers(),
+        br#"{"model":"m","input":"hi","store":false}"#,
+    );
+    answer_from(
+        &mut w,
+        &host,
+        &mut ex,
+        "127.0.0.1:2",
+        "200",
+        &[r#"{"id":"resp_forged"}"#],
+    );
+    // An answer whose id never comes.
+    let mut ex = send(
+        &mut w,
+        &host,
+        &responses_headers(),
+        br#"{"model":"m","input":"hi"}"#,
+    );
+    answer_from(
+        &mut w,
+        &host,
+        &mut ex,
+        "127.0.0.1:2",
+        "200",
+        &[r#"{"object":"response"}"#],
+    );
+    w.tick(&host);
+    assert_eq!(host.metric("warmroute.responses.remembered"), Some(0));
+    assert_eq!(host.metric("warmroute.responses.not_remembered"), Some(1));
+    // A follow-up naming it routes as usual, and says so.
+    let follow = br#"{"model":"m","previous_response_id":"resp_forged","input":"x"}"#;
+    let mut ex = send(&mut w, &host, &responses_headers(), follow);
+    assert!(
+        routed_to(&host).is_some_and(|d| d.contains(',')),
+        "fallbacks: routed as usual"
+    );
+    w.on_log(&host, &mut ex);
+    w.tick(&host);
+    assert_eq!(host.metric("warmroute.responses.unknown"), Some(1));
+    assert_eq!(host.metric("warmroute.decision.stored_response"), Some(0));
+}
+
+#[test]
+fn a_holder_out_of_rotation_or_out_of_the_fleet_is_not_pinned() {
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    for (upstream, id) in [("127.0.0.1:2", "resp_b"), ("10.0.0.9:8000", "resp_x")] {
+        let mut ex = send(
+            &mut w,
+            &host,
+            &responses_headers(),
+            br#"{"model":"m","input":"hi"}"#,
+        );
+        let body = format!(r#"{{"id":"{id}"}}"#);
+        answer_from(&mut w, &host, &mut ex, upstream, "200", &[&body]);
+    }
+    // b fails two scrapes in a row: out of rotation.
+    for _ in 0..2 {
+        host.now.set(host.now.get() + 600);
+        w.tick(&host);
+        answer(&mut w, &host, |pod| match pod {
+            "127.0.0.1:2" => Reply::default(),
+            _ => ok(METRICS),
+        });
+    }
+    w.tick(&host);
+    for (id, stat) in [("resp_b", "holder_down"), ("resp_x", "holder_gone")] {
+        let body = format!(r#"{{"model":"m","previous_response_id":"{id}","input":"x"}}"#);
+        let mut ex = send(&mut w, &host, &responses_headers(), body.as_bytes());
+        let dest = routed_to(&host).unwrap_or_default();
+        assert!(!dest.starts_with("127.0.0.1:2"), "{id}: {dest}");
+        w.on_log(&host, &mut ex);
+        w.tick(&host);
+        assert_eq!(
+            host.metric(&format!("warmroute.responses.{stat}")),
+            Some(1),
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn a_messages_turn_is_checked_against_the_pods_anthropic_report() {
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/messages"),
+        ("content-type", "application/json"),
+    ];
+    let turn = |n: usize| {
+        let mut messages = vec![format!(
+            r#"{{"role":"user","content":"{}"}}"#,
+            "q".repeat(3000)
+        )];
+        for i in 1..n {
+            messages.push(format!(
+                r#"{{"role":"assistant","content":[{{"type":"text","text":"answer {i}"}}]}}"#
+            ));
+            messages.push(format!(r#"{{"role":"user","content":"more {i}"}}"#));
+        }
+        format!(
+            r#"{{"model":"m","max_tokens":8,"system":"{}","messages":[{}]}}"#,
+            "s".repeat(600),
+            messages.join(",")
+        )
+        .into_bytes()
+    };
+    let mut first = send(&mut w, &host, &headers, &turn(1));
+    let pod = routed_to(&host).unwrap();
+    let pod = pod.split(',').next().unwrap_or_default().to_string();
+    answer_from(
+        &mut w,
+        &host,
+        &mut first,
+        &pod,
+        "200",
+        &[r#"{"usage":{"input_tokens":900,"output_tokens":8}}"#],
+    );
+    let mut second = send(&mut w, &host, &headers, &turn(2));
+    assert!(
+        routed_to(&host).unwrap().starts_with(&pod),
+        "turn 2 extends turn 1"
+    );
+    assert!(
+        second.awaiting_report.is_some(),
+        "a predicted hit whose answer carries usage"
+    );
+    let report = r#"{"type":"message","usage":{"input_tokens":10,"output_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":890}}"#;
+    answer_from(&mut w, &host, &mut second, &pod, "200", &[report]);
+    w.tick(&host);
+    assert_eq!(host.metric("warmroute.feedback.reports"), Some(1));
+    assert_eq!(host.metric("warmroute.feedback.reported_tokens"), Some(890));
+}
+
 /// A replica of a 3-pod gateway with peers (its peer listener on 15099).
 fn replica(host: &MemoryHost) -> Worker {
     let config = CONFIG.replace(

@@ -3,7 +3,10 @@
 //! Each value lives under `warmroute.<fleet>.<name>`, where `<fleet>` hashes
 //! the backend addresses (or a discovered pool's clusters and slot count),
 //! the block size and the log's size: a reconfigured fleet never reads
-//! another fleet's bytes. Updates are read-modify-write with
+//! another fleet's bytes. Two records are this Envoy's rather than a
+//! fleet's: the fleets registry (below) and the pods that answered stored
+//! responses (`warmroute.responses.v1.<bucket>`, [`crate::fleet::responses`]),
+//! whose entries name pods by address and outlive a reconfiguration. Updates are read-modify-write with
 //! CAS, retried a bounded number of times (a worker that keeps losing gives up
 //! and counts it rather than spin).
 //!
@@ -69,6 +72,7 @@ use crate::fleet::inflight::{
 };
 use crate::fleet::lora::{decode_lora, encode_lora, Lora};
 use crate::fleet::membership::Slots;
+use crate::fleet::responses::{self, Entry};
 use crate::host::{Host, HostError, Versioned};
 
 /// Slot size the index log's ring aims for.
@@ -779,6 +783,25 @@ impl<H: Host> Store<'_, H> {
             }
         }
         Ok(gone.into_iter().map(|f| f.id).collect())
+    }
+
+    /// The pod that answered the stored response `id` (hashed), as the record
+    /// of answers holds it ([`crate::fleet::responses`]): one read of its bucket.
+    pub fn response_holder(&self, id: u64) -> Result<Option<Entry>, HostError> {
+        let key = responses::key(responses::bucket_of(id));
+        let v = self.host.get_shared(&key)?.0;
+        Ok(responses::find(v.as_deref().unwrap_or_default(), id))
+    }
+
+    /// Remembers who answered a stored response, in a bucket of at most
+    /// `capacity` entries ([`responses::insert`]).
+    pub fn remember_response(&self, entry: Entry, capacity: usize) -> Result<(), HostError> {
+        let key = responses::key(responses::bucket_of(entry.id));
+        update(self.host, &key, |v| {
+            let all = responses::decode(v.as_deref().unwrap_or_default());
+            let all = responses::insert(all, entry, capacity);
+            (Some(responses::encode(&all)), ())
+        })
     }
 
     /// Takes or renews the scraper lease; true when this VM holds it.

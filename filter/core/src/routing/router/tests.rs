@@ -40,6 +40,7 @@ fn prompt(key: &PromptKey) -> Request<'_> {
     Request {
         key: Some(key),
         session: None,
+        previous: None,
     }
 }
 
@@ -501,6 +502,71 @@ fn the_index_follows_the_ratio_the_pods_report() {
     let mut p = Router::new(pinned, &host);
     p.learn_ratio(40 * 256, 40 * 32);
     assert_eq!(p.bytes_per_token(), 4.0);
+}
+
+/// A `/v1/responses` follow-up whose predecessor the record says `previous` answered.
+fn follow_up<'a>(key: &'a PromptKey, previous: Previous) -> Request<'a> {
+    Request {
+        key: Some(key),
+        session: None,
+        previous: Some(previous),
+    }
+}
+
+fn responses_key(input: &str) -> PromptKey {
+    let body = format!(r#"{{"model":"m","previous_response_id":"resp_1","input":"{input}"}}"#);
+    prompt_key(Endpoint::Responses, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
+}
+
+#[test]
+fn a_follow_up_goes_to_the_pod_that_answered_whatever_its_load() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let key = responses_key(&"z".repeat(2000));
+    let pod_c = crate::hash::address_id("127.0.0.1:3");
+    // Pod c is the busiest by far: every request until now went there.
+    for _ in 0..12 {
+        let r = a.route(&host, &follow_up(&key, Previous::Answered(pod_c)));
+        assert_eq!(
+            r.decision.order,
+            vec![2],
+            "the holder only: no fallback serves it"
+        );
+        assert_eq!(r.decision.reason, Reason::StoredResponse);
+        assert_eq!(r.continued, Some(Continued::Holder));
+    }
+    assert_eq!(a.fleet().store(&host).inflight().unwrap()[2].requests, 12);
+    // Without the record, the same body is routed as usual (away from c's load).
+    let usual = a.route(&host, &prompt(&key));
+    assert_ne!(usual.decision.order[0], 2);
+    assert_eq!(usual.continued, None);
+}
+
+#[test]
+fn a_follow_up_whose_holder_is_unknown_gone_or_down_routes_as_usual() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let key = responses_key("and then?");
+    let unknown = a.route(&host, &follow_up(&key, Previous::Unknown));
+    assert_eq!(unknown.continued, Some(Continued::Unknown));
+    assert_ne!(unknown.decision.reason, Reason::StoredResponse);
+    // A pod this fleet does not have (left the pool, or another fleet's).
+    let elsewhere = crate::hash::address_id("127.0.0.1:9");
+    let gone = a.route(&host, &follow_up(&key, Previous::Answered(elsewhere)));
+    assert_eq!(gone.continued, Some(Continued::HolderGone));
+    assert_ne!(gone.decision.reason, Reason::StoredResponse);
+    assert!(
+        gone.decision.order.len() > 1,
+        "routed as usual, fallbacks and all"
+    );
+    // Pod b fails its scrapes until it is out of rotation.
+    let pod_b = crate::hash::address_id("127.0.0.1:2");
+    for now in 1..=3 {
+        a.record_scrape(&host, 1, Outcome::Failed, now).unwrap();
+    }
+    let down = a.route(&host, &follow_up(&key, Previous::Answered(pod_b)));
+    assert_eq!(down.continued, Some(Continued::HolderDown));
+    assert_ne!(down.decision.order[0], 1);
 }
 
 fn with_peers(strategy: &str, backends: &str) -> Config {
