@@ -117,12 +117,14 @@ class Dns:
 
 
 def peers_endpoints(envoy) -> set[str]:
-    """The warmroute-peers cluster's hosts, as the filter reads them from Envoy's admin."""
+    """The warmroute-peers cluster's hosts, as the filter reads them from Envoy's admin (Envoy
+    before 1.38 ignores `filter=` and lists every cluster: the named one is picked here)."""
     url = f"http://127.0.0.1:{envoy.admin_port}/clusters?format=json&filter=%5Ewarmroute-peers%24"
     with urllib.request.urlopen(url, timeout=5) as r:
         doc = json.load(r)
     return {f"{h['address']['socket_address']['address']}:{h['address']['socket_address']['port_value']}"
-            for c in doc.get("cluster_statuses", []) for h in c.get("host_statuses", [])}
+            for c in doc.get("cluster_statuses", []) if c.get("name") == "warmroute-peers"
+            for h in c.get("host_statuses", [])}
 
 
 def test_replicas_found_by_dns_pull_each_other_as_envoy_gateway_ships_the_cluster():

@@ -335,8 +335,8 @@ PEERS_SERVICE = "warmroute-peers"
 #    the added address is on no Service but the headless one.
 # istiod merges the patch with proto.Merge, which appends to any address of its own
 # (envoyfilter/listener_patch.go patchListener, util.go mergePatchValue); Envoy takes the changed
-# listener on a running gateway as a modified listener, the old one draining (Envoy 1.40, tried on
-# a file-driven LDS).
+# listener on a running gateway as a modified listener, the old one draining (Envoy 1.37 and 1.40,
+# tried on a file-driven LDS).
 PEER_BIND = "0.0.0.0"
 # Ports Istio's proxies use (istio.io, Application requirements, "Ports used by Istio").
 ISTIO_PORTS = (15000, 15001, 15002, 15004, 15006, 15008, 15020, 15021, 15053, 15090)
