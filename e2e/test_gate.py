@@ -215,3 +215,108 @@ def test_clients_that_stop_reading_do_not_pin_the_knee():
             s.close()
         assert r.status == 200, (r.status, r.body[:200])
         assert f.envoy.counter("warmroute.gate.standard.held") == 0
+
+
+
+MiB = 1 << 20
+
+
+def status_line(sock: socket.socket, timeout: float | None) -> int | None:
+    """The status of the reply on `sock` (its first line read), or None if none begins within
+    `timeout`."""
+    sock.settimeout(timeout)
+    got = b""
+    try:
+        while b"\r\n" not in got:
+            more = sock.recv(256)
+            if not more:
+                break
+            got += more
+    except socket.timeout:
+        if not got:
+            return None
+        raise
+    finally:
+        sock.settimeout(None)
+    assert got.startswith(b"HTTP/1.1 "), got[:80]
+    return int(got.split(b" ", 2)[1])
+
+
+def test_held_bodies_stay_within_the_byte_budget_and_small_requests_are_answered():
+    # 100 complete 7 MiB HTTP/1 bodies while the only pod is past its knee. With the default
+    # classes the standard class would hold 256 of them (1.75 GiB): only the gate's byte budget
+    # keeps Envoy's memory bounded (the overload manager cannot reset HTTP/1 streams; past 95 %
+    # of its heap it refuses every new request, small ones too).
+    #
+    # Sent one at a time, each once the previous one is held or answered: what stays in Envoy is
+    # then the held bodies, plus the one body being read. The bound on Envoy's RSS is computed
+    # from the config and this run: its RSS before the first body (code, VMs, the holder), plus
+    # the gate's max_held_bytes, plus what the VMs' linear memory grew by (each worker reads a
+    # whole body into its VM, whose memory never shrinks; read from /proc/<pid>/maps), plus two
+    # bodies (the one being read, and the one a 429's stream frees only after its reply, at
+    # Envoy's deferred delete). Measured: peak 152-153 MiB over the idle RSS, 126 MiB held.
+    n, size = 100, 7 * MiB
+    with Fleet(1, filter_overrides=KNEE_ONE) as f:
+        e, pod = f.envoy, f.sims[0]
+        budget = e.filter["gate"].get("max_held_bytes", 128 * MiB)  # the filter's default when unset
+        max_body = e.filter.get("max_body_bytes", 8 * MiB)  # likewise
+        data = json.dumps({**body("", 1), "messages": [{"role": "user", "content": "x" * size}]}).encode()
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(data)}\r\n\r\n").encode()
+        # The premises: the filter reads each body whole, and the class's queue alone would hold all.
+        assert size < len(data) <= max_body
+        assert n * len(data) > budget and n <= 256
+        holder = Holder(e.port, words("hold", 20))
+        until("the holder on its pod", lambda: pod.metrics().get("vllm:num_requests_running", 0) >= 1)
+        idle, vms_idle = e.rss_bytes(), e.wasm_memories()
+        peak = idle
+        held: list[socket.socket] = []
+        shed, refused = 0, None
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", e.port))
+            try:
+                s.sendall(head + data)
+            except OSError as err:  # Envoy refusing requests (overload manager): no answer at all
+                refused = f"body {i}: {err}"
+                s.close()
+                break
+            while True:
+                status = status_line(s, 0.02)
+                peak = max(peak, e.rss_bytes())
+                if status is not None:
+                    assert status == 429, f"body {i} answered {status} while the pod is at its knee"
+                    shed += 1
+                    s.close()
+                    break
+                if gauge(f, "standard.queued") == len(held) + 1:
+                    held.append(s)
+                    break
+        vms = e.wasm_memories()
+        grown = sum(vms.values()) - sum(vms_idle.get(a, 0) for a in vms)
+        bound = idle + budget + grown + 2 * len(data)
+        print(f"RSS idle {idle / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, bound {bound / MiB:.0f} MiB "
+              f"(max_held_bytes {budget / MiB:.0f} MiB, VMs grew {grown / MiB:.1f} MiB); "
+              f"held {len(held)}, shed {shed}, refused: {refused}")
+        assert peak <= bound, f"RSS peaked at {peak / MiB:.0f} MiB, over the {bound / MiB:.0f} MiB bound"
+        assert refused is None, f"Envoy refused a request: {refused}"
+        # Each worker's VM grew by its read of one body, not by what it holds.
+        assert all(vms[a] - vms_idle.get(a, 0) <= 2 * len(data) for a in vms), (vms_idle, vms)
+        assert len(held) == budget // len(data) and shed == n - len(held), (len(held), shed)
+
+        # Small requests still fit the budget: they wait (interactive, ahead of the held bodies)
+        # and are answered once the pod has room.
+        replies: dict = {}
+        small = [(f"small{i}", {"x-warmroute-priority": "interactive"}) for i in range(3)]
+        threads = send_in_order(f, small, "interactive.queued", replies)
+        holder.close()
+        for t in threads:
+            t.join(30)
+        assert {k: r.status for k, r in replies.items()} == {tag: 200 for tag, _ in small}
+        for s in held:
+            assert status_line(s, 30) == 200
+            s.close()
+        stats = e.settled_stats()
+        assert stats["wasmcustom.warmroute.gate.standard.shed_queue_full"] == str(shed)
+        assert stats["wasmcustom.warmroute.gate.standard.released"] == str(len(held))
+        assert stats["wasmcustom.warmroute.gate.interactive.released"] == "3"
+        assert gauge(f, "standard.queued") == 0 and gauge(f, "interactive.queued") == 0

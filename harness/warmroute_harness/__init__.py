@@ -15,7 +15,7 @@ uploads).
 """
 
 from .client import MODEL, Reply, chat, free_port, get, post, wait_http, words
-from .envoy import Envoy, filter_config, spawn_envoy, stop_envoy
+from .envoy import Envoy, filter_config, spawn_envoy, stop_envoy, wasm_memories
 from .fleet import Fleet
 from .h2c import StalledUploads
 from .loadgen import run_loadgen
@@ -26,5 +26,5 @@ from .sim import Sim
 __all__ = [
     "LOADGEN_BIN", "MODEL", "ROOT", "SIM_BIN", "WASM", "Envoy", "Fleet", "Reply", "Sim", "StalledUploads", "chat",
     "envoy_binary", "filter_config", "free_port", "get", "post", "run_loadgen", "spawn_envoy",
-    "stop_envoy", "sums_by_name", "wait_http", "words",
+    "stop_envoy", "sums_by_name", "wait_http", "wasm_memories", "words",
 ]

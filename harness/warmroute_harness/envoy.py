@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -69,6 +70,28 @@ def stop_envoy(proc: subprocess.Popen | None, grace: float = 5) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def wasm_memories(pid: int) -> dict[int, int]:
+    """Each V8 Wasm memory of the process: start address -> read-write bytes (memory.size).
+
+    Neither the filter nor Envoy exports a VM's memory (`wasm.*` stats count VMs, `/memory` is
+    Envoy's own heap), so it is read from /proc/<pid>/maps: V8 reserves 8 GiB of address space
+    per Wasm memory and makes its first `memory.size` bytes read-write, so the read-write
+    mapping that ends where such a reservation begins is one VM's linear memory."""
+    maps = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) (\S+)", line)
+            if m:
+                maps.append((int(m[1], 16), int(m[2], 16), m[3]))
+    rw_ending_at = {hi: lo for lo, hi, perm in maps if perm.startswith("rw")}
+    out = {}
+    for lo, hi, perm in maps:
+        if perm.startswith("---") and hi - lo >= 4 << 30 and lo in rw_ending_at:
+            start = rw_ending_at[lo]
+            out[start] = lo - start
+    return out
 
 
 def filter_config(envoy_cfg: dict) -> dict:
@@ -328,6 +351,12 @@ class Envoy:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS in /proc/<pid>/status")
+
+    def wasm_memories(self) -> dict[int, int]:
+        """Each Wasm VM's linear memory in bytes, by its start address (see `wasm_memories`)."""
+        if self.proc is None:
+            raise RuntimeError("Envoy is not running")
+        return wasm_memories(self.proc.pid)
 
     def stats(self) -> dict[str, str]:
         """Every counter and gauge by name, from the admin's JSON stats (histograms left out).

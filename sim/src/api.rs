@@ -23,6 +23,9 @@
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
 //! * With `--echo-request-headers`, every response also carries the request's headers as the
 //!   pod received them ([`REQUEST_HEADERS_HEADER`]).
+//! * Faults, for soak and failure tests: `--error-rate` answers a share of completion requests
+//!   500 at once (vLLM's `InternalServerError` body), `--stall-after-first-byte-ms` holds every
+//!   completion response after its first byte ([`faults`]).
 //! * Invalid input never panics: it gets vLLM's error body, OpenAI's shape
 //!   `{"error":{"message":..,"type":"BadRequestError","param":null,"code":400}}`
 //!   (vLLM's `ErrorResponse` wrapping an `ErrorInfo`; `code` is the HTTP status), and for an
@@ -57,6 +60,7 @@ use axum::{middleware, Json, Router};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 
 use crate::cache::{tokenize, Token};
 use crate::config::{Args, LoraModule};
@@ -96,6 +100,11 @@ pub struct AppState {
     echo_request_headers: bool,
     cache_info: Option<CacheInfo>,
     metrics_delay: std::time::Duration,
+    /// `--stall-after-first-byte-ms` (zero: none).
+    stall: std::time::Duration,
+    /// `--error-rate`, clamped to [0, 1], and the completion requests counted so far.
+    error_rate: f64,
+    completions_seen: Arc<AtomicU64>,
     default_max_tokens: usize,
     max_len: usize,
     next_id: Arc<AtomicU64>,
@@ -153,6 +162,13 @@ impl AppState {
             echo_request_headers: args.echo_request_headers,
             cache_info,
             metrics_delay: std::time::Duration::from_millis(args.metrics_delay_ms),
+            stall: std::time::Duration::from_millis(args.stall_after_first_byte_ms),
+            error_rate: if args.error_rate.is_finite() {
+                args.error_rate.clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+            completions_seen: Arc::new(AtomicU64::new(0)),
             default_max_tokens: args.default_max_tokens.max(1),
             max_len,
             next_id: Arc::new(AtomicU64::new(seed & 0xffff_ffff_0000_0000)),
@@ -196,11 +212,18 @@ impl AppState {
 
 /// The router with every route and the replica-header layer.
 pub fn router(state: AppState) -> Router {
-    let mut router = Router::new()
+    let completions = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(agents::responses))
-        .route("/v1/messages", post(agents::messages))
+        .route("/v1/messages", post(agents::messages));
+    let completions = if state.error_rate > 0.0 || !state.stall.is_zero() {
+        completions.route_layer(middleware::from_fn_with_state(state.clone(), faults))
+    } else {
+        completions
+    };
+    let mut router = Router::new()
+        .merge(completions)
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_handler));
@@ -240,6 +263,59 @@ async fn echo_request_headers(req: axum::extract::Request, next: middleware::Nex
         res.headers_mut().insert(REQUEST_HEADERS_HEADER, v);
     }
     res
+}
+
+/// The faults of `--error-rate` and `--stall-after-first-byte-ms`, on the completion routes.
+async fn faults(
+    State(st): State<AppState>,
+    req: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let n = st.completions_seen.fetch_add(1, Ordering::Relaxed) as f64;
+    // Request n + 1 fails when floor((n + 1) * rate) > floor(n * rate): exactly the rate's
+    // share of any run of requests, fails spread evenly, the first one failing at rate 1.
+    if ((n + 1.0) * st.error_rate).floor() > (n * st.error_rate).floor() {
+        return ApiError::internal("EngineCore encountered an issue (simulated fault).")
+            .into_response();
+    }
+    let res = next.run(req).await;
+    if st.stall.is_zero() || !res.status().is_success() {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    Response::from_parts(parts, stalled_after_first_byte(body, st.stall))
+}
+
+/// `body`, its first byte alone, then nothing for `stall`, then the rest as it comes. A client
+/// that goes away ends the copy, and with it the original body (a stream then aborts).
+fn stalled_after_first_byte(body: Body, stall: std::time::Duration) -> Body {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, axum::Error>>(16);
+    tokio::spawn(async move {
+        let mut data = body.into_data_stream();
+        let mut first = true;
+        while let Some(chunk) = data.next().await {
+            let mut bytes = match chunk {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            if first && !bytes.is_empty() {
+                first = false;
+                let rest = bytes.split_off(1);
+                if tx.send(Ok(bytes)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(stall).await;
+                bytes = rest;
+            }
+            if !bytes.is_empty() && tx.send(Ok(bytes)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Body::from_stream(ReceiverStream::new(rx))
 }
 
 async fn add_replica_header(State(state): State<AppState>, mut res: Response) -> Response {

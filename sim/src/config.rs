@@ -97,6 +97,17 @@ pub struct Args {
     /// when `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is set).
     #[arg(long)]
     pub allow_runtime_lora_updating: bool,
+    /// Fault: every completion response (JSON or SSE) stalls this many wall-clock milliseconds
+    /// after its first byte, then goes on. The engine does not wait (as vLLM's does not for its
+    /// HTTP writer): the request counts as finished in `/metrics` while its client still waits,
+    /// as behind a stalled connection or a paused process.
+    #[arg(long, default_value_t = 0)]
+    pub stall_after_first_byte_ms: u64,
+    /// Fault: this fraction of completion requests (0 to 1, spread evenly: request n fails when
+    /// floor(n * rate) moves) is answered 500 at once with vLLM's error body, as by an engine
+    /// error; `/metrics` and `/health` still answer.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
     /// Answer every request with the request headers it arrived with, as a JSON array of
     /// `[name, value]` pairs in `x-sim-request-headers` ([`crate::api::REQUEST_HEADERS_HEADER`]):
     /// tests through a proxy see what reached the pod, not what the proxy's own header map held.

@@ -1379,3 +1379,90 @@ async fn messages_turns_extend_each_other_and_report_anthropic_usage() {
     let (status, _, err) = sim.post("/v1/messages", &json!({"messages": []})).await;
     assert_eq!((status, &err["type"]), (400, &json!("error")));
 }
+
+#[tokio::test]
+async fn error_rate_answers_that_share_500_and_metrics_still_answer() {
+    let sim = start(&["--error-rate", "0.5"]).await;
+    let body = json!({"model": "sim-llama-8b", "prompt": "hi", "max_tokens": 1});
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let (status, headers, v) = sim.post("/v1/completions", &body).await;
+        assert_eq!(headers[REPLICA_HEADER], "test-replica");
+        if status == 500 {
+            assert_eq!(v["error"]["type"], "InternalServerError", "{v}");
+            assert_eq!(v["error"]["code"], 500, "{v}");
+        }
+        statuses.push(status);
+    }
+    // Spread evenly: every second request.
+    assert_eq!(statuses, [200, 500, 200, 500, 200, 500]);
+    let m = sim.metrics().await;
+    assert_eq!(m["vllm:request_success_total"], 3.0);
+    let health = sim
+        .client
+        .get(format!("{}/health", sim.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+
+    let all = start(&["--error-rate", "1"]).await;
+    for _ in 0..3 {
+        assert_eq!(
+            all.post(
+                "/v1/chat/completions",
+                &json!({"messages": [{"role": "user", "content": "x"}]})
+            )
+            .await
+            .0,
+            500
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_response_sends_its_first_byte_then_waits() {
+    let stall = Duration::from_millis(400);
+    let sim = start(&["--stall-after-first-byte-ms", "400"]).await;
+    for (stream, first) in [(false, b"{"), (true, b"d")] {
+        let body =
+            json!({"model": "sim-llama-8b", "prompt": "hi", "max_tokens": 2, "stream": stream});
+        let before = sim.metrics().await["vllm:request_success_total"];
+        let sent = Instant::now();
+        let mut res = sim
+            .client
+            .post(format!("{}/v1/completions", sim.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let head = res.chunk().await.unwrap().unwrap();
+        assert_eq!(&head[..], first, "the first byte alone");
+        // The engine has finished the request while its client still waits for the rest.
+        let m = sim.metrics().await;
+        assert_eq!(m["vllm:request_success_total"], before + 1.0);
+        assert_eq!(m["vllm:num_requests_running"], 0.0);
+        let mut all = head.to_vec();
+        while let Some(c) = res.chunk().await.unwrap() {
+            all.extend_from_slice(&c);
+        }
+        // The rest is sent once the stall is over: a lower bound whatever the machine's load.
+        assert!(sent.elapsed() >= stall, "{:?}", sent.elapsed());
+        let text = String::from_utf8(all).unwrap();
+        if stream {
+            assert!(
+                text.starts_with("data: {") && text.trim_end().ends_with("data: [DONE]"),
+                "{text}"
+            );
+        } else {
+            let v: Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+        }
+    }
+    // Errors are not stalled.
+    let (status, _, _) = sim
+        .post("/v1/completions", &json!({"model": "nope", "prompt": "hi"}))
+        .await;
+    assert_eq!(status, 404);
+}
