@@ -45,7 +45,6 @@ import argparse
 import copy
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -55,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmroute_harness import LOADGEN_BIN, WASM, Envoy, Sim, free_port, get, spawn_envoy, stop_envoy
+from warmroute_harness import LOADGEN_BIN, WASM, Envoy, Sim, free_port, get, spawn_envoy, stop_envoy, wasm_memories
 
 # Envoy's RSS moves a little with allocator caches; a leak of 100 bytes a request would add
 # 5 MiB over one phase (30 % of the requests).
@@ -80,23 +79,6 @@ def rebuilt_module(src: Path, dst: Path) -> Path:
     payload = leb128(len(name)) + name + b"reload"
     dst.write_bytes(src.read_bytes() + b"\x00" + leb128(len(payload)) + payload)
     return dst
-
-
-def wasm_memories(pid: int) -> dict[int, int]:
-    """Each V8 Wasm memory of the process: start address -> read-write bytes (memory.size)."""
-    maps = []
-    with open(f"/proc/{pid}/maps") as f:
-        for line in f:
-            m = re.match(r"([0-9a-f]+)-([0-9a-f]+) (\S+)", line)
-            if m:
-                maps.append((int(m[1], 16), int(m[2], 16), m[3]))
-    rw_ending_at = {hi: lo for lo, hi, perm in maps if perm.startswith("rw")}
-    out = {}
-    for lo, hi, perm in maps:
-        if perm.startswith("---") and hi - lo >= 4 << 30 and lo in rw_ending_at:
-            start = rw_ending_at[lo]
-            out[start] = lo - start
-    return out
 
 
 def rss_bytes(pid: int) -> int:
