@@ -74,8 +74,8 @@ pub struct Event {
 
 /// Origin of the events a peer gateway replica sent ([`crate::routing::exchange`]):
 /// every VM applies them (none appended them itself), and they are not served
-/// to peers again. VM ids count up from 1, so none is this.
-pub const IMPORTED: u64 = u64::MAX;
+/// to peers again.
+pub const IMPORTED: u64 = crate::fleet::store::PEERS_VM;
 
 const EVENT_VERSION: u8 = 5;
 const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4 + 4;

@@ -124,6 +124,11 @@ struct Fleet {
     idle_ms: u64,
 }
 
+/// The ledger share that holds the gateway's other replicas' in-flight work
+/// ([`Store::set_share`]), and the origin of the index events they sent: no
+/// VM has this id (they count up from 1).
+pub const PEERS_VM: u64 = u64::MAX;
+
 /// How long a fleet must be silent before its values are swept.
 pub const FLEET_IDLE_MS: u64 = 60_000;
 
