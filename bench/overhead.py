@@ -4,8 +4,8 @@ decision-time curve (decision).
 
 Routing quality hides the filter's own cost behind the sims' compute, so these runs put
 Envoy in front of a backend that answers at once. The helper crates they build are members
-of the root Cargo workspace: the floor filter (bench/floor-filter) and the decision bench
-(bench/decision); the phase-timing variant of warmroute gets its own target folder so it
+of the root Cargo workspace: the floor filter (bench/floor-filter), the no-op ext_proc picker
+(bench/extproc-floor) and the decision bench (bench/decision); the phase-timing variant of warmroute gets its own target folder so it
 never replaces the shipped build's output.
 """
 
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from statistics import median
 
+from extproc import EXTPROC_PACKAGE, ExtProcEnvoy
 from measure import loadgen, proc_cpu_s, proc_rss_kb
 from quality import Bench
 from warmroute_harness import ROOT, Envoy, Sim, free_port, get, spawn_envoy, stop_envoy
@@ -160,11 +161,18 @@ def paired_rounds(gw: dict[str, Envoy], words: int, rounds: int, lat_n: int, thr
     """Starts the gateways, warms each up, then measures them in `rounds` rounds whose order
     reverses every round (ABC, CBA, ...): per round and gateway, `lat_n` requests one at a
     time (p50/p99/mean, CPU per request) then `thr_n` at 32 in flight (throughput, CPU per
-    request at load). Returns each gateway's per-round lists; stops the gateways."""
+    request at load). A gateway's CPU is that of every process it names (`pids()`: Envoy, and
+    the ext_proc picker beside it); `cpu_load_companion` is the part of `cpu_load` spent outside
+    Envoy. Returns each gateway's per-round lists; stops the gateways."""
     for e in gw.values():
         e.start(rdir)
-    per: dict = {g: {"p50": [], "p99": [], "mean": [], "cpu_seq": [], "rps": [], "cpu_load": [], "errors": 0}
+    per: dict = {g: {"p50": [], "p99": [], "mean": [], "cpu_seq": [], "rps": [], "cpu_load": [],
+                     "cpu_load_companion": [], "errors": 0}
                  for g in gw}
+
+    def cpu(e: Envoy) -> list[float]:
+        return [proc_cpu_s(pid) for pid in e.pids()]
+
     names = list(gw)
     try:
         for g, e in gw.items():  # warm-up (connections, VM, index)
@@ -174,19 +182,20 @@ def paired_rounds(gw: dict[str, Envoy], words: int, rounds: int, lat_n: int, thr
             for g in (names if r % 2 == 0 else names[::-1]):
                 e, m = gw[g], per[g]
                 target = [f"http://127.0.0.1:{e.port}"]
-                c0 = proc_cpu_s(e.proc.pid)
+                c0 = cpu(e)
                 lat = loadgen(uniform_args(words, lat_n, 1 + r), target, [],
                               rdir / f"{tag}-{g}-r{r}-lat.json", 120, ["--concurrency", "1"])
-                c1 = proc_cpu_s(e.proc.pid)
+                c1 = cpu(e)
                 thr = loadgen(uniform_args(words, thr_n, 100 + r), target, [],
                               rdir / f"{tag}-{g}-r{r}-thr.json", 120, ["--concurrency", "32", "--threads", "1"])
-                c2 = proc_cpu_s(e.proc.pid)
+                c2 = cpu(e)
                 m["p50"].append(lat["e2e_ms"]["p50"])
                 m["p99"].append(lat["e2e_ms"]["p99"])
                 m["mean"].append(lat["e2e_ms"]["mean"])
-                m["cpu_seq"].append((c1 - c0) / max(lat["ok"], 1) * 1e6)
+                m["cpu_seq"].append((sum(c1) - sum(c0)) / max(lat["ok"], 1) * 1e6)
                 m["rps"].append(thr["throughput_rps"])
-                m["cpu_load"].append((c2 - c1) / max(thr["ok"], 1) * 1e6)
+                m["cpu_load"].append((sum(c2) - sum(c1)) / max(thr["ok"], 1) * 1e6)
+                m["cpu_load_companion"].append((sum(c2[1:]) - sum(c1[1:])) / max(thr["ok"], 1) * 1e6)
                 m["errors"] += lat["errors"] + thr["errors"]
     finally:
         for e in gw.values():
@@ -195,17 +204,23 @@ def paired_rounds(gw: dict[str, Envoy], words: int, rounds: int, lat_n: int, thr
 
 
 def overhead(b: Bench) -> dict:
-    """Added latency, max throughput and CPU per request, with vs without the filter.
+    """Added latency, max throughput and CPU per request, with vs without the filter, and
+    against the architecture the peers chose.
 
-    The gateways (same Envoy binary and config: no filter, the floor filter, warmroute) run side
-    by side in front of the same instant backend, and the measurement alternates between them in
-    rounds (ABC, CBA, ...): this machine's speed drifts by 2x over minutes (shared cores), so
-    sequential phases measure the drift as much as the filter. Added latency is the median over
-    rounds of the paired per-round p50/p99 differences. The floor filter holds the headers,
-    buffers the body, reads it into the VM and writes the routing header, nothing else: what
-    Envoy charges any filter that routes on the body, which warmroute cannot go below."""
+    The gateways (same Envoy binary and config: no filter, the floor filter, warmroute, the
+    ext_proc hop) run side by side in front of the same instant backend, and the measurement
+    alternates between them in rounds (ABCD, DCBA, ...): this machine's speed drifts by 2x over
+    minutes (shared cores), so sequential phases measure the drift as much as the filter. Added
+    latency is the median over rounds of the paired per-round p50/p99 differences. The floor
+    filter holds the headers, buffers the body, reads it into the VM and writes the routing
+    header, nothing else: what Envoy charges any filter that routes on the body, which warmroute
+    cannot go below. The ext_proc hop is the Gateway API Inference Extension's architecture
+    (bench/extproc.py): Envoy streams headers and both bodies to a picker process over gRPC, as
+    GIE configures it, and the picker is a no-op (bench/extproc-floor) with as many threads as
+    Envoy has workers; its CPU counts with Envoy's."""
     print("== cost of the filter", flush=True)
     floor_wasm = build_floor_filter()
+    picker_bin = cargo_build("-p", EXTPROC_PACKAGE)
     phases_wasm = build_phases_filter()
     rdir = b.logdir / "overhead"
     rdir.mkdir()
@@ -229,7 +244,9 @@ def overhead(b: Bench) -> dict:
                 gw = {"nofilter": Envoy(be.sims(), concurrency=workers, with_filter=False, lb="round_robin"),
                       "floor": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg,
                                      wasm_file=floor_wasm),
-                      "warmroute": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg)}
+                      "warmroute": Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg),
+                      "extproc": ExtProcEnvoy(be.sims(), concurrency=workers, picker_bin=picker_bin,
+                                              picker_threads=workers)}
                 per = paired_rounds(gw, words, rounds, lat_n[size] // rounds, thr_n[size] // rounds, rdir,
                                     f"{size}-{workers}w")
                 for g, m in per.items():
@@ -238,6 +255,8 @@ def overhead(b: Bench) -> dict:
                            "cpu_us_per_req_seq": median(m["cpu_seq"]), "max_rps": median(m["rps"]),
                            "cpu_us_per_req_load": median(m["cpu_load"]), "errors": m["errors"],
                            "p50_ms_rounds": m["p50"]}
+                    if any(m["cpu_load_companion"]):
+                        run["cpu_us_per_req_load_companion"] = median(m["cpu_load_companion"])
                     out["runs"].append(run)
                     print(f"  {size}-{workers}w-{g:9s} p50 {run['p50_ms'] * 1000:7.0f} us  "
                           f"p99 {run['p99_ms'] * 1000:7.0f} us  max {run['max_rps']:7.0f} rps  "
@@ -265,8 +284,18 @@ def overhead(b: Bench) -> dict:
                     "cpu_us_per_req_filter": median(per["warmroute"]["cpu_load"]),
                     "cpu_us_per_req_floor": median(per["floor"]["cpu_load"]),
                     "cpu_us_per_req_nofilter": median(per["nofilter"]["cpu_load"]),
+                    # Against the ext_proc hop (GIE's architecture, its picker a no-op): its CPU is
+                    # Envoy's and the picker's.
+                    "extproc_added_p50_us": median(paired("nofilter", "extproc", "p50")),
+                    "extproc_added_p99_us": median(paired("nofilter", "extproc", "p99")),
+                    "extproc_added_p50_us_rounds": paired("nofilter", "extproc", "p50"),
+                    "extproc_throughput_ratio": ratio("nofilter", "extproc", "rps"),
+                    "cpu_us_per_req_extproc": median(per["extproc"]["cpu_load"]),
+                    "cpu_us_per_req_extproc_picker": median(per["extproc"]["cpu_load_companion"]),
+                    "cpu_per_req_vs_extproc": ratio("extproc", "warmroute", "cpu_load"),
                 })
                 c = out["compare"][-1]
+                c["added_p50_vs_extproc"] = c["added_p50_us"] / max(c["extproc_added_p50_us"], 1e-9)
                 # Where warmroute's time goes inside the VM: a separate pass through the build that
                 # times its phases with the host clock (each lap is a host call, so never in the rounds).
                 pe = Envoy(be.sims(), concurrency=workers, filter_overrides=filter_cfg, wasm_file=phases_wasm)
@@ -287,6 +316,10 @@ def overhead(b: Bench) -> dict:
                       f"warmroute over floor {c['over_floor_p50_us']:.0f} us; CPU/req x{c['cpu_per_req_ratio']:.2f} "
                       f"(floor x{c['floor_cpu_per_req_ratio']:.2f}; warmroute/floor x{c['cpu_per_req_vs_floor']:.2f})",
                       flush=True)
+                print(f"  {size}-{workers}w ext_proc hop added p50 {c['extproc_added_p50_us']:.0f} us, p99 "
+                      f"{c['extproc_added_p99_us']:.0f} us; CPU/req {c['cpu_us_per_req_extproc']:.0f} us (picker "
+                      f"{c['cpu_us_per_req_extproc_picker']:.0f}); warmroute/ext_proc: added p50 "
+                      f"x{c['added_p50_vs_extproc']:.2f}, CPU/req x{c['cpu_per_req_vs_extproc']:.2f}", flush=True)
     return out
 
 

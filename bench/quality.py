@@ -17,7 +17,7 @@ from scenarios import (EVICTION_GATEWAYS, EVICTION_ROUNDS, EXTRA_ROUTERS, QUICK_
 from warmroute_harness import Envoy, Fleet
 
 
-def counters(envoys: list[Envoy], prefixes: tuple[str, ...] = ("decision.", "feedback.", "redecided")) -> dict[str, int]:
+def counters(envoys: list[Envoy], prefixes: tuple[str, ...] = ("decision.", "feedback.", "redecided", "peers.")) -> dict[str, int]:
     """warmroute's counters under `wasmcustom.warmroute.<prefix>` summed over gateways, named
     without `wasmcustom.warmroute.` (decisions without `decision.` too: the report's keys)."""
     out: dict[str, int] = {}

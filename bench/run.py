@@ -2,28 +2,30 @@
 
     cd bench && ../.venv/bin/python run.py [--quick] [--only SECTION ...]
 
-Sections (all by default): agent conversation chat uniform (routing quality, 3 replicas,
-every router + the single-replica reference), independent (guidellm, installed from
-bench/requirements.txt, on one hot shared prefix and on 40 prefixes, through warmroute and
-Envoy round robin, three paired runs), scale8 (8 replicas), gateways (3 Envoys in
-front of one fleet), reruns (the pairs behind the targets nearest their limits, twice more:
-those targets are medians of three paired runs), overhead (filter cost vs no filter, instant
-backend), memory (100k distinct prefixes), decision (native decision-time curve, bench/decision),
-eviction (cache_aware with and without the pods' cache reports on an evicting fleet behind 3
-gateways, 15 paired rounds), mixed (interactive chat + long batch jobs at overload, cache_aware
-without and with the priority gate, 3 paired rounds, bench/mixed.py), fleet (100 instant pods at
-100 requests/s of 4k- and 100k-token prompts, warmroute against a no-filter Envoy in paired
-rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py). A full run takes about
-61 minutes on 2 cores (the independent section about 15, eviction about 14, fleet about 6).
+Sections (all by default): agent conversation chat uniform (routing quality, 3 replicas, every
+router + the single-replica reference), independent (guidellm, installed from
+bench/requirements.txt, on one hot shared prefix and on 40 prefixes, through warmroute and Envoy
+round robin, three paired runs), scale8 (8 replicas), gateways (3 Envoys in front of one fleet),
+reruns (the pairs behind the targets nearest their limits, twice more: those targets are medians
+of three paired runs), overhead (filter cost vs no filter, the floor filter and the no-op
+ext_proc picker of the Inference Extension's architecture, instant backend; `make bench-cost`
+runs it alone), memory (100k distinct prefixes), decision (native decision-time curve,
+bench/decision), eviction (cache_aware with and without the pods' cache reports on an evicting
+fleet behind 3 gateways, 15 paired rounds), mixed (interactive chat + long batch jobs at
+overload, cache_aware without and with the priority gate, 3 paired rounds, bench/mixed.py),
+fleet (100 instant pods at 100 requests/s of 4k- and 100k-token prompts, warmroute against a
+no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py).
+A full run takes about 61 minutes on 2 cores (the independent section about 15, eviction about
+14, fleet about 6).
 
 Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
 curves, for the docs' results page). Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
 
-The pieces: scenarios.py (workloads, routers, time scale), quality.py (routing-quality
-runs), overhead.py (filter cost, memory, decision time), measure.py (load client, /proc),
-report.py (targets, markdown, plot). This file picks the sections, runs them, merges with
-an earlier latest.json on --merge, and writes the results.
+The pieces: scenarios.py (workloads, routers, time scale), quality.py (routing-quality runs),
+overhead.py (filter cost, memory, decision time), extproc.py (the ext_proc gateway), measure.py
+(load client, /proc), report.py (targets, markdown, plot). This file picks the sections, runs
+them, merges with an earlier latest.json on --merge, and writes the results.
 """
 
 from __future__ import annotations

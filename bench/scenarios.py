@@ -111,6 +111,10 @@ QUICK_ROUTERS = ["envoy_round_robin", "envoy_least_request", "warmroute_cache_aw
 EXTRA_ROUTERS = {
     "warmroute_cache_aware_no_feedback": {"filter_overrides": {
         "strategy": "cache_aware", "metrics": SCALED_METRICS, "feedback": {"enabled": False}}},
+    # Replicas of one gateway that pull each other's placements (deploy/envoy/envoy-peers.yaml);
+    # with one gateway it routes as warmroute_cache_aware does.
+    "warmroute_cache_aware_peers": {"config_file": ROOT / "deploy" / "envoy" / "envoy-peers.yaml",
+                                    "filter_overrides": {"strategy": "cache_aware", "metrics": SCALED_METRICS}},
 }
 # Paired rounds of the eviction section (cache_aware with and without feedback), and its
 # gateways: with one, the index sees every prompt the pods hold and predicts 97% of the

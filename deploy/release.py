@@ -34,8 +34,11 @@ sys.path.insert(0, os.path.join(HERE, "oci"))
 import oci_artifact  # noqa: E402
 
 ISTIO_APPLY = ("gateway.yaml", "httproute.yaml", "destinationrule.yaml", "virtualservice.yaml",
-               "envoyfilter-routing-gateway.yaml", "envoyfilter-wasm-gateway.yaml", "stats-tags-gateway.yaml")
-EG_APPLY = ("gatewayclass.yaml", "envoyproxy.yaml", "gateway.yaml", "httproute.yaml", "envoypatchpolicy.yaml")
+               "envoyfilter-routing-gateway.yaml", "envoyfilter-wasm-gateway.yaml", "stats-tags-gateway.yaml", "peers.yaml")
+EG_APPLY = ("gatewayclass.yaml", "envoyproxy.yaml", "gateway.yaml", "httproute.yaml", "envoypatchpolicy.yaml", "peers.yaml")
+# With --peer-port, beside the objects: a NetworkPolicy for clusters that enforce them, to apply
+# only where no other policy selects the gateway's pods (docs/deploy: several gateway replicas).
+OPTIONAL = ("networkpolicy-peers.yaml",)
 
 
 def generate(script: str, args: list[str], out: str) -> None:
@@ -101,6 +104,9 @@ def main(argv=None) -> int:
     print(f"       and serve {shown}/warmroute.wasm at {args.wasm_url} (Envoy Gateway)")
     print(f"Istio:         kubectl apply {apply('istio', ISTIO_APPLY)}")
     print(f"Envoy Gateway: kubectl apply {apply('envoy-gateway', EG_APPLY)}")
+    optional = " ".join(apply(d, OPTIONAL) for d in ("istio", "envoy-gateway")).strip()
+    if optional:
+        print(f"optional:      kubectl apply {optional} (the peer port from the gateway's pods only)")
     return 0
 
 

@@ -21,10 +21,18 @@ def validate(overrides: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
+def oldest_envoy() -> str:
+    """The oldest Envoy `make e2e-oldest-envoy` runs the suite's version checks on, as major.minor."""
+    line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("OLDEST_ENVOY "))
+    return ".".join(line.split(":=")[1].strip().split(".")[:2])
+
+
 def test_the_shipped_config_loads():
     r = validate({})
     assert r.returncode == 0, r.stderr[-2000:]
     assert "warmroute: 3 backends, strategy cache_aware" in r.stdout + r.stderr
+    # The minimum the log names is the one make test checks, so neither drifts alone.
+    assert f"needs Envoy {oldest_envoy()} or later" in r.stdout + r.stderr
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,19 @@ Outputs (in --out, default istio/generated/):
                                 read through, the override_host policy on
                                 the vLLM Service's cluster and the strip of
                                 client routing headers
+  peers.yaml                    --peer-port: the exchange between the gateway's replicas
+                                (docs/deploy/istio.md, Several gateway replicas): a
+                                headless Service selecting the gateway's pods on the
+                                peer port, whose endpoints istiod sends the added
+                                warmroute-peers cluster (EDS); the routing EnvoyFilter
+                                adds that port to the gateway's listener and the
+                                pluginConfig gets its `peers` section
+  networkpolicy-peers.yaml      --peer-port: a NetworkPolicy admitting the peer port
+                                from the gateway's own pods only (every other port as
+                                before); for clusters whose CNI enforces NetworkPolicy
+                                and where no other policy selects the gateway's pods
+                                (with --peer-port the sidecar variant's files are not
+                                written: the exchange is between gateway replicas)
   stats-tags-gateway.yaml       the filter's stats as Prometheus labels: a
   stats-tags-sidecar.yaml       ConfigMap in the proxies' namespace with a
                                 bootstrap override (stats_config.stats_tags)
@@ -280,6 +293,7 @@ def plugin_config(args) -> dict:
                 "kv_usage": ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"],
             },
         },
+        **({"peers": peers_config(args)} if getattr(args, "peer_port", None) else {}),
         "debug_header": False,
     }
 
@@ -298,6 +312,95 @@ GATEWAY_PORT = 80
 # The label Istio's Gateway API deployment puts on the pods of a gateway.networking.k8s.io Gateway
 # (manifests/charts/istio-control/istio-discovery/files/kube-gateway.yaml).
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
+
+# ---- The exchange between the gateway's replicas (--peer-port)
+# Each replica serves its recent index events on the peer port, and the VM holding the tick's lease
+# pulls every replica's through the cluster peers.cluster names (filter/core/src/routing/
+# exchange.rs). Its endpoints are the gateway's pods on the peer port: a headless Service selecting
+# them, whose endpoints istiod sends by EDS under its outbound cluster name to whoever asks, as for
+# warmroute-metrics (pilot/pkg/xds/endpoints/endpoint_builder.go findShards serves a headless,
+# Passthrough, Service; only DNS ones are skipped).
+PEERS_CLUSTER = "warmroute-peers"
+PEERS_SERVICE = "warmroute-peers"
+# The peer port is an additional address of the gateway's own HTTP listener (Envoy's listener
+# additional_addresses, added by a LISTENER MERGE), not a Gateway server of its own:
+#  - one listener, one filter chain, one Wasm filter: the peer path is answered by the plugin that
+#    routes the clients' requests (same VM, same root context, same outbox). A second listener
+#    would get a plugin of its own wherever its metadata differ: Envoy keys a plugin by name,
+#    traffic direction and the listener's metadata (source/extensions/common/wasm/plugin.h,
+#    createPluginKey), and proxy-wasm starts one root context per key (proxy-wasm-cpp-host
+#    src/wasm.cc, WasmBase::start);
+#  - no Service port: Istio's Service for a Gateway API Gateway carries every listener's port
+#    (istio-discovery files/kube-gateway.yaml), so a listener on the peer port would face clients;
+#    the added address is on no Service but the headless one.
+# istiod merges the patch with proto.Merge, which appends to any address of its own
+# (envoyfilter/listener_patch.go patchListener, util.go mergePatchValue); Envoy takes the changed
+# listener on a running gateway as a modified listener, the old one draining (Envoy 1.37 and 1.40,
+# tried on a file-driven LDS).
+PEER_BIND = "0.0.0.0"
+# Ports Istio's proxies use (istio.io, Application requirements, "Ports used by Istio").
+ISTIO_PORTS = (15000, 15001, 15002, 15004, 15006, 15008, 15020, 15021, 15053, 15090)
+
+
+def peers_config(args) -> dict:
+    """The filter's `peers` section: the added cluster, the peer port, the admin it reads the
+    cluster's endpoints through (the pool's own admin cluster)."""
+    return {"cluster": PEERS_CLUSTER, "port": args.peer_port, "admin_cluster": ADMIN_CLUSTER}
+
+
+def peers_service(name: str, namespace: str, selector: dict, port: int, meta_labels: dict,
+                  annotations: dict | None = None) -> dict:
+    """A headless Service selecting the gateway's pods on the peer port: their endpoints, and no
+    virtual IP (nothing balances over the replicas: each pull names its replica)."""
+    meta = {"name": name, "namespace": namespace, "labels": meta_labels}
+    if annotations:
+        meta["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "clusterIP": "None",
+            "selector": dict(selector),
+            "ports": [{"name": "http-warmroute-peers", "port": port, "targetPort": port,
+                       "protocol": "TCP", "appProtocol": "http"}],
+        },
+    }
+
+
+def peers_network_policy(name: str, namespace: str, selector: dict, port: int, meta_labels: dict) -> dict:
+    """The peer port from the gateway's own pods only; every other port as before.
+
+    A pod that any NetworkPolicy selects admits only what some policy allows, so the first rule
+    keeps every other TCP port (the clients' listeners, health and stats) and UDP (HTTP/3) open to
+    all, and the second admits the peer port from the pods of this selector in this namespace.
+    Policies add up: where another policy already selects the gateway's pods, the first rule would
+    widen it; there, add the second rule to yours instead."""
+    others = []
+    if port > 1:
+        others.append({"protocol": "TCP", "port": 1, "endPort": port - 1})
+    if port < 65535:
+        others.append({"protocol": "TCP", "port": port + 1, "endPort": 65535})
+    others.append({"protocol": "UDP", "port": 1, "endPort": 65535})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": meta_labels},
+        "spec": {
+            "podSelector": {"matchLabels": dict(selector)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": others},
+                {"from": [{"podSelector": {"matchLabels": dict(selector)}}],
+                 "ports": [{"protocol": "TCP", "port": port}]},
+            ],
+        },
+    }
+
+
+def peer_address(port: int) -> dict:
+    """The listener's added address: the peer port on every interface of the pod."""
+    return {"address": {"socket_address": {"address": PEER_BIND, "port_value": port}}}
 
 
 def gateway(args) -> dict:
@@ -815,6 +918,40 @@ def routing_envoyfilter(args, config: dict, where: str) -> dict:
                 },
             }
         )
+    if where == "gateway" and args.peer_port:
+        patches += [
+            {
+                # The peer port, on the gateway's one HTTP listener (PEER_BIND says why there):
+                # the listener Istio binds for the Gateway's server, at its Service's targetPort
+                # for port 80 (model/gateway.go resolvePorts), matched by that port alone so no
+                # other listener gets the same address (a second bind would fail the update).
+                "applyTo": "LISTENER",
+                "match": {"context": context, "listener": {"portNumber": args.gateway_target_port}},
+                "patch": {"operation": "MERGE", "value": {"additional_addresses": [peer_address(args.peer_port)]}},
+            },
+            {
+                # The replicas' peer ports (peers.cluster): the headless Service's endpoints from
+                # istiod, and a pull reaches the replica x-gateway-destination-endpoint names or
+                # fails (as a scrape its pod). Plain text: the peer port is the gateway's own
+                # listener, which terminates no mesh mTLS. Read from Istio's source; not tried in
+                # a live cluster here.
+                "applyTo": "CLUSTER",
+                "match": {"context": context},
+                "patch": {
+                    "operation": "ADD",
+                    "value": {
+                        "name": PEERS_CLUSTER,
+                        "type": "EDS",
+                        "connect_timeout": "1s",
+                        "eds_cluster_config": {
+                            "service_name": cluster_name(PEERS_SERVICE, namespace, args.peer_port),
+                            "eds_config": {"ads": {}, "resource_api_version": "V3"},
+                        },
+                        "load_balancing_policy": override_host_policy(NO_HOST),
+                    },
+                },
+            },
+        ]
     # Every listener of the gateway; in the sidecar, the outbound listener of the vLLM port.
     hcm_listener = {"filterChain": {"filter": {"name": HCM}}}
     if where == "sidecar":
@@ -878,11 +1015,23 @@ BANNER = BANNER_START + " -- do not edit; re-run:\n#   python3 istio/generate.py
 OUTPUTS = ("gateway.yaml", "destinationrule.yaml", "virtualservice.yaml", "httproute.yaml", "virtualservice-mesh.yaml", "pluginconfig.json",
            "envoyfilter-wasm-gateway.yaml", "envoyfilter-wasm-sidecar.yaml",
            "envoyfilter-routing-gateway.yaml", "envoyfilter-routing-sidecar.yaml",
-           "stats-tags-gateway.yaml", "stats-tags-sidecar.yaml")
+           "stats-tags-gateway.yaml", "stats-tags-sidecar.yaml", "peers.yaml", "networkpolicy-peers.yaml")
 ADMIN_NOTE = (
     "# warmroute-envoy-admin is this proxy's own admin interface (127.0.0.1:15000), which the\n"
     "# filter reads the pool's endpoints through. No route may name it: the admin answers every\n"
     "# path to whoever reaches it, POSTs included (POST /quitquitquit stops the proxy).\n"
+)
+
+
+PEERS_NOTE = (
+    "# The gateway's replicas on their peer port, for the exchange between them: the endpoints of the\n"
+    "# warmroute-peers cluster (envoyfilter-routing-gateway.yaml). No Service in front of clients\n"
+    "# carries this port.\n"
+)
+NETPOL_NOTE = (
+    "# Optional, where the CNI enforces NetworkPolicy: the peer port from the gateway's own pods only,\n"
+    "# every other port open as before. Policies add up: if another NetworkPolicy already selects the\n"
+    "# gateway's pods, add the second ingress rule to it instead of applying this one.\n"
 )
 
 
@@ -899,6 +1048,9 @@ WIRED = {
     ("route", "mode"): "set by --route-mode",
     ("route", "header"): "set by --route-mode",
     ("metrics", "cluster"): "the cluster the routing EnvoyFilters add",
+    ("peers", "cluster"): "the cluster the gateway's routing EnvoyFilter adds with --peer-port",
+    ("peers", "port"): "set by --peer-port",
+    ("peers", "admin_cluster"): "the admin cluster the routing EnvoyFilters add",
 }
 
 
@@ -1017,6 +1169,14 @@ def main(argv=None) -> int:
     p.add_argument("--gateway-class", default="istio", help="--gateway-api: the Gateway's gatewayClassName")
     p.add_argument("--revision", default="",
                    help="Istio revision: every object gets istio.io/rev=<revision>, read by that istiod only")
+    p.add_argument("--peer-port", type=int, default=None,
+                   help="the exchange between the gateway's replicas: the port (e.g. 15099) each replica serves "
+                        "its recent index events on, to the other replicas only (no Service in front of clients "
+                        "has it); adds peers.yaml, networkpolicy-peers.yaml and the gateway's peers cluster")
+    p.add_argument("--gateway-target-port", type=int, default=None,
+                   help=f"with --peer-port, classic gateway: the port its pods listen on for the Gateway's server "
+                        f"on {GATEWAY_PORT}, its Service's targetPort ({GATEWAY_PORT} with Istio's gateway Helm chart, "
+                        "8080 for istioctl's istio-ingressgateway); the peer port is added to that listener")
     p.add_argument("--client-namespace", default="apps")
     p.add_argument("--client-app", default="chat-frontend")
     p.add_argument("--image", default="oci://ghcr.io/warmroute/warmroute:0.1.0",
@@ -1090,6 +1250,25 @@ def main(argv=None) -> int:
             except ValueError:
                 p.error(f"--pod-ips: {ip!r} is not an IP address")
 
+    if args.peer_port is None:
+        if args.gateway_target_port is not None:
+            p.error("--gateway-target-port is for --peer-port")
+    else:
+        if args.route_mode == "header":
+            p.error("--peer-port: the exchange ships for the default endpoint mode (its pool's admin cluster)")
+        if args.gateway_api and args.gateway_target_port is not None:
+            p.error(f"--gateway-target-port: a Gateway API gateway's pods listen on the listener's own port "
+                    f"({GATEWAY_PORT}): drop it")
+        args.gateway_target_port = GATEWAY_PORT if args.gateway_target_port is None else args.gateway_target_port
+        if not 1 <= args.gateway_target_port <= 65535:
+            p.error("--gateway-target-port must be a port (1-65535)")
+        if not 1024 <= args.peer_port <= 65535:
+            p.error("--peer-port must be in 1024-65535 (an unprivileged port the gateway's pods can bind)")
+        if args.peer_port in ISTIO_PORTS:
+            p.error(f"--peer-port {args.peer_port} is one of the ports Istio's proxies use ({', '.join(map(str, ISTIO_PORTS))})")
+        if args.peer_port in (GATEWAY_PORT, args.gateway_target_port):
+            p.error(f"--peer-port {args.peer_port} is the gateway's client port: clients would read the peers' events")
+
     # Reproducible command line in the banner (without --out, which is a local path).
     shown = []
     skip = False
@@ -1126,6 +1305,19 @@ def main(argv=None) -> int:
     }
     if args.route_mode == "header":
         files["virtualservice-mesh.yaml"] = banner + documents([mesh_virtual_service(args)])
+    if args.peer_port:
+        # The exchange is between the gateway's replicas: the sidecar variant is not written (its
+        # pluginConfig would name a peers cluster no sidecar has).
+        for name in ("envoyfilter-wasm-sidecar.yaml", "envoyfilter-routing-sidecar.yaml", "stats-tags-sidecar.yaml"):
+            del files[name]
+        gw_ns, gw_selector, _ = workload(args, "gateway")
+        files["peers.yaml"] = banner + PEERS_NOTE + documents([peers_service(
+            PEERS_SERVICE, gw_ns, gw_selector, args.peer_port, labels(args),
+            # Seen by the proxies of the gateway's namespace only: no sidecar elsewhere gets the
+            # gateway's pods as endpoints of it (serviceregistry/kube/conversion.go).
+            {"networking.istio.io/exportTo": "."})])
+        files["networkpolicy-peers.yaml"] = banner + NETPOL_NOTE + documents([peers_network_policy(
+            PEERS_SERVICE, gw_ns, gw_selector, args.peer_port, labels(args))])
     for name, text in files.items():
         with open(os.path.join(args.out, name), "w", encoding="utf-8", newline="\n") as f:
             f.write(text)

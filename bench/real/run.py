@@ -14,6 +14,11 @@ with the real `dist/warmroute.wasm`, and a table of what that showed.
    tool messages, content parts, `/v1/models`, through the harness's client and through the
    `openai` package.
 4. Down and up: a replica killed is marked down, and once restarted, up again.
+5. The APIs agents speak (`agents.py`): a 10-turn `/v1/responses` conversation by
+   `previous_response_id` (the replicas keep stored responses, `VLLM_ENABLE_RESPONSES_API_STORE=1`),
+   each follow-up on the pod that holds its predecessor and hitting its cache; the same
+   follow-up through round robin (404); an agent's `/v1/messages` turns, each predicted as an
+   extension of the last.
 
 Everything runs on 127.0.0.1 and every replica is killed (its process group) at the end.
 """
@@ -29,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+import agents
 from engine import BLOCK_SIZE, REAL_PY, SERVED, Replica, start_all, stop_all
 from shapes import check
 from warmroute_harness import ROOT, Envoy, filter_config, free_port, post
@@ -303,6 +309,7 @@ def main() -> int:
                     help="the filter's starting ratio: envoy.yaml's (set for the simulator's word tokens)")
     ap.add_argument("--fixtures", type=Path, help="write the engine's answers here (bench/real/fixtures)")
     ap.add_argument("--json", type=Path, default=ROOT / ".run" / "real" / "results.json")
+    ap.add_argument("--only", choices=["agents"], help="run only this section (replicas still start)")
     a = ap.parse_args()
     t_start = time.time()
     logdir = ROOT / ".run" / "real" / f"logs-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -310,7 +317,8 @@ def main() -> int:
     if a.fixtures:
         a.fixtures.mkdir(parents=True, exist_ok=True)
     replicas = [Replica(f"vllm-{i}", free_port(), blocks=a.blocks, core=i % 2, max_model_len=3072,
-                        extra_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+                        extra_args=["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+                        extra_env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"})
                 for i in range(a.replicas)]
     out: dict = {"blocks": a.blocks, "block_size": BLOCK_SIZE}
     print(f"# warmroute in front of {a.replicas} real vLLM replicas (logs: {logdir})")
@@ -321,6 +329,9 @@ def main() -> int:
         out["start_s"] = time.time() - t_start
         print(f"replicas up in {out['start_s']:.0f} s: "
               + ", ".join(f"{r.name} :{r.port} {r.blocks * BLOCK_SIZE} KV tokens" for r in replicas))
+        if a.only == "agents":
+            ok &= agents.section(replicas, logdir, out, a.fixtures)
+            return finish(ok, out, a.json, t_start, replicas)
         envoy = Envoy(replicas, filter_overrides={**DEBUG, "index": {"bytes_per_token": a.start_bytes_per_token}},
                       concurrency=1)
         envoy.start(logdir)
@@ -334,14 +345,22 @@ def main() -> int:
         ok &= down_up(replicas, envoy, logdir, out,
                       lambda: shapes_section(envoy, replicas[0], out, a.fixtures))
         ok &= all(r["errors"] == 0 for r in out["runs"])
+        envoy.stop()
+        envoy = None
+        ok &= agents.section(replicas, logdir, out, a.fixtures)
     finally:
         if envoy is not None:
             envoy.stop()
         stop_all(replicas)
+    return finish(ok, out, a.json, t_start, replicas)
+
+
+def finish(ok: bool, out: dict, path: Path, t_start: float, replicas: list[Replica]) -> int:
+    stop_all(replicas)
     out["run_s"] = time.time() - t_start
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(out, indent=1, default=str))
-    print(f"\nmake real: {'passed' if ok else 'FAILED'} in {out['run_s']:.0f} s (results: {a.json})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1, default=str))
+    print(f"\nmake real: {'passed' if ok else 'FAILED'} in {out['run_s']:.0f} s (results: {path})")
     return 0 if ok else 1
 
 

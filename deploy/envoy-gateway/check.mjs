@@ -18,6 +18,14 @@
 //     HTTPRoute rule's cluster with the override_host policy; metrics.cluster an EDS cluster
 //     of the same endpoints that never falls back to another pod; pool.admin_cluster the proxy's
 //     admin; both routing headers stripped early; no route to the admin cluster;
+//  3b. the exchange between the gateway's replicas (pluginConfig `peers`, generate.py --peer-port):
+//     the peer port an additional address of the listener the filter runs on, on no port of the
+//     Gateway's listeners (their Service faces clients); peers.cluster strict (override_host, no
+//     fallback host), plain text, STRICT_DNS of a headless Service here in the proxies' namespace
+//     selecting exactly this Gateway's proxy pods (Envoy Gateway's labels) on the peer port (Envoy
+//     Gateway serves EDS for its own clusters only); peers.admin_cluster the proxy's admin; no
+//     route to the peers cluster; a NetworkPolicy selecting those pods admits the port from them
+//     only (../peers-check.mjs);
 //  4. the stats tags: each Gateway's infrastructure.parametersRef names an EnvoyProxy here
 //     (envoyproxy.schema.json, strict) whose bootstrap, type Merge, adds the top-level
 //     envoy.yaml's stats_config.stats_tags and nothing else, merged by `envoy --mode validate`
@@ -36,6 +44,7 @@ import { createRequire } from "node:module";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
 import { bodyLimit, ENVOY_DEFAULT_BUFFER, verdicts } from "../filter-verdict.mjs";
+import { additionalPorts, noClientService, peerNetworkPolicies, peerServices } from "../peers-check.mjs";
 
 const require = createRequire(path.join(path.dirname(new URL(import.meta.url).pathname), "..", "package.json"));
 const [envoy, dir] = process.argv.slice(2);
@@ -95,6 +104,15 @@ const TYPES = {
 };
 const EG_ADMIN = { address: "127.0.0.1", port_value: 19000 };
 const EG_BUFFER = 32768; // Envoy Gateway's per_connection_buffer_limit_bytes
+// The labels Envoy Gateway puts on a Gateway's proxy pods (internal/infrastructure/kubernetes/proxy/
+// resource.go EnvoyAppLabel, internal/gatewayapi/helpers.go GatewayOwnerLabels).
+const proxyLabels = (gw) => ({
+  "app.kubernetes.io/name": "envoy", "app.kubernetes.io/component": "proxy", "app.kubernetes.io/managed-by": "envoy-gateway",
+  "gateway.envoyproxy.io/owning-gateway-name": gw.metadata.name, "gateway.envoyproxy.io/owning-gateway-namespace": gw.metadata.namespace,
+});
+// The port Envoy Gateway's proxy binds for a listener port (internal/gatewayapi/listener.go
+// servicePortToContainerPort: privileged ports shifted by 10000).
+const containerPort = (p) => (p < 1024 ? p + 10000 : p);
 
 function standIns(gw) {
   const ns = gw.metadata.namespace;
@@ -103,7 +121,7 @@ function standIns(gw) {
     const name = `${ns}/${gw.metadata.name}/${l.name}`;
     xds.listeners.push({
       name,
-      address: { socket_address: { address: "0.0.0.0", port_value: 10080 + i } },
+      address: { socket_address: { address: "0.0.0.0", port_value: containerPort(Number(l.port ?? 10080 + i)) } },
       per_connection_buffer_limit_bytes: EG_BUFFER,
       drain_type: "MODIFY_ONLY",
       default_filter_chain: { name, filters: [{ name: "envoy.filters.network.http_connection_manager", typed_config: {
@@ -285,6 +303,47 @@ for (const { f, o: pol } of policies) {
     else ok(`${at}: pool.admin_cluster ${ac.name} is the proxy's admin`);
     for (const vh of rc?.virtual_hosts ?? []) for (const rt of vh.routes ?? []) {
       if (rt.route?.cluster === ac?.name || rt.route?.cluster_header) fail(`${at}: route ${rt.name} reaches the admin (or lets the client name a cluster)`);
+    }
+    // The exchange between the gateway's replicas.
+    if (conf.peers) {
+      const port = Number(conf.peers.port);
+      const clientPorts = (gw.spec?.listeners ?? []).flatMap((x) => [Number(x.port), containerPort(Number(x.port))]);
+      const added = additionalPorts(l);
+      if (!added.includes(port)) fail(`${at}: peers.port ${port} is no address of this listener (additional_addresses ${JSON.stringify(added)}): the filter answers peers only on it`);
+      else if (clientPorts.includes(port)) fail(`${at}: peers.port ${port} is a port of the Gateway's listeners, on the Service in front of clients`);
+      else ok(`${at}: the peer port ${port} is an address of this listener, on no port of the Gateway's`);
+      const pc = clusters.get(conf.peers.cluster);
+      const pfb = overrideHost(pc)?.fallback_policy?.policies?.[0]?.typed_extension_config?.typed_config;
+      const eps = (pc?.load_assignment?.endpoints ?? []).flatMap((e) => e.lb_endpoints ?? []).map((e) => e.endpoint?.address?.socket_address).filter(Boolean);
+      const why = !pc ? "is no cluster of the gateway"
+        : ruleClusters.has(pc.name) ? "is a routing cluster"
+        : overrideHost(pc)?.["@type"] !== `${LB}.override_host.v3.OverrideHost` || !overrideHost(pc).override_host_sources?.some((x) => x.header === "x-gateway-destination-endpoint")
+          ? "has no override_host policy reading x-gateway-destination-endpoint: a pull would reach whichever replica"
+        : pfb?.fallback_policy !== "NO_FALLBACK" || pfb?.panic_mode_any === true ? "override_host fallback is not a subset policy with NO_FALLBACK: a pull of a gone replica would be answered by another"
+        : pc.transport_socket || pc.transport_socket_matches ? "a transport socket: the peer port is the gateway's own listener, in plain text"
+        : pc.type === "EDS" ? "type EDS: Envoy Gateway serves EDS only for the clusters it generates"
+        : pc.type !== "STRICT_DNS" ? `type ${pc.type ?? "STATIC"}, not STRICT_DNS of the replicas' headless Service (one endpoint per ready replica)`
+        : eps.length !== 1 || Number(eps[0].port_value) !== port ? `endpoints ${JSON.stringify(eps)}: not one DNS name on peers.port ${port}`
+        : undefined;
+      if (why) fail(`${at}: peers.cluster ${conf.peers.cluster} ${why}`);
+      else {
+        ok(`${at}: peers.cluster ${pc.name}: ${eps[0].address}:${port} by DNS, a pull reaches the replica named or fails`);
+        const host = String(eps[0].address);
+        const ns = host.split(".")[1];
+        const [oks, fails] = peerServices(all, { namespace: ns, podLabels: proxyLabels(gw), port, host, who: at });
+        oks.forEach(ok); fails.forEach(fail);
+        for (const check of [noClientService, peerNetworkPolicies]) {
+          const [o2, f2] = check(all, { namespace: ns, podLabels: proxyLabels(gw), port, who: at });
+          o2.forEach(ok); f2.forEach(fail);
+        }
+      }
+      const pac = clusters.get(conf.peers.admin_cluster ?? "envoy-admin");
+      const paeps = (pac?.load_assignment?.endpoints ?? []).flatMap((e) => e.lb_endpoints ?? []).map((e) => e.endpoint?.address?.socket_address);
+      if (!pac || pac.type !== "STATIC" || paeps.length !== 1 || paeps[0].address !== EG_ADMIN.address || Number(paeps[0].port_value) !== EG_ADMIN.port_value)
+        fail(`${at}: peers.admin_cluster ${conf.peers.admin_cluster ?? "envoy-admin"}: not a STATIC cluster of the proxy's admin ${EG_ADMIN.address}:${EG_ADMIN.port_value}`);
+      for (const vh of rc?.virtual_hosts ?? []) for (const rt of vh.routes ?? []) {
+        if (rt.route?.cluster === conf.peers.cluster) fail(`${at}: route ${rt.name} reaches the peers cluster: clients would read the replicas' events`);
+      }
     }
     const removed = new Set((hcm.early_header_mutation_extensions ?? []).flatMap((e) => e.typed_config?.mutations ?? []).map((m) => m.remove).filter(Boolean));
     // The routing headers, the published model (if set), the gate's class and deadline

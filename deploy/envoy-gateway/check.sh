@@ -8,7 +8,8 @@
 # 3. check.mjs: the EnvoyPatchPolicy against a schema of Envoy Gateway's v1alpha1 API, its JSON
 #    patches applied to stand-ins of Envoy Gateway's xDS through `envoy --mode validate`, the
 #    filter's verdict on its configuration
-# 4. steps 1-3 again on a run with every flag
+# 4. steps 1-3 again on a run with every flag, and on the exchange between the gateway's
+#    replicas (--peer-port: the headless Service and NetworkPolicy against the Kubernetes schemas)
 # 5. negative tests: broken copies in a temp dir MUST be rejected by steps 1-3
 #
 #   deploy/envoy-gateway/check.sh    (from anywhere; exits non-zero on any failure)
@@ -62,6 +63,30 @@ assert "transport_socket" not in epp, "TLS to an http:// module URL"
 assert "gatewayClassName: eg-internal" in (d / "gateway.yaml").read_text()
 assert "kubernetes.io/metadata.name: models" in (d / "gateway.yaml").read_text()
 print("ok   namespace, service, port, gateway, class, host, pool limits, module URL and --config reach every object")
+PY
+
+step "Envoy Gateway, the exchange between the gateway's replicas: --peer-port, --proxy-namespace"
+egp="$tmp/eg-peers"
+eg_peers_args="--namespace llm --service vllm --peer-port 15099 --proxy-namespace eg-proxies --wasm-url https://models.example.com/warmroute/0.1.0/warmroute.wasm --wasm-sha256 $eg_sha"
+echo "python3 deploy/envoy-gateway/generate.py $eg_peers_args"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+(cd "$root" && python3 deploy/envoy-gateway/generate.py $eg_peers_args --out "$egp") >/dev/null || die "Envoy Gateway --peer-port: generate.py failed"
+check_eg_generated "$egp" "$eg_peers_args" || die "Envoy Gateway --peer-port: not reproducible"
+node "$deploy/validate-manifests.mjs" k8s "$egp/gatewayclass.yaml" "$egp/gateway.yaml" "$egp/httproute.yaml" "$egp/peers.yaml" "$egp/networkpolicy-peers.yaml" \
+  || die "Envoy Gateway --peer-port: Gateway API and Kubernetes schema validation"
+node "$here/check.mjs" "$envoy_bin" "$egp" || die "Envoy Gateway --peer-port: EnvoyPatchPolicy checks"
+python3 - "$egp" <<'PY' || die "Envoy Gateway --peer-port: the inputs did not reach the output"
+import json, pathlib, sys
+d = pathlib.Path(sys.argv[1])
+cfg = json.loads((d / "pluginconfig.json").read_text())
+assert cfg["peers"] == {"cluster": "warmroute-peers", "port": 15099, "admin_cluster": "warmroute-envoy-admin"}, cfg.get("peers")
+svc = (d / "peers.yaml").read_text()
+assert "  name: warmroute-peers-warmroute\n  namespace: eg-proxies\n" in svc and "  clusterIP: None\n" in svc, svc
+assert "    gateway.envoyproxy.io/owning-gateway-name: warmroute\n    gateway.envoyproxy.io/owning-gateway-namespace: llm\n" in svc, svc
+epp = (d / "envoypatchpolicy.yaml").read_text()
+assert "address: warmroute-peers-warmroute.eg-proxies.svc.cluster.local\n" in epp and "path: /additional_addresses\n" in epp, epp
+assert "  namespace: eg-proxies\n" in (d / "networkpolicy-peers.yaml").read_text()
+print("ok   peer port and the proxies' namespace reach the Service, the policy, the patches and the pluginConfig")
 PY
 
 # ---------------------------------------------------------------- 5. negative tests
@@ -135,6 +160,34 @@ echo '# not generated' >"$neg/eg/extra.yaml"
 expect_reject_because "Envoy Gateway: generated/ differs from what generate.py writes" "Only in .*eg: extra.yaml" \
   check_eg_generated "$neg/eg" "$eg_args"
 rm -rf "$neg/eg"
+# The exchange between the gateway's replicas: each broken copy refused for its own fault.
+eg_peers_neg() { # $1 = file, $2 = description, $3 = regex the rejection must say, $4 = python expression over s
+  rm -rf "$neg/egp"; cp -r "$egp" "$neg/egp"
+  mutate "$egp/$1" "$neg/egp/$1" "$4"
+  expect_reject_because "Envoy Gateway --peer-port: $2" "$3" node "$here/check.mjs" "$envoy_bin" "$neg/egp"
+}
+eg_peers_neg envoypatchpolicy.yaml "peer port not added to the listener" "peers.port 15099 is no address of this listener" \
+  's.replace("port_value: 15099\n", "port_value: 15100\n", 1)'
+eg_peers_neg envoypatchpolicy.yaml "peers cluster fed by EDS (Envoy Gateway serves none for it)" "type EDS: Envoy Gateway serves EDS only" \
+  're.sub(r"(name: warmroute-peers\n +type: )STRICT_DNS", r"\1EDS", s, count=1)'
+eg_peers_neg envoypatchpolicy.yaml "peers cluster whose fallback picks any replica" "peers.cluster warmroute-peers override_host fallback is not a subset policy with NO_FALLBACK" \
+  're.sub(r"(name: warmroute-peers\n.*?)fallback_policy: NO_FALLBACK", r"\1fallback_policy: ANY_ENDPOINT", s, count=1, flags=re.S)'
+eg_peers_neg envoypatchpolicy.yaml "peers cluster resolving a Service that is not here" "no Service warmroute-peers-llm in eg-proxies" \
+  's.replace("address: warmroute-peers-warmroute.eg-proxies", "address: warmroute-peers-llm.eg-proxies", 1)'
+eg_peers_neg envoypatchpolicy.yaml "listener patch with additional_adresses (the CRD's free-form value lets it pass)" "additional_adresses" \
+  's.replace("path: /additional_addresses", "path: /additional_adresses", 1)'
+eg_peers_neg peers.yaml "peers Service selecting every Gateway's proxies" "selector .* is not the gateway's pods" \
+  's.replace("    gateway.envoyproxy.io/owning-gateway-name: warmroute\n", "", 1)'
+eg_peers_neg peers.yaml "peers Service with a virtual IP" "not headless" \
+  's.replace("  clusterIP: None\n", "  clusterIP: 10.96.0.99\n", 1)'
+eg_peers_neg networkpolicy-peers.yaml "NetworkPolicy admitting the peer port from anywhere" "admits the peer port 15099 from anywhere" \
+  're.sub(r"  - from:\n    - podSelector:\n(        .*\n)+    ports:\n", "  - ports:\n", s, count=1)'
+rm -rf "$neg/egp"
+eg_gen_neg() { (cd "$root" && python3 deploy/envoy-gateway/generate.py --namespace llm --wasm-url https://x.example/w.wasm --wasm-sha256 "$eg_sha" --out "$neg/eg-gen" "$@"); }
+expect_reject_because "Envoy Gateway generate.py --peer-port on the listener's container port" "--peer-port 10080 is a port the gateway's proxies already use" \
+  eg_gen_neg --peer-port 10080
+expect_reject_because "Envoy Gateway generate.py --proxy-namespace without --peer-port" "--proxy-namespace is for --peer-port" \
+  eg_gen_neg --proxy-namespace eg
 expect_reject_because "Envoy Gateway generate.py --wasm-sha256 that is not a sha256" "--wasm-sha256 must be" \
   bash -c "cd '$root' && python3 deploy/envoy-gateway/generate.py --namespace llm --wasm-url https://x.example/w.wasm --wasm-sha256 abc --out '$neg/eg-gen'"
 

@@ -5,7 +5,8 @@
 // has pushed it. Here each workload's patches are applied, as istiod would, to stand-ins of the
 // objects Istio generates for that workload (its outbound cluster for the vLLM Service, an HTTP
 // listener with the HTTP connection manager, a virtual host and the router; the bootstrap's
-// xds-grpc and sds-grpc clusters), and the result goes
+// xds-grpc and sds-grpc clusters; the listener on the port a LISTENER patch matches, the gateway's),
+// and the result goes
 // to `envoy --mode validate`: every field, enum and extension name must be one this Envoy knows.
 // The stand-ins are not Istio's full output, so this says the patches are valid Envoy config,
 // not that a live mesh behaves.
@@ -45,7 +46,7 @@ const LB = "type.googleapis.com/envoy.extensions.load_balancing_policies";
 const ads = { ads: {}, resource_api_version: "V3" };
 // The parts of Istio's output the patches touch, for one workload whose vLLM Service is
 // host:port (the one its CLUSTER MERGE patches name).
-function standIns(host, port) {
+function standIns(host, port, listenerPort) {
   const vllm = {
     // Named and fed as Istio's outbound cluster for the vLLM Service is.
     name: `outbound|${port}||${host}`,
@@ -65,8 +66,8 @@ function standIns(host, port) {
     },
   };
   const listener = {
-    name: "0.0.0.0_8000",
-    address: { socket_address: { address: "0.0.0.0", port_value: 8000 } },
+    name: `0.0.0.0_${listenerPort}`,
+    address: { socket_address: { address: "0.0.0.0", port_value: listenerPort } },
     filter_chains: [{ filters: [hcm] }],
   };
   const bootstrap = {
@@ -127,7 +128,12 @@ for (const [key, filters] of workloads) {
     .find((p) => p.applyTo === "CLUSTER" && p.patch?.operation === "MERGE")?.match?.cluster ?? {};
   const host = merged.service ?? "vllm.llm.svc.cluster.local";
   const port = Number(merged.portNumber ?? 8000);
-  const s = standIns(host, port);
+  // The listener a LISTENER patch matches by port (the gateway's, for the peer port): one stand-in
+  // listener, so every such patch must match the same one.
+  const listenerPorts = [...new Set(filters.flatMap(({ o }) => o.spec?.configPatches ?? [])
+    .filter((p) => p.applyTo === "LISTENER" && p.match?.listener?.portNumber).map((p) => Number(p.match.listener.portNumber)))];
+  if (listenerPorts.length > 1) fail(`${key}: LISTENER patches match ports ${listenerPorts.join(", ")}; the stand-in has one listener`);
+  const s = standIns(host, port, listenerPorts[0] ?? 8000);
   const applied = [];
   for (const { f, o } of filters) {
     for (const [i, p] of (o.spec?.configPatches ?? []).entries()) {

@@ -22,6 +22,14 @@
 //    VirtualService or ServiceEntry names an admin cluster or points at the admin's address, no
 //    patch has a cluster_header route, and no cluster is added at the admin's address under a
 //    name the filter does not read;
+//  - the exchange between the gateway's replicas (pluginConfig `peers`): it runs in gateways only;
+//    each gets the peers cluster (EDS from istiod under the outbound name of a headless Service
+//    selecting exactly the gateway's pods on peers.port, override_host with a fallback that picks
+//    no host, plain text) and the peer port as an additional address of one listener (matched by
+//    port, never the port itself), peers.admin_cluster as the proxy's admin; no Gateway server or
+//    other Service faces clients with the port, no route names the peers cluster, and a
+//    NetworkPolicy selecting the gateway's pods admits the port from them only
+//    (../peers-check.mjs);
 //  - no VirtualService binds both a Gateway and `mesh`, and one bound to `mesh` is exported only
 //    to namespaces whose sidecars run warmroute;
 //  - header mode: each backend name has a DestinationRule subset and, in every VirtualService,
@@ -33,6 +41,7 @@ import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
 import { bodyLimit, ENVOY_DEFAULT_BUFFER, verdicts } from "../filter-verdict.mjs";
+import { additionalPorts, noClientService, peerNetworkPolicies, peerServices } from "../peers-check.mjs";
 
 const [dir, ...extra] = process.argv.slice(2);
 const checker = process.env.WARMROUTE_CHECK_CONFIG;
@@ -163,6 +172,10 @@ const vllmCluster = `outbound|${vllmPort}||${vllmHost}`;
 const poolClusters = ref.pool ? (ref.pool.clusters?.length ? ref.pool.clusters.map((c) => c.cluster) : [ref.pool.cluster ?? "pool"]) : [];
 const poolCluster = poolClusters.join(", ");
 const adminCluster = ref.pool ? (ref.pool.admin_cluster ?? "envoy-admin") : undefined;
+// The clusters the filter reads the proxy's admin through: the pool's, the peers' (the filter's
+// default name when the section leaves it out).
+const adminClusters = new Map([[adminCluster, "pool.admin_cluster"], [ref.peers ? (ref.peers.admin_cluster ?? "envoy-admin") : undefined, "peers.admin_cluster"]]
+  .filter(([name]) => name !== undefined).reverse());
 if (ref.pool) {
   const mode = ref.route?.mode ?? "endpoint";
   if (mode !== "endpoint") {
@@ -328,9 +341,11 @@ for (const [key, w] of workloads) {
     if (!policies.length) fail(`${who}: endpoint mode, but no override_host policy on ${on}: the filter's choice would be ignored`);
     else ok(`${who}: override_host policy on ${vllmHost}:${vllmPort}`);
   }
-  if (ref.pool) {
-    const adds = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "ADD" && p.patch?.value?.name === adminCluster);
-    if (adds.length !== 1) fail(`${who}: ${adds.length} EnvoyFilter CLUSTER ADD of pool.admin_cluster ${adminCluster}, need exactly 1: without it the filter never learns a pod`);
+  for (const [name, field] of adminClusters) {
+    if (field === "peers.admin_cluster" && w.context !== "GATEWAY") continue; // refused below
+    const adds = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "ADD" && p.patch?.value?.name === name);
+    const without = field === "pool.admin_cluster" ? "the filter never learns a pod" : "the filter never learns a peer";
+    if (adds.length !== 1) fail(`${who}: ${adds.length} EnvoyFilter CLUSTER ADD of ${field} ${name}, need exactly 1: without it ${without}`);
     else {
       const { f, p } = adds[0];
       const v = p.patch.value;
@@ -339,8 +354,8 @@ for (const [key, w] of workloads) {
         : (eps.length !== 1 || eps[0] !== PROXY_ADMIN) ? `endpoints ${JSON.stringify(eps)}, not the proxy's admin ${PROXY_ADMIN} alone`
         : v.transport_socket || v.transport_socket_matches ? "a transport socket: the admin speaks plain HTTP"
         : undefined;
-      if (why) fail(`${path.relative(dir, f)}: ${adminCluster}: ${why}`);
-      else ok(`${who}: ${adminCluster}: STATIC ${PROXY_ADMIN}, the proxy's own admin`);
+      if (why) fail(`${path.relative(dir, f)}: ${name}: ${why}`);
+      else ok(`${who}: ${name}: STATIC ${PROXY_ADMIN}, the proxy's own admin`);
     }
   }
 }
@@ -351,15 +366,15 @@ for (const [key, w] of workloads) {
 // the admin's address; every string naming one, anywhere but in its own definition, is refused
 // (a route's cluster, weighted_clusters, a mirror, a VirtualService destination), and so is a
 // cluster_header route, which lets the client name any cluster.
-const admins = new Set(adminCluster ? [adminCluster] : []);
+const admins = new Set(adminClusters.keys());
 for (const { f, o } of envoyFilters) {
   for (const p of o.spec?.configPatches ?? []) {
     const v = p.patch?.value;
     if (p.applyTo !== "CLUSTER" || p.patch?.operation !== "ADD" || !v?.name) continue;
     const toAdmin = socketsOf(v).some((a) => isLoopback(a.address) && Number(a.port_value) === PROXY_ADMIN_PORT);
     if (toAdmin) admins.add(v.name);
-    if (toAdmin && v.name !== adminCluster) {
-      fail(`${path.relative(dir, f)}: cluster ${v.name} points at the proxy's admin, but the filter reads none by that name (pool.admin_cluster ${adminCluster ?? "unset"})`);
+    if (toAdmin && !adminClusters.has(v.name)) {
+      fail(`${path.relative(dir, f)}: cluster ${v.name} points at the proxy's admin, but the filter reads none by that name (${[...adminClusters].map(([n, k]) => `${k} ${n}`).join(", ") || "no admin cluster set"})`);
     }
   }
 }
@@ -373,16 +388,19 @@ function* strings(v, at) {
     }
   }
 }
+const peersCluster = ref.peers?.cluster;
 const failedBefore = failed;
 let scanned = 0;
 for (const { f, o } of all.filter(({ o }) => ["EnvoyFilter", "VirtualService", "ServiceEntry"].includes(o.kind))) {
   const where = `${path.relative(dir, f)} ${o.kind} ${o.metadata?.name}`;
   const parts = o.kind === "EnvoyFilter" ? (o.spec?.configPatches ?? []).map((p, i) => [`configPatches[${i}]`, p]) : [["spec", o.spec]];
   for (const [at, part] of parts) {
-    if (o.kind === "EnvoyFilter" && part.applyTo === "CLUSTER" && part.patch?.operation === "ADD" && admins.has(part.patch?.value?.name)) continue;
+    if (o.kind === "EnvoyFilter" && part.applyTo === "CLUSTER" && part.patch?.operation === "ADD"
+      && (admins.has(part.patch?.value?.name) || part.patch?.value?.name === peersCluster)) continue;
     for (const [loc, value, key] of strings(part, at)) {
       if (key === "cluster_header" && admins.size) fail(`${where}: ${loc}: a cluster_header route lets the client name any cluster, ${[...admins].join(", ")} included`);
       else if (admins.has(value)) fail(`${where}: ${loc} names the admin cluster ${value}: no route may reach the proxy's admin`);
+      else if (value === peersCluster) fail(`${where}: ${loc} names the peers cluster ${value}: a route to it hands clients the replicas' events (the pull arrives on the peer port)`);
     }
     // Istio routes name services, not clusters: a ServiceEntry whose endpoints are the proxy's
     // loopback admin would make one that routes there.
@@ -399,7 +417,67 @@ for (const { f, o } of all.filter(({ o }) => ["EnvoyFilter", "VirtualService", "
   scanned++;
 }
 if (admins.size && failed === failedBefore) {
-  ok(`no route among ${scanned} EnvoyFilters, VirtualServices and ServiceEntries reaches ${[...admins].join(", ")}`);
+  ok(`no route among ${scanned} EnvoyFilters, VirtualServices and ServiceEntries reaches ${[...admins, ...(peersCluster ? [peersCluster] : [])].join(", ")}`);
+}
+
+// ---- the exchange between the gateway's replicas: the peers cluster, the peer port, its Service
+if (ref.peers) {
+  const port = Number(ref.peers.port);
+  for (const [key, w] of workloads) {
+    const who = `${w.context === "GATEWAY" ? "gateway" : "sidecar"} ${w.ns} ${JSON.stringify(w.labels ?? {})}`;
+    if (w.context !== "GATEWAY") {
+      fail(`${who}: pluginConfig has peers, but the exchange is between a gateway's replicas: a sidecar has no peers cluster`);
+      continue;
+    }
+    const patches = patchesOf(key);
+    // The peers cluster: the replicas' peer ports from istiod, a pull reaching its replica or failing.
+    const adds = patches.filter(({ p }) => p.applyTo === "CLUSTER" && p.patch?.operation === "ADD" && p.patch?.value?.name === peersCluster);
+    if (adds.length !== 1) fail(`${who}: ${adds.length} EnvoyFilter CLUSTER ADD of peers.cluster ${peersCluster}, need exactly 1: without it no replica is pulled`);
+    else {
+      const { f, p } = adds[0];
+      const v = p.patch.value;
+      const eds = v.eds_cluster_config ?? {};
+      const m = /^outbound\|(\d+)\|\|(.+)$/.exec(eds.service_name ?? "");
+      const why = v.type !== "EDS" ? `type ${v.type}, not EDS`
+        : !m ? `EDS service_name ${eds.service_name}, not the outbound cluster of a Service (outbound|<port>||<host>)`
+        : Number(m[1]) !== port ? `EDS service_name ${eds.service_name}: port ${m[1]}, not peers.port ${port}`
+        : (typeof eds.eds_config?.ads !== "object" || eds.eds_config?.resource_api_version !== "V3") ? "its endpoints do not come from istiod (eds_config: {ads: {}, resource_api_version: V3})"
+        : (v.transport_socket || v.transport_socket_matches) ? "a transport socket: the peer port is the gateway's own listener, in plain text"
+        : notStrict(v);
+      if (why) fail(`${path.relative(dir, f)}: ${peersCluster}: ${why}`);
+      else {
+        ok(`${who}: ${peersCluster}: ${eds.service_name}'s endpoints, a pull reaches the replica named or fails`);
+        const [oks, fails] = peerServices(all, { namespace: w.ns, podLabels: w.labels ?? {}, port, host: m[2], who });
+        oks.forEach(ok); fails.forEach(fail);
+      }
+    }
+    // The peer port: an additional address of one listener of the gateway's, the one the filter runs on.
+    const merges = patches.filter(({ p }) => p.applyTo === "LISTENER" && p.patch?.operation === "MERGE" && additionalPorts(p.patch?.value).length);
+    const onPort = merges.filter(({ p }) => additionalPorts(p.patch.value).includes(port));
+    for (const { f, p } of merges.filter((x) => !onPort.includes(x))) {
+      fail(`${path.relative(dir, f)}: LISTENER MERGE adds port ${additionalPorts(p.patch.value).join(", ")}, not peers.port ${port}: the filter answers peers on ${port} only`);
+    }
+    if (onPort.length !== 1) fail(`${who}: ${onPort.length} EnvoyFilter LISTENER MERGE adding peers.port ${port} as an additional address, need exactly 1`);
+    else {
+      const { f, p } = onPort[0];
+      const lp = Number(p.match?.listener?.portNumber ?? 0);
+      const servers = gatewayObjects.filter((g) => labelsKey(g.labels) === labelsKey(w.labels)).flatMap((g) => g.servers.map(([sp]) => sp));
+      const why = !lp ? "matches no listener port: it would add the same address to every listener of the gateway, and the second bind fails the update"
+        : lp === port ? `matches the listener on ${lp}, the peer port itself`
+        : (p.match?.listener?.filterChain || p.match?.listener?.name) ? "matches more than the listener's port (a filter chain or name Istio may not generate)"
+        : undefined;
+      if (why) fail(`${path.relative(dir, f)}: LISTENER MERGE of the peer port ${why}`);
+      else ok(`${who}: the peer port ${port} added to the listener on ${lp}${servers.includes(lp) ? "" : " (the server's targetPort)"}`);
+    }
+    // Nothing in front of clients carries the port: no Gateway server, no other Service.
+    for (const g of gatewayObjects.filter((g) => labelsKey(g.labels) === labelsKey(w.labels))) {
+      if (g.servers.some(([sp]) => sp === port)) fail(`${path.relative(dir, g.f)} Gateway ${g.o.metadata?.name}: a server on the peer port ${port}: clients would reach it${isGatewayAPI(g.o) ? " (Istio puts every listener's port on the Gateway's Service)" : ""}`);
+    }
+    for (const check of [noClientService, peerNetworkPolicies]) {
+      const [oks, fails] = check(all, { namespace: w.ns, podLabels: w.labels ?? {}, port, who });
+      oks.forEach(ok); fails.forEach(fail);
+    }
+  }
 }
 
 // ---- VirtualServices: the Gateway's, and the sidecars' exported to their namespaces only

@@ -18,8 +18,9 @@
 #    in, envoy.yaml's tags and nothing else, merged by Envoy over a stand-in of Istio's
 #    stats_config; a Gateway API Gateway's overlay mounting it (check-stats-tags.mjs)
 # 6. the per-pod alternative (generate.py --route-mode header), a run with every deployment
-#    flag (--gateway-selector, --revision, --config) and Istio with Gateway API (--gateway-api),
-#    each generated into a temp dir with the hand-written objects it is applied with: steps 1-5
+#    flag (--gateway-selector, --revision, --config), Istio with Gateway API (--gateway-api) and
+#    the exchange between the gateway's replicas (--peer-port, on both gateways), each generated
+#    into a temp dir with the hand-written objects it is applied with: steps 1-5
 # 7. negative tests: broken copies in a temp dir MUST be rejected by steps 1-6
 #
 #   deploy/istio/check.sh        (from anywhere; exits non-zero on any failure)
@@ -140,6 +141,34 @@ variant "$gapi" "--gateway-api" $gapi_args
 [[ ! -e "$gapi/generated/virtualservice.yaml" ]] || die "--gateway-api wrote a VirtualService beside the HTTPRoute"
 grep -q '      gateway.networking.k8s.io/gateway-name: llm$' "$gapi/generated/envoyfilter-wasm-gateway.yaml" \
   || die "--gateway-api: the Wasm EnvoyFilter does not select the Gateway's pods by gateway.networking.k8s.io/gateway-name"
+
+step "the exchange between the gateway's replicas: generate.py --peer-port (classic gateway on 8080, Gateway API)"
+peers="$tmp/peers"
+peers_args="--namespace llm --service vllm --peer-port 15099 --gateway-target-port 8080 --digest $digest"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+variant "$peers" "--peer-port" $peers_args
+gapi_peers="$tmp/gateway-api-peers"
+gapi_peers_args="--namespace llm --service vllm --gateway-api --gateway gateways/llm --peer-port 15199 --digest $digest"
+# shellcheck disable=SC2086  # word-splitting of the args is intended
+variant "$gapi_peers" "--gateway-api --peer-port" $gapi_peers_args
+python3 - "$peers/generated" "$gapi_peers/generated" <<'PY' || die "--peer-port: the inputs did not reach the output"
+import json, pathlib, sys
+classic, gapi = (pathlib.Path(a) for a in sys.argv[1:])
+for d, port, ns, listen, selector in ((classic, 15099, "istio-system", 8080, "istio: ingressgateway"),
+                                      (gapi, 15199, "gateways", 80, "gateway.networking.k8s.io/gateway-name: llm")):
+    cfg = json.loads((d / "pluginconfig.json").read_text())
+    assert cfg["peers"] == {"cluster": "warmroute-peers", "port": port, "admin_cluster": "warmroute-envoy-admin"}, cfg.get("peers")
+    names = {f.name for f in d.iterdir()}
+    assert not names & {"envoyfilter-wasm-sidecar.yaml", "envoyfilter-routing-sidecar.yaml", "stats-tags-sidecar.yaml"}, names
+    svc = (d / "peers.yaml").read_text()
+    assert f"  namespace: {ns}\n" in svc and "  clusterIP: None\n" in svc and f"    {selector}\n" in svc and f"    port: {port}\n" in svc, svc
+    ef = (d / "envoyfilter-routing-gateway.yaml").read_text()
+    assert f"      listener:\n        portNumber: {listen}\n    patch:\n      operation: MERGE\n      value:\n        additional_addresses:\n" in ef, ef
+    assert f'service_name: "outbound|{port}||warmroute-peers.{ns}.svc.cluster.local"' in ef, ef
+    np = (d / "networkpolicy-peers.yaml").read_text()
+    assert f"      endPort: {port - 1}\n" in np and f"      port: {port + 1}\n" in np, np
+print("ok   peer port, listener port, namespace and selector reach the Service, the patches, the policy and the pluginConfig")
+PY
 
 # ---------------------------------------------------------------- 7. negative tests
 step "negative tests (each broken copy must be rejected)"
@@ -443,6 +472,85 @@ node "$deploy/validate-manifests.mjs" k8s "$neg/istio/serviceentry.yaml" >/dev/n
 expect_reject_because "ServiceEntry whose endpoint is the proxy's admin" "an endpoint at 127.0.0.1, port 15000: a route to this service reaches the proxy's admin" \
   node "$here/check-warmroute.mjs" "$neg/istio"
 rm "$neg/istio/serviceentry.yaml"
+
+# The exchange between the gateway's replicas: each broken copy refused for its own fault.
+expect_reject_because "generate.py --peer-port on a port Istio's proxies use" "--peer-port 15000 is one of the ports Istio's proxies use" \
+  gen_neg --namespace llm --digest "$digest" --peer-port 15000
+expect_reject_because "generate.py --peer-port on the gateway's client listener" "--peer-port 8080 is the gateway's client port" \
+  gen_neg --namespace llm --digest "$digest" --peer-port 8080 --gateway-target-port 8080
+expect_reject_because "generate.py --gateway-target-port without --peer-port" "--gateway-target-port is for --peer-port" \
+  gen_neg --namespace llm --digest "$digest" --gateway-target-port 8080
+expect_reject_because "generate.py --gateway-api --gateway-target-port (the pods listen on the listener's port)" "--gateway-target-port: a Gateway API gateway" \
+  gen_neg --namespace llm --digest "$digest" --gateway-api --peer-port 15099 --gateway-target-port 8080
+expect_reject_because "generate.py --peer-port --route-mode header" "--peer-port: the exchange ships for the default endpoint mode" \
+  gen_neg --namespace llm --digest "$digest" --peer-port 15099 --route-mode header --replicas 1 --pod-ips 192.0.2.10
+printf '%s\n' '{"peers": {"port": 15100}}' >"$neg/bad-config.json"
+expect_reject_because "generate.py --config that rewires peers.port" "--config sets peers.port \(set by --peer-port\)" \
+  gen_neg --namespace llm --digest "$digest" --peer-port 15099 --config "$neg/bad-config.json"
+printf '%s\n' '{"peers": {"timeout_ms": 300}}' >"$neg/bad-config.json"
+expect_reject_because "generate.py --config with a peers section but no --peer-port (no cluster)" "peers.cluster: is required" \
+  gen_neg --namespace llm --digest "$digest" --config "$neg/bad-config.json"
+[[ ! -e "$neg/gen" ]] || { echo "FAIL a refused generate.py run wrote files"; neg_failed=$((neg_failed + 1)); }
+peers_neg() { # $1 = file under generated/ (or a new file), $2 = description, $3 = regex, $4 = python expression over s
+  local file="$1" what="$2" why="$3" expr="$4" copy="$neg/peers"
+  rm -rf "$copy"; cp -r "$peers" "$copy"
+  mutate "$peers/generated/$file" "$copy/generated/$file" "$expr"
+  expect_reject_because "--peer-port: $what" "$why" node "$here/check-warmroute.mjs" "$copy"
+}
+peers_neg envoyfilter-routing-gateway.yaml "gateway without the peers cluster" "0 EnvoyFilter CLUSTER ADD of peers.cluster warmroute-peers" \
+  're.sub(r"  - applyTo: CLUSTER\n    match:\n      context: GATEWAY\n    patch:\n      operation: ADD\n      value:\n        name: warmroute-peers\n.*?(?=  - applyTo)", "", s, count=1, flags=re.S)'
+peers_neg envoyfilter-routing-gateway.yaml "peers cluster whose fallback picks any replica" "warmroute-peers: its subset fallback_policy is ANY_ENDPOINT" \
+  're.sub(r"(name: warmroute-peers\n.*?)fallback_policy: NO_FALLBACK", r"\1fallback_policy: ANY_ENDPOINT", s, count=1, flags=re.S)'
+peers_neg envoyfilter-routing-gateway.yaml "peers cluster fed another Service's endpoints" "no Service warmroute-peer in istio-system" \
+  's.replace("outbound|15099||warmroute-peers.istio-system", "outbound|15099||warmroute-peer.istio-system", 1)'
+peers_neg envoyfilter-routing-gateway.yaml "peers cluster on another port than peers.port" "port 15100, not peers.port 15099" \
+  's.replace("outbound|15099||warmroute-peers", "outbound|15100||warmroute-peers", 1)'
+peers_neg envoyfilter-routing-gateway.yaml "peers cluster speaking TLS to a plain-text listener" "warmroute-peers: a transport socket" \
+  's.replace("        name: warmroute-peers\n", "        name: warmroute-peers\n        transport_socket:\n          name: envoy.transport_sockets.tls\n", 1)'
+peers_neg envoyfilter-routing-gateway.yaml "peer port added to every listener of the gateway (no port in the match)" "matches no listener port" \
+  's.replace("      listener:\n        portNumber: 8080\n    patch:\n      operation: MERGE\n", "    patch:\n      operation: MERGE\n", 1)'
+peers_neg envoyfilter-routing-gateway.yaml "listener address on another port than peers.port" "LISTENER MERGE adds port 15100, not peers.port 15099" \
+  's.replace("              port_value: 15099\n", "              port_value: 15100\n", 1)'
+peers_neg peers.yaml "peers Service with a virtual IP" "not headless \(clusterIP unset\)" \
+  's.replace("  clusterIP: None\n", "", 1)'
+peers_neg peers.yaml "peers Service selecting other pods than the gateway's" "selector .*llm-gateway.* is not the gateway's pods" \
+  's.replace("    istio: ingressgateway\n", "    app: llm-gateway\n", 1)'
+peers_neg peers.yaml "peers Service sending to another pod port" "port 15099 goes to the pods' 15100" \
+  's.replace("    targetPort: 15099\n", "    targetPort: 15100\n", 1)'
+peers_neg gateway.yaml "Gateway server on the peer port (in front of clients)" "a server on the peer port 15099" \
+  's.replace("  servers:\n", "  servers:\n  - port:\n      number: 15099\n      name: peers\n      protocol: HTTP\n    hosts:\n    - \"*\"\n", 1)'
+peers_neg peers.yaml "a client-facing Service carrying the peer port" "Service istio-system/istio-ingressgateway: port 15099 sends to the gateway's peer port" \
+  's + "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: istio-ingressgateway\n  namespace: istio-system\nspec:\n  type: LoadBalancer\n  selector:\n    istio: ingressgateway\n  ports:\n  - name: http2\n    port: 80\n    targetPort: 8080\n  - name: peers\n    port: 15099\n"'
+peers_neg networkpolicy-peers.yaml "NetworkPolicy admitting the peer port from anywhere" "admits the peer port 15099 from anywhere" \
+  's.replace("      endPort: 15098\n", "      endPort: 15099\n", 1)'
+peers_neg networkpolicy-peers.yaml "NetworkPolicy admitting the peer port from every pod of the cluster" "admits the peer port 15099 from .*namespaceSelector" \
+  's.replace("  - from:\n    - podSelector:\n", "  - from:\n    - namespaceSelector: {}\n      podSelector:\n", 1)'
+peers_neg virtualservice.yaml "VirtualService destination naming the peers cluster" "names the peers cluster warmroute-peers" \
+  's.replace("  http:\n", "  http:\n  - name: peers\n    route:\n    - destination:\n        host: warmroute-peers\n", 1)'
+rm -rf "$neg/peers"; cp -r "$peers" "$neg/peers"
+n="$(python3 - "$neg/peers" <<'PY'
+import pathlib, sys
+n = 0
+for f in pathlib.Path(sys.argv[1]).rglob("*"):
+    if f.suffix in (".json", ".yaml"):
+        s = f.read_text()
+        t = s.replace('"port": 15099,', '"port": 15100,')
+        n += t != s
+        f.write_text(t)
+print(n)
+PY
+)"
+[[ "$n" == 2 ]] || die "peers.port: $n copies changed, expected 2 (pluginconfig.json and the Wasm EnvoyFilter's)"
+expect_reject_because "--peer-port: pluginConfig peers.port the gateway's listener does not have" "LISTENER MERGE adds port 15099, not peers.port 15100" \
+  node "$here/check-warmroute.mjs" "$neg/peers"
+rm -rf "$neg/peers"; cp -r "$peers" "$neg/peers"
+mutate "$peers/generated/envoyfilter-routing-gateway.yaml" "$neg/peers/generated/envoyfilter-routing-gateway.yaml" \
+  's.replace("additional_addresses:", "additional_adresses:", 1)'
+node "$deploy/validate-manifests.mjs" k8s "$neg/peers/generated/envoyfilter-routing-gateway.yaml" >/dev/null \
+  || die "Istio's schema now checks EnvoyFilter patch values: the next test no longer shows what Envoy adds"
+expect_reject_because "--peer-port: listener patch with additional_adresses (Istio's schema lets it pass)" "no such field: 'additional_adresses'" \
+  node "$here/check-envoyfilter-patches.mjs" "$envoy_bin" "$neg/peers/generated/envoyfilter-routing-gateway.yaml"
+rm -rf "$neg/peers"
 
 # The stats tags: each broken copy of the bootstrap override, or of what mounts it, refused for
 # its own fault.

@@ -158,6 +158,15 @@ class Envoy:
     # by the config, or rendering fails: a test must not believe it bypasses a strip that
     # is not there.
     trusted_headers: tuple[str, ...] = ()
+    # With a config that has a `warmroute-peers` cluster (deploy/envoy/envoy-peers.yaml): this
+    # replica's peer port, and every replica's (the cluster's endpoints; default: its own).
+    peer_port: int = field(default_factory=free_port)
+    peer_ports: list[int] = field(default_factory=list)
+    # The address the peer port binds (replicas found by DNS share one port, each its own address),
+    # and a whole warmroute-peers cluster to use instead of the config's (e.g. the STRICT_DNS one
+    # deploy/envoy-gateway/generate.py ships); peer_ports then lists nothing.
+    peer_host: str = "127.0.0.1"
+    peers_cluster: dict | None = None
 
     def render(self) -> dict:
         cfg = yaml.safe_load(self.config_file.read_text())
@@ -177,6 +186,11 @@ class Envoy:
                  **self.backend_fields.get(s.name, {})}
                 for i, s in enumerate(self.sims)
             ]
+        has_peers = any(c["name"] == "warmroute-peers" for c in cfg["static_resources"]["clusters"])
+        if has_peers:
+            sa = listener["additional_addresses"][0]["address"]["socket_address"]
+            sa["address"], sa["port_value"] = self.peer_host, self.peer_port
+            fc["peers"]["port"] = self.peer_port
         _deep_update(fc, self.filter_overrides)
         self.filter = fc
         self.tick_s = fc.get("metrics", {}).get("period_ms", 500) / 1000
@@ -206,6 +220,14 @@ class Envoy:
             if eds is not None and self.eds_path is not None:
                 eds["path"] = str(self.eds_path)
                 eds["watched_directory"] = {"path": str(self.eds_path.parent)}
+            if cluster["name"] == "warmroute-peers" and self.peers_cluster is not None:
+                cluster.clear()
+                cluster.update(copy.deepcopy(self.peers_cluster))
+            elif cluster["name"] == "warmroute-peers":
+                cluster["load_assignment"]["endpoints"][0]["lb_endpoints"] = [
+                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": p}}}}
+                    for p in (self.peer_ports or [self.peer_port])
+                ]
             if cluster["name"] == "envoy-admin":
                 sa = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
                 sa["socket_address"]["port_value"] = self.admin_port
@@ -314,6 +336,13 @@ class Envoy:
     def stop(self) -> None:
         stop_envoy(self.proc)
 
+    def pids(self) -> list[int]:
+        """The processes that make up this gateway (whose CPU time is its cost): Envoy alone
+        here; a gateway with a companion process (the bench's ext_proc picker) adds it."""
+        if self.proc is None:
+            raise RuntimeError("Envoy is not running")
+        return [self.proc.pid]
+
     def rss_bytes(self) -> int:
         """Envoy's resident set size now (VmRSS of /proc/<pid>/status)."""
         if self.proc is None:
@@ -408,10 +437,15 @@ class Envoy:
         return f"{path.name}, {len(bad)} warnings or worse; last:\n" + "\n".join(x[:300] for x in tail)
 
     def host_stats(self, cluster: str) -> dict[int, dict[str, int]]:
-        """Envoy's per-host counters of `cluster` (admin /clusters), by the host's port."""
+        """Envoy's per-host counters of `cluster` (admin /clusters), by the host's port.
+
+        Envoy before 1.38 ignores `filter` and lists every cluster; `pool` and `pool-metrics`
+        share their hosts' ports, so only the named cluster's entry is read."""
         doc = json.loads(get(self.admin_port, f"/clusters?format=json&filter=^{cluster}$"))
         out: dict[int, dict[str, int]] = {}
         for c in doc.get("cluster_statuses", []):
+            if c.get("name") != cluster:
+                continue
             for h in c.get("host_statuses", []):
                 port = h["address"]["socket_address"]["port_value"]
                 out[port] = {s["name"]: int(s.get("value") or 0) for s in h.get("stats", []) if "name" in s}

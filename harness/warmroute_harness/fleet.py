@@ -27,6 +27,9 @@ class Fleet:
         self.logdir = logdir or Path(tempfile.mkdtemp(prefix="warmroute-"))
         self.sims = [Sim(f"sim-{i}", free_port(), list(sim_args or [])) for i in range(n)]
         self.envoys = [Envoy(self.sims, **envoy_kwargs) for _ in range(gateways)]
+        # Replicas of one gateway (a config with peers) each list every replica's peer port.
+        for e in self.envoys:
+            e.peer_ports = [g.peer_port for g in self.envoys]
 
     @property
     def envoy(self) -> Envoy:

@@ -5,6 +5,8 @@
 //!   (`data: {chunk}\n\n` per generated token, `data: [DONE]\n\n` at the end, an extra usage
 //!   chunk with empty `choices` before it when `stream_options.include_usage` is true). A chunk
 //!   is written as soon as its token is produced, so clients can time the first token.
+//! * `POST /v1/responses` (with vLLM's per-instance store) and `POST /v1/messages`
+//!   (Anthropic's Messages API): [`agents`].
 //! * `GET /v1/models`: one entry per served name (`root` = `--model`), as vLLM lists its
 //!   `base_model_paths`. `GET /health` (200, empty body), `GET /metrics` (see
 //!   [`crate::metrics`]).
@@ -65,6 +67,8 @@ use crate::config::{Args, LoraModule};
 use crate::engine::{EngineHandle, SeqEvent, SeqRequest, SeqUsage};
 use crate::metrics::{self, CacheInfo};
 
+pub mod agents;
+
 /// Response header naming the replica that served the request.
 pub const REPLICA_HEADER: &str = "x-sim-replica";
 
@@ -106,6 +110,8 @@ pub struct AppState {
     next_id: Arc<AtomicU64>,
     /// Unix time the state was built: the `_created` samples of the counters.
     started: u64,
+    /// Stored `/v1/responses` answers, this instance's alone ([`agents`]).
+    responses: agents::ResponseStore,
 }
 
 impl AppState {
@@ -167,6 +173,7 @@ impl AppState {
             max_len,
             next_id: Arc::new(AtomicU64::new(seed & 0xffff_ffff_0000_0000)),
             started,
+            responses: agents::ResponseStore::new(args.responses_store_enabled()),
         }
     }
 
@@ -180,10 +187,26 @@ impl AppState {
     }
 
     fn new_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.new_hex())
+    }
+
+    /// A UUID's text form (8-4-4-4-12 hex digits), unique per process and distinct across
+    /// replicas, as vLLM's chat ids carry.
+    fn new_uuid(&self) -> String {
+        let (a, b) = (self.new_hex(), self.new_hex());
         format!(
-            "{prefix}-{:016x}",
-            self.next_id.fetch_add(1, Ordering::Relaxed)
+            "{}-{}-{}-{}-{}",
+            &a[..8],
+            &a[8..12],
+            &a[12..],
+            &b[..4],
+            &b[4..]
         )
+    }
+
+    /// 16 hex digits, unique per process and distinct across replicas.
+    fn new_hex(&self) -> String {
+        format!("{:016x}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 }
 
@@ -191,7 +214,9 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     let completions = Router::new()
         .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions));
+        .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(agents::responses))
+        .route("/v1/messages", post(agents::messages));
     let completions = if state.error_rate > 0.0 || !state.stall.is_zero() {
         completions.route_layer(middleware::from_fn_with_state(state.clone(), faults))
     } else {

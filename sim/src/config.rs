@@ -113,6 +113,11 @@ pub struct Args {
     /// tests through a proxy see what reached the pod, not what the proxy's own header map held.
     #[arg(long)]
     pub echo_request_headers: bool,
+
+    /// Keep `/v1/responses` answers for follow-ups by `previous_response_id`, in this
+    /// process's memory (vLLM's `VLLM_ENABLE_RESPONSES_API_STORE=1`, which also turns it on).
+    #[arg(long)]
+    pub enable_responses_store: bool,
 }
 
 /// One `--lora-modules` entry (vLLM's `LoRAModulePath`).
@@ -200,6 +205,13 @@ impl Args {
     }
 
     /// The names the base model answers to: `--served-model-name`, or `--model`.
+    /// Whether `/v1/responses` stores answers: `--enable-responses-store`, or vLLM's
+    /// environment variable `VLLM_ENABLE_RESPONSES_API_STORE=1`.
+    pub fn responses_store_enabled(&self) -> bool {
+        self.enable_responses_store
+            || std::env::var("VLLM_ENABLE_RESPONSES_API_STORE").is_ok_and(|v| v == "1")
+    }
+
     pub fn served_model_names(&self) -> Vec<String> {
         if self.served_model_name.is_empty() {
             vec![self.model.clone()]

@@ -1192,6 +1192,194 @@ async fn echoes_request_headers_only_when_asked() {
     assert!(seen.contains(&("x-probe".into(), "404".into())), "{seen:?}");
 }
 
+/// The events of a server-sent stream: (event name, data as JSON).
+async fn events(sim: &Sim, path: &str, body: &Value) -> Vec<(String, Value)> {
+    let res = sim
+        .client
+        .post(format!("{}{path}", sim.base))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    let text = res.text().await.unwrap();
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let field = |name: &str| {
+                e.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .map(|v| v.trim_start().to_string())
+                    .unwrap_or_default()
+            };
+            let data = serde_json::from_str(&field("data:")).unwrap_or(Value::Null);
+            (field("event:"), data)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stored_response_is_continued_by_its_id_on_this_instance_only() {
+    let holder = start(&["--enable-responses-store"]).await;
+    let other = start(&["--enable-responses-store"]).await;
+    let first = holder
+        .ok(
+            "/v1/responses",
+            &json!({"model": "sim-llama-8b", "instructions": words("i", 40), "input": words("q", 60), "max_output_tokens": 8}),
+        )
+        .await;
+    let id = first["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("resp_") && id.len() == 21, "{id}");
+    assert_eq!(first["object"], "response");
+    assert_eq!(first["output"][0]["content"][0]["type"], "output_text");
+    let input = first["usage"]["input_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["input_tokens_details"]["cached_tokens"], 0);
+    // The follow-up holds only its new turn; the instance renders the stored
+    // conversation before it, so the whole previous prompt and answer are cached.
+    let next = json!({"model": "sim-llama-8b", "instructions": words("i", 40), "previous_response_id": id,
+                      "input": words("r", 10), "max_output_tokens": 8});
+    let second = holder.ok("/v1/responses", &next).await;
+    assert!(second["usage"]["input_tokens"].as_u64().unwrap() > input + 8);
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= input - 16, "{cached} of {input}");
+    // Another instance does not hold it: vLLM's 404.
+    let (status, _, err) = other.post("/v1/responses", &next).await;
+    assert_eq!(status, 404);
+    assert_eq!(err["error"]["param"], "response_id");
+    assert_eq!(
+        err["error"]["message"],
+        format!("Response with id '{id}' not found.")
+    );
+    // Streamed: the id comes first, in response.created, and is stored too; a client's
+    // own request_id names the response.
+    let streamed = events(
+        &holder,
+        "/v1/responses",
+        &json!({"model": "sim-llama-8b", "previous_response_id": second["id"], "input": "more",
+                "instructions": words("i", 40), "stream": true, "request_id": "resp_mine",
+                "max_output_tokens": 4}),
+    )
+    .await;
+    let names: Vec<&str> = streamed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(names.last(), Some(&"response.completed"));
+    assert_eq!(
+        names
+            .iter()
+            .filter(|n| **n == "response.output_text.delta")
+            .count(),
+        4
+    );
+    assert_eq!(streamed[0].1["response"]["id"], "resp_mine");
+    assert_eq!(streamed[0].1["type"], "response.created");
+    let done = &streamed.last().unwrap().1["response"];
+    assert!(
+        done["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    let third = holder
+        .ok(
+            "/v1/responses",
+            &json!({"model": "sim-llama-8b", "previous_response_id": "resp_mine", "input": "go on"}),
+        )
+        .await;
+    assert_eq!(third["previous_response_id"], "resp_mine");
+    // store: false, or an instance without the store: nothing to continue.
+    let unstored = holder
+        .ok("/v1/responses", &json!({"input": "hi", "store": false}))
+        .await;
+    let (status, _, _) = holder
+        .post(
+            "/v1/responses",
+            &json!({"input": "x", "previous_response_id": unstored["id"]}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let plain = start(&[]).await;
+    let kept = plain.ok("/v1/responses", &json!({"input": "hi"})).await;
+    let (status, _, _) = plain
+        .post(
+            "/v1/responses",
+            &json!({"input": "x", "previous_response_id": kept["id"]}),
+        )
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn messages_turns_extend_each_other_and_report_anthropic_usage() {
+    let sim = start(&[]).await;
+    let tools = json!([{"name": "read_file", "description": "Reads a file", "input_schema": {"type": "object"}}]);
+    let mut messages = vec![json!({"role": "user", "content": words("task", 80)})];
+    let mut previous_prompt = 0;
+    for turn in 0..4 {
+        let body = json!({"model": "sim-llama-8b", "max_tokens": 6, "tools": tools,
+                          "system": [{"type": "text", "text": words("sys", 50)}], "messages": messages});
+        let v = sim.ok("/v1/messages", &body).await;
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["stop_reason"], "max_tokens");
+        let u = &v["usage"];
+        let read = u["cache_read_input_tokens"].as_u64().unwrap();
+        let prompt = u["input_tokens"].as_u64().unwrap()
+            + read
+            + u["cache_creation_input_tokens"].as_u64().unwrap();
+        assert!(prompt > previous_prompt);
+        if turn > 0 {
+            // The previous turn's prompt and answer are cached, to the block.
+            assert!(read + 16 >= previous_prompt, "turn {turn}: {u}");
+        }
+        previous_prompt = prompt;
+        let text = v["content"][0]["text"].as_str().unwrap();
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": text},
+            {"type": "tool_use", "id": format!("toolu_{turn}"), "name": "read_file", "input": {"path": "a.rs"}}]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{turn}"), "content": words("out", 20)}]}));
+    }
+    let streamed = events(
+        &sim,
+        "/v1/messages",
+        &json!({"model": "sim-llama-8b", "max_tokens": 3, "stream": true, "tools": tools,
+                "system": [{"type": "text", "text": words("sys", 50)}], "messages": messages}),
+    )
+    .await;
+    let names: Vec<&str> = streamed.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ]
+    );
+    let usage = &streamed[6].1["usage"];
+    assert!(
+        usage["cache_read_input_tokens"].as_u64().unwrap() > 0,
+        "{usage}"
+    );
+    // Errors in Anthropic's shape.
+    let (status, _, err) = sim
+        .post(
+            "/v1/messages",
+            &json!({"model": "nope", "messages": messages}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "NotFoundError");
+    let (status, _, err) = sim.post("/v1/messages", &json!({"messages": []})).await;
+    assert_eq!((status, &err["type"]), (400, &json!("error")));
+}
+
 #[tokio::test]
 async fn error_rate_answers_that_share_500_and_metrics_still_answer() {
     let sim = start(&["--error-rate", "0.5"]).await;

@@ -11,6 +11,12 @@ use warmroute_sim::Args;
 
 const REAL_METRICS: &str = include_str!("../../bench/real/fixtures/vllm-metrics.txt");
 const REAL_CHAT: &str = include_str!("../../bench/real/fixtures/vllm-chat.json");
+const REAL_RESPONSES: &str = include_str!("../../bench/real/fixtures/vllm-responses.json");
+const REAL_RESPONSES_STREAM: &str =
+    include_str!("../../bench/real/fixtures/vllm-responses-stream.sse");
+const REAL_MESSAGES: &str = include_str!("../../bench/real/fixtures/vllm-messages.json");
+const REAL_MESSAGES_STREAM: &str =
+    include_str!("../../bench/real/fixtures/vllm-messages-stream.sse");
 
 /// Family name -> label names of its first sample, and the TYPE line's kind.
 fn families(text: &str) -> BTreeMap<String, (Vec<String>, String)> {
@@ -41,8 +47,15 @@ fn families(text: &str) -> BTreeMap<String, (Vec<String>, String)> {
 }
 
 async fn sim() -> String {
-    let args =
-        Args::try_parse_from(["warmroute-sim", "--port", "0", "--time-scale", "100"]).unwrap();
+    let args = Args::try_parse_from([
+        "warmroute-sim",
+        "--port",
+        "0",
+        "--time-scale",
+        "100",
+        "--enable-responses-store",
+    ])
+    .unwrap();
     let listener = warmroute_sim::bind(&args).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(warmroute_sim::serve(args, listener));
@@ -108,4 +121,151 @@ async fn the_usage_report_has_vllms_fields() {
     );
     assert!(ours["usage"]["completion_tokens_details"].is_null());
     assert!(ours["usage"]["prompt_tokens_details"]["multimodal_tokens"].is_null());
+}
+
+/// The top-level keys of a JSON text, in the order written.
+fn key_order(text: &str) -> Vec<String> {
+    // serde_json's Map sorts; walk the text instead: each key at depth 1.
+    let (mut depth, mut keys, mut in_str, mut esc, mut cur) = (0, Vec::new(), false, false, None);
+    let bytes = text.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_str {
+            match (esc, b) {
+                (true, _) => esc = false,
+                (false, b'\\') => esc = true,
+                (false, b'"') => {
+                    in_str = false;
+                    if let Some(start) = cur.take() {
+                        let after = text[i + 1..].trim_start();
+                        if after.starts_with(':') {
+                            keys.push(text[start..i].to_string());
+                        }
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_str = true;
+                cur = (depth == 1).then_some(i + 1);
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth -= 1,
+            _ => {}
+        }
+    }
+    keys
+}
+
+/// A server-sent stream's events: (name, data text), deltas collapsed to one.
+fn event_names(text: &str) -> Vec<String> {
+    let mut names: Vec<String> = text
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("event: ")))
+        .map(str::to_string)
+        .collect();
+    names.dedup();
+    names
+}
+
+fn first_data<'a>(text: &'a str, event: &str) -> &'a str {
+    text.split("\n\n")
+        .find(|e| e.lines().any(|l| l == format!("event: {event}")))
+        .and_then(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .unwrap_or_default()
+}
+
+async fn post_text(base: &str, path: &str, body: &Value) -> String {
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let res = client
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    res.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_responses_answers_are_vllms_shape_and_order() {
+    let base = sim().await;
+    let body = json!({"model": "sim-llama-8b", "instructions": "Be brief.", "input": "a b c d", "max_output_tokens": 4});
+    let ours = post_text(&base, "/v1/responses", &body).await;
+    // Every field in vLLM's order, the id first (the filter reads it from the first bytes).
+    assert_eq!(key_order(&ours), key_order(REAL_RESPONSES));
+    let (o, r): (Value, Value) = (
+        serde_json::from_str(&ours).unwrap(),
+        serde_json::from_str(REAL_RESPONSES).unwrap(),
+    );
+    for path in [
+        "/usage",
+        "/usage/input_tokens_details",
+        "/usage/output_tokens_details",
+        "/output/0",
+        "/output/0/content/0",
+    ] {
+        let keys = |v: &Value| key_order(&v.pointer(path).unwrap().to_string());
+        assert_eq!(keys(&o).len(), keys(&r).len(), "{path}");
+    }
+    let id = o["id"].as_str().unwrap();
+    let real_id = r["id"].as_str().unwrap();
+    assert_eq!((id.len(), &id[..5]), (real_id.len(), &real_id[..5]));
+    // Streamed: the same events in the same order, the response's id in the first one.
+    let streamed = post_text(
+        &base,
+        "/v1/responses",
+        &json!({"input": "a b", "stream": true, "max_output_tokens": 3}),
+    )
+    .await;
+    assert_eq!(event_names(&streamed), event_names(REAL_RESPONSES_STREAM));
+    for event in [
+        "response.created",
+        "response.output_text.delta",
+        "response.completed",
+    ] {
+        assert_eq!(
+            key_order(first_data(&streamed, event)),
+            key_order(first_data(REAL_RESPONSES_STREAM, event)),
+            "{event}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_messages_answers_are_vllms_shape_and_order() {
+    let base = sim().await;
+    let body = json!({"model": "sim-llama-8b", "max_tokens": 4, "system": "Be brief.",
+                      "messages": [{"role": "user", "content": [{"type": "text", "text": "a b c d"}]}]});
+    let ours = post_text(&base, "/v1/messages", &body).await;
+    assert_eq!(key_order(&ours), key_order(REAL_MESSAGES));
+    let (o, r): (Value, Value) = (
+        serde_json::from_str(&ours).unwrap(),
+        serde_json::from_str(REAL_MESSAGES).unwrap(),
+    );
+    assert_eq!(
+        key_order(&o["usage"].to_string()).len(),
+        key_order(&r["usage"].to_string()).len()
+    );
+    let streamed = post_text(
+        &base,
+        "/v1/messages",
+        &json!({"stream": true, "max_tokens": 3, "messages": [{"role": "user", "content": "a b"}]}),
+    )
+    .await;
+    assert_eq!(event_names(&streamed), event_names(REAL_MESSAGES_STREAM));
+    for event in [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "message_delta",
+    ] {
+        assert_eq!(
+            key_order(first_data(&streamed, event)),
+            key_order(first_data(REAL_MESSAGES_STREAM, event)),
+            "{event}"
+        );
+    }
 }

@@ -130,6 +130,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> Point {
                 &Request {
                     key: Some(&k),
                     session: None,
+                    previous: None,
                 },
             );
             if let Some(&b) = r.decision.order.first() {
@@ -167,6 +168,7 @@ fn measure(n: usize, tokens: usize, reps: usize) -> Point {
             &Request {
                 key: Some(&key),
                 session: None,
+                previous: None,
             },
         );
         if let Some(&b) = r.decision.order.first() {

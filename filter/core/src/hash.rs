@@ -24,6 +24,7 @@
 //! | `SEED` | `0x7772_6d72` ("wrmr") | fixed murmur3 seed |
 //! | `ADDRESS_SEED` | `0xcbf2_9ce4_8422_2325` | FNV-1a's offset basis: any fixed odd start |
 //! | `SESSION_SEED` | `0x5e55_1011` | keeps session hashes apart from address ids |
+//! | `RESPONSE_SEED` | `0x7265_7370` ("resp") | a stored response's id ([`response_id`]), apart from the prompt's chain |
 //!
 //! Cost: murmur3 ≈ one pass over the bytes; `fold` one `mix` per byte (used on
 //! short strings only); `rendezvous` O(n) expected in the backends (a bucket
@@ -36,6 +37,8 @@ pub const SEED: u32 = 0x7772_6d72;
 pub const ADDRESS_SEED: u64 = 0xcbf2_9ce4_8422_2325;
 /// Start of a session id's fold.
 pub const SESSION_SEED: u64 = 0x5e55_1011;
+/// murmur3 seed of a stored response's id.
+pub const RESPONSE_SEED: u32 = 0x7265_7370;
 
 /// Low 64 bits of murmur3_x64_128 of `bytes` with [`SEED`].
 pub fn murmur(bytes: &[u8]) -> u64 {
@@ -53,6 +56,13 @@ pub fn mix(mut x: u64) -> u64 {
 /// Folds `bytes` into `seed`, one [`mix`] per byte (short strings only).
 pub fn fold(seed: u64, bytes: &[u8]) -> u64 {
     bytes.iter().fold(seed, |h, &c| mix(h ^ c as u64))
+}
+
+/// A stored response's id (`/v1/responses`), hashed where it is read: the
+/// record of who answered it ([`crate::fleet::responses`]) never holds a
+/// client's string. Low 64 bits of murmur3_x64_128 with [`RESPONSE_SEED`].
+pub fn response_id(id: &[u8]) -> u64 {
+    mur3::murmurhash3_x64_128(id, RESPONSE_SEED).0
 }
 
 /// A backend's rendezvous id: its address, hashed.
@@ -175,6 +185,12 @@ mod tests {
     fn ids_and_sessions_are_pinned() {
         assert_eq!(address_id("10.0.0.1:8000"), 0x5f04_00e5_69e9_f1b4);
         assert_eq!(session_hash("user-42"), 0x7389_448c_3da3_00b5);
+        // Python's mmh3.hash64(id, 0x72657370, signed=False)[0].
+        assert_eq!(
+            response_id(b"resp_0123456789abcdef0123456789abcdef"),
+            0x561a_0bc1_4986_6177
+        );
+        assert_eq!(response_id(b""), 0x81d1_b5ac_ae63_5585);
     }
 
     #[test]

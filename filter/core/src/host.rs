@@ -76,6 +76,8 @@ pub trait Host {
     fn response_details(&self) -> Option<String>;
     /// `ip:port` of the upstream Envoy last sent the current exchange to.
     fn upstream_address(&self) -> Option<String>;
+    /// The port the current exchange's client connected to (its listener's).
+    fn local_port(&self) -> Option<u16>;
     /// Answers the current exchange locally; it is not forwarded.
     fn send_response(
         &self,

@@ -33,6 +33,8 @@ pub struct TestExchange {
     pub details: Option<String>,
     /// The upstream Envoy last sent the exchange to.
     pub upstream: Option<String>,
+    /// The port the client connected to.
+    pub local_port: Option<u16>,
     /// A local reply the worker sent instead of forwarding.
     pub local_reply: Option<LocalReply>,
     /// The response body chunk being delivered.
@@ -300,6 +302,10 @@ impl Host for MemoryHost {
     fn upstream_address(&self) -> Option<String> {
         self.upstream_reads.set(self.upstream_reads.get() + 1);
         self.exchange.borrow().upstream.clone()
+    }
+
+    fn local_port(&self) -> Option<u16> {
+        self.exchange.borrow().local_port
     }
 
     fn response_body(&self, start: usize, size: usize) -> Option<Vec<u8>> {

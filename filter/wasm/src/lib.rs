@@ -91,6 +91,15 @@ impl Host for Proxy {
         property(&["upstream", "address"])
     }
 
+    fn local_port(&self) -> Option<u16> {
+        // An integer attribute: Envoy hands it over as its 8 little-endian bytes.
+        let v = hostcalls::get_property(vec!["destination", "port"])
+            .ok()
+            .flatten()?;
+        let bytes: [u8; 8] = v.as_slice().try_into().ok()?;
+        u16::try_from(u64::from_le_bytes(bytes)).ok()
+    }
+
     fn replace_request_body(&self, len: usize, body: &[u8]) -> Result<(), HostError> {
         hostcalls::set_buffer(BufferType::HttpRequestBody, 0, len, body).map_err(err)
     }

@@ -1,6 +1,7 @@
 //! Every decoder of a value kept in shared data, fed what another (buggy,
 //! older, or hostile) VM could have written: the ledger, health, in-flight
-//! records, index log events and the scrape lease.
+//! records, index log events, the scrape lease and a bucket of the record of
+//! stored responses.
 //! Invariants: no panic; bounded allocation; what decodes re-encodes the same.
 #![no_main]
 
@@ -8,6 +9,7 @@ use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
 use warmroute_core::fleet::health::decode_health;
 use warmroute_core::fleet::inflight::{decode_inflight, encode_inflight};
+use warmroute_core::fleet::responses::{self, Entry};
 use warmroute_core::fleet::store::{Keys, Store, Writer};
 use warmroute_core::host::Host;
 use warmroute_core::routing::index::kept_positions;
@@ -19,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let n = 1 + sel as usize % 8;
-    bounded(bytes.len(), || match sel % 4 {
+    bounded(bytes.len(), || match sel % 5 {
         0 => {
             let h = decode_health(bytes, n);
             assert_eq!(h.len(), n);
@@ -45,6 +47,24 @@ fuzz_target!(|data: &[u8]| {
                 places.for_each(|(i, &h)| chain[i] = h);
                 assert_eq!(Event::encode(ev.head, &chain, bytes.len()), bytes);
             }
+        }
+        3 => {
+            // A bucket of the stored responses' record: what decodes re-encodes the
+            // same; an insert keeps one entry per id, within the capacity.
+            let entries = responses::decode(bytes);
+            if !entries.is_empty() {
+                assert_eq!(responses::encode(&entries), bytes);
+            }
+            let cap = 1 + n;
+            let new = Entry {
+                id: 9,
+                pod: 1,
+                at_ms: 2,
+            };
+            let after = responses::insert(entries, new, cap);
+            assert!(after.len() <= cap);
+            assert_eq!(after.iter().filter(|e| e.id == 9).count(), 1);
+            assert_eq!(responses::find(&responses::encode(&after), 9), Some(new));
         }
         _ => {
             // The ledger, health, the lease and a log slot, as a VM reads and updates them.

@@ -12,7 +12,8 @@
 
 use fuzz_support::bounded;
 use libfuzzer_sys::fuzz_target;
-use warmroute_core::routing::feedback::{report, Report, TokenRatio};
+use warmroute_core::prompt::openai::Endpoint;
+use warmroute_core::routing::feedback::{report, report_for, Report, TokenRatio};
 
 fuzz_target!(|data: &[u8]| {
     let [start, p0, p1, b0, b1, y0, y1, y2, y3, tail @ ..] = data else {
@@ -25,6 +26,9 @@ fuzz_target!(|data: &[u8]| {
     bounded(tail.len(), || {
         let mut ratio = TokenRatio::new(start);
         assert_eq!(ratio.bytes_per_token(), start);
+        if let Some(r) = report_for(Some(Endpoint::Messages), tail) {
+            verdicts(r, predicted, prompt);
+        }
         if let Some(r) = report(tail) {
             verdicts(r, predicted, prompt);
             observe(&mut ratio, bytes, r.prompt_tokens);

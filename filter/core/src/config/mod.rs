@@ -103,6 +103,17 @@ pub struct FeedbackConfig {
     pub request_usage: bool,
 }
 
+/// The record of which pod answered each stored response
+/// ([`crate::fleet::responses`]), for follow-ups by `previous_response_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResponsesConfig {
+    /// Answers remembered (0: none, and follow-ups route as any request).
+    pub max_entries: usize,
+}
+
+/// Most answers the record of stored responses may keep (6 MB of shared data).
+pub const MAX_RESPONSES: usize = 262_144;
+
 /// The Gateway API Inference Extension's header naming a request's objective
 /// (an `InferenceObjective`), read after the gate's own header and mapped to a
 /// class by `gate.objectives`.
@@ -261,6 +272,24 @@ pub struct PoolConfig {
     pub empty_grace_ms: u64,
 }
 
+/// The gateway's other replicas, which this one exchanges index events with
+/// ([`crate::routing::exchange`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeersConfig {
+    /// The Envoy cluster of the replicas' peer listeners (`override_host` by address).
+    pub cluster: String,
+    /// This gateway's peer listener port: only requests arriving on it are served events.
+    pub port: u16,
+    /// An Envoy cluster pointing at Envoy's own admin (the peers' endpoints).
+    pub admin_cluster: String,
+    /// A pull's timeout.
+    pub timeout_ms: u64,
+    /// Largest reply served or read.
+    pub max_reply_bytes: usize,
+    /// This VM's copy of its replica's recent events for peers, in bytes.
+    pub outbox_bytes: usize,
+}
+
 /// One Envoy cluster of a discovered pool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolCluster {
@@ -277,6 +306,8 @@ pub struct Config {
     pub backends: Vec<Backend>,
     /// The pool Envoy discovers, when the fleet is not a fixed list.
     pub pool: Option<PoolConfig>,
+    /// The gateway's replicas to exchange index events with.
+    pub peers: Option<PeersConfig>,
     /// Active strategy.
     pub strategy: Strategy,
     /// How the choice reaches Envoy.
@@ -308,6 +339,8 @@ pub struct Config {
     pub gate: Option<GateConfig>,
     /// The pods' own cache reports.
     pub feedback: FeedbackConfig,
+    /// The record of which pod answered each stored `/v1/responses` response.
+    pub responses: ResponsesConfig,
 }
 
 /// Most backends one filter instance routes over.

@@ -137,6 +137,11 @@ fn out_of_range_values_are_named() {
         (r#""max_body_bytes":1073741824"#, "max_body_bytes"),
         (r#""index":{"max_blocks":67108864}"#, "index.max_blocks"),
         (r#""index":{"log_bytes":67108864}"#, "index.log_bytes"),
+        (
+            r#""responses":{"max_entries":262145}"#,
+            "responses.max_entries",
+        ),
+        (r#""responses":{"max_entries":-1}"#, "responses.max_entries"),
     ] {
         assert_eq!(err(&format!("{base}{fields}}}")).field, named, "{fields}");
     }

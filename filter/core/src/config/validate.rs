@@ -107,6 +107,26 @@ fn pool_config(p: WirePool) -> Result<PoolConfig, ConfigError> {
     })
 }
 
+fn peers_config(p: WirePeers) -> Result<PeersConfig, ConfigError> {
+    let Some(cluster) = p.cluster else {
+        return Err(bad("peers.cluster", "is required"));
+    };
+    let Some(port) = p.port.filter(|&port| port > 0) else {
+        return Err(bad(
+            "peers.port",
+            "is required: the peer listener's port (1-65535)",
+        ));
+    };
+    Ok(PeersConfig {
+        cluster: cluster_name("peers.cluster", cluster)?,
+        port,
+        admin_cluster: cluster_name("peers.admin_cluster", p.admin_cluster)?,
+        timeout_ms: in_range("peers.timeout_ms", p.timeout_ms, 10, 60_000)?,
+        max_reply_bytes: in_range("peers.max_reply_bytes", p.max_reply_bytes, 4096, 16 << 20)?,
+        outbox_bytes: in_range("peers.outbox_bytes", p.outbox_bytes, 4096, 64 << 20)?,
+    })
+}
+
 fn header_name(field: &str, h: String) -> Result<String, ConfigError> {
     let h = h.to_ascii_lowercase();
     if valid_header_name(&h) {
@@ -465,6 +485,7 @@ impl TryFrom<WireConfig> for Config {
             return Err(bad("debug_match_counts", "needs debug_header"));
         }
         let metrics = metrics(w.metrics, default_path)?;
+        let peers = w.peers.map(peers_config).transpose()?;
         let gate = w
             .gate
             .map(|g| gate_config(g, metrics.enabled))
@@ -472,6 +493,7 @@ impl TryFrom<WireConfig> for Config {
         Ok(Config {
             backends,
             pool,
+            peers,
             strategy: w.strategy,
             route,
             block_bytes,
@@ -487,6 +509,14 @@ impl TryFrom<WireConfig> for Config {
             feedback: FeedbackConfig {
                 enabled: w.feedback.enabled,
                 request_usage: w.feedback.request_usage,
+            },
+            responses: ResponsesConfig {
+                max_entries: in_range(
+                    "responses.max_entries",
+                    w.responses.max_entries,
+                    0,
+                    MAX_RESPONSES,
+                )?,
             },
         })
     }

@@ -208,6 +208,31 @@ impl Default for WirePool {
     }
 }
 
+/// The gateway's replicas, which exchange index events ([`crate::routing::exchange`]).
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct WirePeers {
+    pub(super) cluster: Option<String>,
+    pub(super) port: Option<u16>,
+    pub(super) admin_cluster: String,
+    pub(super) timeout_ms: u64,
+    pub(super) max_reply_bytes: usize,
+    pub(super) outbox_bytes: usize,
+}
+
+impl Default for WirePeers {
+    fn default() -> Self {
+        WirePeers {
+            cluster: None,
+            port: None,
+            admin_cluster: "envoy-admin".into(),
+            timeout_ms: 500,
+            max_reply_bytes: 1 << 20,
+            outbox_bytes: 1 << 20,
+        }
+    }
+}
+
 /// One of several discovered pools (one per model, typically).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -301,6 +326,21 @@ impl Default for WireFeedback {
     }
 }
 
+/// The record of which pod answered each stored response ([`crate::fleet::responses`]).
+#[derive(Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub(super) struct WireResponses {
+    pub(super) max_entries: usize,
+}
+
+impl Default for WireResponses {
+    fn default() -> Self {
+        WireResponses {
+            max_entries: 16_384,
+        }
+    }
+}
+
 /// `backends` has no useful default: an empty list (without a `pool`) is
 /// rejected by validation, which names the field.
 #[derive(Debug, Deserialize)]
@@ -308,6 +348,7 @@ impl Default for WireFeedback {
 pub(super) struct WireConfig {
     pub(super) backends: Vec<WireBackend>,
     pub(super) pool: Option<WirePool>,
+    pub(super) peers: Option<WirePeers>,
     pub(super) strategy: Strategy,
     pub(super) route: WireRoute,
     pub(super) block_bytes: usize,
@@ -323,6 +364,7 @@ pub(super) struct WireConfig {
     pub(super) debug_match_counts: bool,
     pub(super) gate: Option<WireGate>,
     pub(super) feedback: WireFeedback,
+    pub(super) responses: WireResponses,
 }
 
 impl Default for WireConfig {
@@ -330,6 +372,7 @@ impl Default for WireConfig {
         WireConfig {
             backends: Vec::new(),
             pool: None,
+            peers: None,
             strategy: Strategy::default(),
             route: WireRoute::default(),
             block_bytes: 256,
@@ -345,6 +388,7 @@ impl Default for WireConfig {
             debug_match_counts: false,
             gate: None,
             feedback: WireFeedback::default(),
+            responses: WireResponses::default(),
         }
     }
 }

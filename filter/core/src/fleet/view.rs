@@ -24,7 +24,7 @@ use crate::fleet::inflight::{Delta, InFlight};
 use crate::fleet::lora::Lora;
 use crate::fleet::membership::{parse_endpoints, Changes, ReplyError, Slots};
 use crate::fleet::passive::{recent, Answer, Passive, SERVED_SLACK};
-use crate::fleet::store::{Accounted, Keys, Ledger, Read, Store, Writer, FLEET_IDLE_MS};
+use crate::fleet::store::{Accounted, Keys, Ledger, Read, Store, Writer, FLEET_IDLE_MS, PEERS_VM};
 use crate::hash::{address_id, mix};
 use crate::host::{Host, HostError, Versioned};
 
@@ -67,9 +67,16 @@ fn fleet_id(cfg: &Config) -> u64 {
 
 fn note_reclaimed(vms: &[u64]) {
     for vm in vms {
-        log::info!(
-            "warmroute: took back the in-flight share of worker VM {vm}, silent past its lease"
-        );
+        if *vm == PEERS_VM {
+            log::info!(
+                "warmroute: dropped the other gateway replicas' in-flight share: no pull \
+                 renewed it within its lease"
+            );
+        } else {
+            log::info!(
+                "warmroute: took back the in-flight share of worker VM {vm}, silent past its lease"
+            );
+        }
     }
 }
 

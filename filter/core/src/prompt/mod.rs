@@ -4,7 +4,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`json`] | a validating JSON reader that borrows every value from the body |
-//! | [`openai`] | request bodies → canonical prompt bytes → [`prefix::PromptKey`] |
+//! | [`openai`] | request bodies → canonical prompt bytes → [`prefix::PromptKey`]; the id a `/v1/responses` answer names (`openai::answer`) |
 //! | [`prefix`] | canonical bytes → chained block hashes and the conversation anchor |
 
 pub mod json;

@@ -65,6 +65,13 @@ pub struct PromptKey {
     /// holds (`prompt_logprobs`, `echo`, ...): its report of cached tokens
     /// says nothing of the pod's cache ([`crate::routing::feedback`]).
     pub skips_cache_reads: bool,
+    /// `/v1/responses`: its `previous_response_id`, hashed
+    /// ([`crate::hash::response_id`]): the stored response it continues, which
+    /// only the pod that answered it holds.
+    pub previous_response: Option<u64>,
+    /// `/v1/responses` whose answer the pod stores (`store` is not false): the
+    /// answer's id is worth remembering.
+    pub stores_response: bool,
 }
 
 use crate::hash::murmur;
@@ -214,6 +221,8 @@ impl PrefixHasher {
             reports_usage: false,
             can_ask_usage: false,
             skips_cache_reads: false,
+            previous_response: None,
+            stores_response: false,
         }
     }
 }

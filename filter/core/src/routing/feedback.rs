@@ -117,6 +117,8 @@
 //! streamed, or a stream with `stream_options.include_usage`), and only the
 //! tail of each body chunk, until it is found. The response is never changed.
 
+use crate::prompt::openai::Endpoint;
+
 /// Reports after a surplus during which a VM's shortfalls forget nothing ([`Surplus`]).
 pub const SURPLUS_WINDOW: u32 = u16::BITS;
 
@@ -239,6 +241,31 @@ pub fn report(text: &[u8]) -> Option<Report> {
     })
 }
 
+/// The usage report at the end of an answer to `endpoint`: OpenAI's
+/// ([`report`]), or on `/v1/messages` Anthropic's, where the prompt is split
+/// in three (vLLM's `_build_anthropic_usage`: `input_tokens` is the prompt
+/// less what was read from and written to the cache, floored at 0):
+///
+/// ```text
+/// prompt_tokens = input_tokens + cache_read_input_tokens + cache_creation_input_tokens
+/// cached_tokens = cache_read_input_tokens     (absent without --enable-prompt-tokens-details: no report)
+/// ```
+/// A streamed answer carries it in its last `message_delta` event (and a
+/// first, partial one in `message_start`, with the same prompt counts once
+/// vLLM has them).
+pub fn report_for(endpoint: Option<Endpoint>, text: &[u8]) -> Option<Report> {
+    if endpoint != Some(Endpoint::Messages) {
+        return report(text);
+    }
+    let cached = number(text, b"\"cache_read_input_tokens\"")?;
+    let written = number(text, b"\"cache_creation_input_tokens\"").unwrap_or(0);
+    let input = number(text, b"\"input_tokens\"")?;
+    Some(Report {
+        prompt_tokens: input.saturating_add(cached).saturating_add(written),
+        cached_tokens: cached,
+    })
+}
+
 /// The number after the last `key:` in `text`.
 fn number(text: &[u8], key: &[u8]) -> Option<u64> {
     let at = text.windows(key.len()).rposition(|w| w == key)?;
@@ -298,6 +325,54 @@ mod tests {
         );
         assert_eq!(report(b"\"prompt_tokens\":3,\"cached_tokens\":null"), None);
         assert_eq!(report(b""), None);
+    }
+
+    #[test]
+    fn the_messages_apis_report_adds_its_three_parts() {
+        // vLLM 0.32's /v1/messages answer, non-streamed (`exclude_none`), and its
+        // stream's last usage event.
+        let answer = br#"{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"hi"}],"model":"tiny","stop_reason":"max_tokens","usage":{"input_tokens":30,"output_tokens":8,"cache_creation_input_tokens":64,"cache_read_input_tokens":160}}"#;
+        let r = report_for(Some(Endpoint::Messages), answer).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (254, 160));
+        let stream = concat!(
+            "event: message_delta\n",
+            r#"data: {"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"input_tokens":2,"output_tokens":8,"cache_read_input_tokens":252}}"#,
+            "\n\nevent: message_stop\n",
+            r#"data: {"type":"message_stop"}"#,
+            "\n\n"
+        )
+        .as_bytes();
+        let r = report_for(Some(Endpoint::Messages), stream).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (254, 252));
+        // Without the cache fields (no --enable-prompt-tokens-details): no report.
+        let bare = br#"{"usage":{"input_tokens":254,"output_tokens":8}}"#;
+        assert_eq!(report_for(Some(Endpoint::Messages), bare), None);
+        // The OpenAI endpoints read OpenAI's shape, not this one.
+        assert_eq!(report_for(Some(Endpoint::Chat), answer), None);
+        assert!(report_for(Some(Endpoint::Messages), &u64::MAX.to_string().into_bytes()).is_none());
+        let huge = format!(
+            r#"{{"input_tokens":{m},"cache_read_input_tokens":{m},"cache_creation_input_tokens":{m}}}"#,
+            m = u64::MAX
+        );
+        let r = report_for(Some(Endpoint::Messages), huge.as_bytes()).unwrap();
+        assert_eq!(r.prompt_tokens, u64::MAX);
+    }
+
+    #[test]
+    fn vllms_own_messages_reports() {
+        // vLLM 0.32's answers as `make real` captured them (bench/real/fixtures): a first turn
+        // (nothing cached, 480 tokens written), and a streamed second turn whose last usage
+        // event says 480 of its 732 prompt tokens were read from the cache.
+        let answer = include_bytes!("../../../../bench/real/fixtures/vllm-messages.json");
+        let r = report_for(Some(Endpoint::Messages), answer).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (503, 0));
+        let stream = include_bytes!("../../../../bench/real/fixtures/vllm-messages-stream.sse");
+        let tail = &stream[stream.len().saturating_sub(TAIL_BYTES)..];
+        let r = report_for(Some(Endpoint::Messages), tail).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (732, 480));
+        // Its first event counts the prompt without saying what was cached: no report.
+        let start = &stream[..stream.iter().position(|&b| b == b'}').unwrap_or(0) + 200];
+        assert_eq!(report_for(Some(Endpoint::Messages), start), None);
     }
 
     #[test]

@@ -72,6 +72,11 @@ pub struct Event {
     pub blocks: Vec<u64>,
 }
 
+/// Origin of the events a peer gateway replica sent ([`crate::routing::exchange`]):
+/// every VM applies them (none appended them itself), and they are not served
+/// to peers again.
+pub const IMPORTED: u64 = crate::fleet::store::PEERS_VM;
+
 const EVENT_VERSION: u8 = 5;
 const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4 + 4;
 // A slot of the store's ring holds at least one header and one block.
@@ -97,6 +102,14 @@ impl<H: Host> Store<'_, H> {
         self.host
             .set_shared(self.keys.log_slot(head.seq), &event, None)
     }
+
+    /// [`Store::write_event`] of a chain of `len` blocks given as its kept hashes
+    /// (an event another replica sent).
+    pub fn write_kept(&self, head: Head, len: u32, kept: &[u64]) -> Result<(), HostError> {
+        let event = Event::encode_kept(head, len, kept, self.keys.log_shape().slot_bytes);
+        self.host
+            .set_shared(self.keys.log_slot(head.seq), &event, None)
+    }
 }
 
 impl Event {
@@ -104,10 +117,28 @@ impl Event {
     /// positions the index holds; a list longer than `max_bytes` keeps its head
     /// (the part other requests are most likely to share).
     pub fn encode(head: Head, chain: &[u64], max_bytes: usize) -> Vec<u8> {
+        // Positions past the chain's end cannot occur, so every kept position has its hash.
+        let kept = kept_positions(chain.len()).filter_map(|i| chain.get(i).copied());
+        let len = u32::try_from(chain.len()).unwrap_or(u32::MAX);
+        Event::encode_with(head, len, kept, max_bytes)
+    }
+
+    /// [`Event::encode`] of a chain of `len` blocks given as its hashes at the
+    /// kept positions (an event another replica sent).
+    pub fn encode_kept(head: Head, len: u32, kept: &[u64], max_bytes: usize) -> Vec<u8> {
+        Event::encode_with(head, len, kept.iter().copied(), max_bytes)
+    }
+
+    fn encode_with(
+        head: Head,
+        len: u32,
+        kept: impl Iterator<Item = u64> + Clone,
+        max_bytes: usize,
+    ) -> Vec<u8> {
         let room = max_bytes.saturating_sub(EVENT_HEADER) / 8;
-        // Positions past the chain's end cannot occur, so the count is the number written
-        // (a mismatch would read back as no event, never a misread one).
-        let kept = kept_positions(chain.len()).take(room);
+        let kept = kept.take(room);
+        // The count is the number written (a mismatch would read back as no event,
+        // never a misread one).
         let n = kept.clone().count();
         let mut out = Vec::with_capacity(EVENT_HEADER + n * 8);
         put(&mut out, EVENT_VERSION);
@@ -117,9 +148,9 @@ impl Event {
         put(&mut out, head.backend);
         put(&mut out, head.time_ms);
         put(&mut out, head.prefill);
-        put(&mut out, u32::try_from(chain.len()).unwrap_or(u32::MAX));
+        put(&mut out, len);
         put(&mut out, n as u32);
-        for h in kept.filter_map(|i| chain.get(i).copied()) {
+        for h in kept {
             put(&mut out, h);
         }
         out

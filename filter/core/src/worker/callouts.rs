@@ -146,6 +146,9 @@ impl Worker {
         num_headers: usize,
         body_size: usize,
     ) {
+        if self.on_peer_reply(host, token, num_headers, body_size) {
+            return;
+        }
         if self.members_call.is_some_and(|(t, _)| t == token) {
             self.members_call = None;
             return self.on_members(host, num_headers, body_size);

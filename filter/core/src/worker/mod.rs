@@ -9,7 +9,9 @@
 //!                     header (and the model header); no pod serves the model → 404
 //! on_request_trailers the same, for a body that ends with trailers
 //! on_response_body    first streamed byte: the prompt is prefilled (queue released);
-//!                     a predicted hit's answer: the pod's own cache report
+//!                     a predicted hit's answer: the pod's own cache report; a stored
+//!                     `/v1/responses` answer: its id, and the pod that answered it,
+//!                     into the record its follow-ups route by ([`crate::fleet::responses`])
 //! on_log              the request ends: its in-flight share is released, and how
 //!                     it ended feeds Envoy's own view of its pod ([`crate::fleet::passive`])
 //! tick                flush stats and releases, heartbeat, take back silent VMs'
@@ -35,20 +37,25 @@
 use crate::config::{Config, ConfigError, OBJECTIVE_HEADER};
 use crate::fleet::inflight::Delta;
 use crate::fleet::passive::Answer;
+use crate::fleet::responses::{bucket_capacity, Entry};
 use crate::fleet::scrape_schedule::Scheduler;
 use crate::fleet::view::FleetView;
+use crate::hash::address_id;
 use crate::host::Host;
 use crate::phases::{Laps, Phase};
+use crate::prompt::openai::answer::{scan, Scan, SCAN_BYTES};
 use crate::prompt::openai::{prompt_key, Endpoint, ParseError};
 use crate::prompt::prefix::PromptKey;
-use crate::routing::feedback::{report, TAIL_BYTES};
+use crate::routing::exchange::{is_peer_path, Peers};
+use crate::routing::feedback::{report_for, TAIL_BYTES};
 use crate::routing::pending::PendingTicket;
-use crate::routing::router::{Look, Request, Routed, Router, ANCHOR_BYTES};
+use crate::routing::router::{Look, Previous, Request, Routed, Router, ANCHOR_BYTES};
 use crate::worker::stats::{Stats, Unread};
 use admission::{Admission, Holding};
 
 mod admission;
 mod callouts;
+mod peers;
 pub mod stats;
 pub mod steering;
 mod tick;
@@ -71,17 +78,23 @@ pub enum Step {
     Replied,
 }
 
-/// OpenAI's answer to a model nobody serves.
-fn model_not_found(model: &str) -> Vec<u8> {
+/// The answer to a model nobody serves: OpenAI's shape, or on `/v1/messages`
+/// Anthropic's (vLLM's `translate_error_response` there).
+fn model_not_found(model: &str, endpoint: Option<Endpoint>) -> Vec<u8> {
     let message = format!("The model `{model}` does not exist.");
-    serde_json::json!({"error": {
-        "message": message,
-        "type": "invalid_request_error",
-        "param": "model",
-        "code": "model_not_found",
-    }})
-    .to_string()
-    .into_bytes()
+    let body = match endpoint {
+        Some(Endpoint::Messages) => serde_json::json!({"type": "error", "error": {
+            "type": "not_found_error",
+            "message": message,
+        }}),
+        _ => serde_json::json!({"error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }}),
+    };
+    body.to_string().into_bytes()
 }
 
 /// One HTTP exchange's state between callbacks.
@@ -116,6 +129,9 @@ pub struct Exchange {
     response_done: bool,
     /// A predicted cache hit whose answer will carry the pod's own report.
     awaiting_report: Option<Predicted>,
+    /// A `/v1/responses` answer the pod stores: its first bytes so far, until
+    /// its id is read ([`crate::prompt::openai::answer`]).
+    answer: Option<Vec<u8>>,
 }
 
 impl Exchange {
@@ -159,13 +175,18 @@ pub struct Worker {
     holding: Option<Holding>,
     /// When the next full tick is due (the gate's check ticks in between).
     next_tick_ms: u64,
+    /// This gateway replica's id among its peers.
+    replica: u64,
+    /// The pulls from the gateway's other replicas, with `peers` configured.
+    peers: Option<Peers>,
 }
 
 /// The oldest Envoy the filter and the shipped configurations pass the e2e
-/// suite on (`make e2e-oldest-envoy` runs part of it there). On 1.36 and 1.37
-/// requests route, but the scrapes through the metrics cluster do not reach
-/// their own pods, so per-pod load and health are wrong.
-pub const MIN_ENVOY: &str = "1.39 or later";
+/// suite on (`make e2e-oldest-envoy` runs part of it there). On 1.36 the
+/// virtual host's `request_body_buffer_limit` is applied only when the router
+/// sees the headers, after the filter has held the body, so prompts past the
+/// listener's buffer (1 MiB) get 413 (envoyproxy/envoy#42607, in 1.37).
+pub const MIN_ENVOY: &str = "1.37 or later";
 
 impl Worker {
     /// Parses and validates the plugin configuration and starts a worker:
@@ -200,6 +221,13 @@ impl Worker {
         let gated = cfg.gate.is_some();
         let router = Router::new(cfg, host);
         let holding = gated.then(|| Holding::new(host, router.fleet().vm_id()));
+        let fresh = host.now_ns() ^ router.fleet().vm_id().rotate_left(32);
+        let replica = router
+            .fleet()
+            .store(host)
+            .replica_id(fresh)
+            .unwrap_or(fresh);
+        let peers = router.config().peers.as_ref().map(|_| Peers::new(replica));
         Ok(Worker {
             router,
             stats,
@@ -209,6 +237,8 @@ impl Worker {
             unfiltered_logged: false,
             holding,
             next_tick_ms: 0,
+            replica,
+            peers,
         })
     }
 
@@ -247,6 +277,11 @@ impl Worker {
             let deadline = header(&g.deadline_header);
             (ex.class, ex.wait_ms) =
                 g.classify(class.as_deref(), objective.as_deref(), deadline.as_deref());
+        }
+        if cfg.peers.is_some() {
+            if let Some(path) = header(":path").filter(|p| is_peer_path(p)) {
+                return self.serve_peer(host, &path);
+            }
         }
         let max_body = cfg.max_body_bytes;
         let post = header(":method").is_some_and(|m| m.eq_ignore_ascii_case("POST"));
@@ -473,21 +508,29 @@ impl Worker {
         look: Option<Look>,
         mut laps: Laps,
     ) -> Step {
+        let (previous, lookup_failed) = self.previous(host, key);
         let routed = self.router.route_admitted(
             host,
             &Request {
                 key,
                 session: ex.session.as_deref(),
+                previous,
             },
             look,
         );
         laps.lap(host, Phase::Route);
+        if lookup_failed {
+            self.stats.host_error();
+        }
+        if let Some(how) = routed.continued {
+            self.stats.continued(how);
+        }
         if routed.unknown_model {
             let model = key.and_then(|k| k.model.as_deref()).unwrap_or("");
             self.stats.unknown_model();
             log::debug!("warmroute: no pod serves the requested model");
             ex.chosen = None;
-            let body = model_not_found(model);
+            let body = model_not_found(model, ex.endpoint);
             if let Err(e) = host.send_response(404, &[("content-type", "application/json")], &body)
             {
                 log::warn!("warmroute: could not answer an unknown model: {e:?}");
@@ -515,6 +558,10 @@ impl Worker {
         ex.chosen = primary;
         ex.claim = routed.claim;
         ex.pending = routed.pending;
+        // Its id is read from the answer, whichever pod Envoy's last try reaches.
+        ex.answer = key
+            .filter(|k| k.stores_response && self.router.config().responses.max_entries > 0)
+            .map(|_| Vec::new());
         // Set only for a predicted hit whose answer will carry usage.
         ex.awaiting_report = routed
             .last_use_ms
@@ -556,8 +603,28 @@ impl Worker {
         Step::Continue
     }
 
-    /// One request's route as `backend=<pod>[;match=<held>/<blocks>;reason=<why>][;fallback=<cause>]`,
-    /// with the match and the reason when `counts`.
+    /// Who answered the stored response a follow-up continues, by the record
+    /// ([`crate::fleet::responses`]): one read of its bucket. Also whether
+    /// that read failed (the request then routes as usual).
+    fn previous<H: Host>(&self, host: &H, key: Option<&PromptKey>) -> (Option<Previous>, bool) {
+        let Some(id) = key.and_then(|k| k.previous_response) else {
+            return (None, false);
+        };
+        if self.router.config().responses.max_entries == 0 {
+            return (None, false);
+        }
+        match self.router.fleet().store(host).response_holder(id) {
+            Ok(Some(e)) => (Some(Previous::Answered(e.pod)), false),
+            Ok(None) => (Some(Previous::Unknown), false),
+            Err(e) => {
+                log::debug!("warmroute: the record of stored responses is unread: {e:?}");
+                (Some(Previous::Unknown), true)
+            }
+        }
+    }
+
+    /// One request's route as `backend=<pod>[;match=<held>/<blocks>;reason=<why>[;previous_response=<how>]][;fallback=<cause>]`,
+    /// with the match, the reason and how a follow-up went when `counts`.
     fn route_note(&self, routed: &Routed, why: Option<Unread>, counts: bool) -> String {
         let backend = routed
             .decision
@@ -566,8 +633,11 @@ impl Worker {
             .and_then(|&b| self.router.fleet().backend(b))
             .map_or("", |b| b.name.as_str());
         let cache = if counts {
+            let continued = routed.continued.map_or(String::new(), |c| {
+                format!(";previous_response={}", c.name())
+            });
             format!(
-                ";match={}/{};reason={}",
+                ";match={}/{};reason={}{continued}",
                 routed.decision.matched,
                 routed.blocks,
                 routed.decision.reason.name()
@@ -590,6 +660,10 @@ impl Worker {
         ex.response_done = end_of_stream;
         if let Some(d) = &ex.debug {
             let _ = host.add_response_header(DEBUG_HEADER, d);
+        }
+        // Only a served answer was stored (an error names no response).
+        if ex.answer.is_some() && host.response_status().as_deref() != Some("200") {
+            ex.answer = None;
         }
     }
 
@@ -618,13 +692,71 @@ impl Worker {
         if body_size > 0 && ex.awaiting_report.is_some() {
             self.read_report(host, ex, body_size);
         }
+        if ex.answer.is_some() {
+            self.read_answer(host, ex, body_size, end_of_stream);
+        }
+    }
+
+    /// Reads a stored response's id from the first bytes of its answer and
+    /// remembers which pod answered it: Envoy's upstream for this exchange
+    /// (its last try), never anything the client sent.
+    fn read_answer<H: Host>(
+        &mut self,
+        host: &H,
+        ex: &mut Exchange,
+        body_size: usize,
+        end_of_stream: bool,
+    ) {
+        let Some(mut seen) = ex.answer.take() else {
+            return;
+        };
+        let want = SCAN_BYTES.saturating_sub(seen.len()).min(body_size);
+        if want > 0 {
+            if let Some(chunk) = host.response_body(0, want) {
+                seen.extend_from_slice(&chunk);
+            }
+        }
+        let id = match scan(&seen, end_of_stream) {
+            Scan::More => {
+                ex.answer = Some(seen);
+                return;
+            }
+            Scan::Absent => {
+                self.stats.remembered(false);
+                return;
+            }
+            Scan::Id(id) => id,
+        };
+        let Some(pod) = host.upstream_address().map(|a| address_id(&a)) else {
+            self.stats.remembered(false);
+            return;
+        };
+        let entry = Entry {
+            id,
+            pod,
+            at_ms: host.now_ms(),
+        };
+        let capacity = bucket_capacity(self.router.config().responses.max_entries);
+        match self
+            .router
+            .fleet()
+            .store(host)
+            .remember_response(entry, capacity)
+        {
+            Ok(()) => self.stats.remembered(true),
+            Err(e) => {
+                log::debug!("warmroute: a stored response's pod is not remembered: {e:?}");
+                self.stats.host_error();
+                self.stats.remembered(false);
+            }
+        }
     }
 
     fn read_report<H: Host>(&mut self, host: &H, ex: &mut Exchange, body_size: usize) {
         let start = body_size.saturating_sub(TAIL_BYTES);
         let Some(reported) = host
             .response_body(start, body_size - start)
-            .and_then(|tail| report(&tail))
+            .and_then(|tail| report_for(ex.endpoint, &tail))
         else {
             return;
         };
@@ -657,6 +789,10 @@ impl Worker {
     pub fn on_log<H: Host>(&mut self, host: &H, ex: &mut Exchange) {
         if ex.parked {
             self.leave_gate(host, ex);
+        }
+        // A served answer that ended before naming its id.
+        if ex.answer.take().is_some() {
+            self.stats.remembered(false);
         }
         let Some(b) = ex.chosen.take() else { return };
         // A stream reset after the headers still has a :status; Envoy's details tell the

@@ -15,6 +15,7 @@ use crate::gate::Shed;
 use crate::host::{Host, MetricKind};
 use crate::routing::feedback::Verdict;
 use crate::routing::policy::Reason;
+use crate::routing::router::Continued;
 
 /// Why a request was routed without reading its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +53,7 @@ impl Unread {
     }
 }
 
-const REASONS: [Reason; 9] = [
+const REASONS: [Reason; 10] = [
     Reason::CacheHit,
     Reason::Placed,
     Reason::Spillover,
@@ -61,6 +62,7 @@ const REASONS: [Reason; 9] = [
     Reason::RoundRobin,
     Reason::Random,
     Reason::Sticky,
+    Reason::StoredResponse,
     Reason::Fallback,
 ];
 
@@ -130,6 +132,14 @@ pub struct Stats {
     host_errors: Counter,
     log_gaps: Counter,
     redecided: Counter,
+    continued: Vec<Counter>,
+    remembered: Counter,
+    not_remembered: Counter,
+    peer_served: Counter,
+    peer_pulls_ok: Counter,
+    peer_pulls_failed: Counter,
+    peer_imported: Counter,
+    peer_dropped: Counter,
     gate: Vec<ClassStats>,
 }
 
@@ -223,6 +233,17 @@ impl Stats {
             host_errors: counter("warmroute.host_errors".into()),
             log_gaps: counter("warmroute.index.log_gaps".into()),
             redecided: counter("warmroute.redecided".into()),
+            continued: Continued::ALL
+                .iter()
+                .map(|c| counter(format!("warmroute.responses.{}", c.name())))
+                .collect(),
+            remembered: counter("warmroute.responses.remembered".into()),
+            not_remembered: counter("warmroute.responses.not_remembered".into()),
+            peer_served: counter("warmroute.peers.served".into()),
+            peer_pulls_ok: counter("warmroute.peers.pulls_ok".into()),
+            peer_pulls_failed: counter("warmroute.peers.pulls_failed".into()),
+            peer_imported: counter("warmroute.peers.events_imported".into()),
+            peer_dropped: counter("warmroute.peers.events_dropped".into()),
             gate: cfg
                 .gate
                 .iter()
@@ -339,6 +360,27 @@ impl Stats {
         self.usage_requested.add(1);
     }
 
+    /// How a follow-up by `previous_response_id` was routed.
+    pub fn continued(&mut self, how: Continued) {
+        if let Some(i) = Continued::ALL.iter().position(|c| *c == how) {
+            add_at(&mut self.continued, i, 1);
+        }
+    }
+
+    /// A stored response's answer: whether the record now holds its pod
+    /// (not: no id in its first bytes, no upstream to name, or a failed write).
+    pub fn remembered(&mut self, done: bool) {
+        match done {
+            true => self.remembered.add(1),
+            false => self.not_remembered.add(1),
+        }
+    }
+
+    /// A host call that failed outside a routing decision.
+    pub fn host_error(&mut self) {
+        self.host_errors.add(1);
+    }
+
     /// A request for a model no pod serves, answered 404.
     pub fn unknown_model(&mut self) {
         self.unknown_model.add(1);
@@ -349,6 +391,31 @@ impl Stats {
         self.ejections.add(1);
     }
 
+    /// The tick read the index log; `gap`: some events were lost to this VM.
+    pub fn log_read(&mut self, gap: bool) {
+        self.log_gaps.add(gap.into());
+    }
+
+    /// A peer replica's pull answered ([`crate::routing::exchange`]).
+    pub fn peer_served(&mut self) {
+        self.peer_served.add(1);
+    }
+
+    /// A pull of a peer replica: a usable reply or not.
+    pub fn peer_pulled(&mut self, ok: bool) {
+        if ok {
+            self.peer_pulls_ok.add(1);
+        } else {
+            self.peer_pulls_failed.add(1);
+        }
+    }
+
+    /// A peer's events written to this replica's log, and those left out.
+    pub fn peer_imported(&mut self, events: u32, dropped: u32) {
+        self.peer_imported.add(events.into());
+        self.peer_dropped.add(dropped.into());
+    }
+
     /// Adds every counter's pending increments to Envoy's stats.
     pub fn flush(&mut self, host: &impl Host) {
         let lists = [
@@ -356,6 +423,7 @@ impl Stats {
             &mut self.fallbacks,
             &mut self.outcomes,
             &mut self.chosen,
+            &mut self.continued,
         ];
         let singles = [
             &mut self.passthrough,
@@ -376,6 +444,13 @@ impl Stats {
             &mut self.host_errors,
             &mut self.log_gaps,
             &mut self.redecided,
+            &mut self.remembered,
+            &mut self.not_remembered,
+            &mut self.peer_served,
+            &mut self.peer_pulls_ok,
+            &mut self.peer_pulls_failed,
+            &mut self.peer_imported,
+            &mut self.peer_dropped,
         ];
         lists
             .into_iter()

@@ -1211,3 +1211,353 @@ fn the_index_sizing_is_in_the_stats() {
         Some(4000)
     );
 }
+
+fn responses_headers() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (":method", "POST"),
+        (":path", "/v1/responses"),
+        ("content-type", "application/json"),
+    ]
+}
+
+/// Delivers a `/v1/responses` answer from `upstream` in `chunks`, and ends the exchange.
+fn answer_from(
+    w: &mut Worker,
+    host: &MemoryHost,
+    ex: &mut Exchange,
+    upstream: &str,
+    status: &str,
+    chunks: &[&str],
+) {
+    {
+        let mut e = host.exchange.borrow_mut();
+        e.status = Some(status.into());
+        e.upstream = Some(upstream.into());
+    }
+    w.on_response_headers(host, ex, false);
+    for (i, c) in chunks.iter().enumerate() {
+        host.exchange.borrow_mut().response_body = c.as_bytes().to_vec();
+        w.on_response_body(host, ex, c.len(), i + 1 == chunks.len());
+    }
+    w.on_log(host, ex);
+}
+
+#[test]
+fn a_stored_responses_follow_up_goes_to_the_pod_that_answered_it_from_any_vm() {
+    let host = MemoryHost::default();
+    let mut a = worker(&host);
+    let mut b = worker(&host);
+    let first = br#"{"model":"m","input":"What is the capital of France?"}"#;
+    let mut ex = send(&mut a, &host, &responses_headers(), first);
+    // Whichever pod the filter chose, Envoy's last try reached c: c holds the response.
+    // Its id arrives split across chunks.
+    answer_from(
+        &mut a,
+        &host,
+        &mut ex,
+        "127.0.0.1:3",
+        "200",
+        &[
+            r#"{"id":"resp_a1b2"#,
+            r#"c3","created_at":1,"object":"response"}"#,
+        ],
+    );
+    a.tick(&host);
+    assert_eq!(host.metric("warmroute.responses.remembered"), Some(1));
+    // The follow-up, through the other VM: to c alone, whatever the loads.
+    let follow = br#"{"model":"m","previous_response_id":"resp_a1b2c3","input":"And of Spain?"}"#;
+    for _ in 0..4 {
+        let mut ex = send(&mut b, &host, &responses_headers(), follow);
+        assert_eq!(routed_to(&host).as_deref(), Some("127.0.0.1:3"));
+        b.on_log(&host, &mut ex);
+    }
+    b.tick(&host);
+    assert_eq!(host.metric("warmroute.decision.stored_response"), Some(4));
+    assert_eq!(host.metric("warmroute.responses.holder"), Some(4));
+}
+
+#[test]
+fn a_client_cannot_steer_by_an_id_no_pod_answered() {
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    // A body that merely names an id, an error answer naming one, an answer
+    // not stored: none of them is remembered.
+    let mut ex = send(
+        &mut w,
+        &host,
+        &responses_headers(),
+        br#"{"model":"m","input":"hi","id":"resp_forged"}"#,
+    );
+    answer_from(
+        &mut w,
+        &host,
+        &mut ex,
+        "127.0.0.1:2",
+        "404",
+        &[r#"{"id":"resp_forged","error":{"code":404}}"#],
+    );
+    let mut ex = send(
+        &mut w,
+        &host,
+        &responses_headers(),
+        br#"{"model":"m","input":"hi","store":false}"#,
+    );
+    answer_from(
+        &mut w,
+        &host,
+        &mut ex,
+        "127.0.0.1:2",
+        "200",
+        &[r#"{"id":"resp_forged"}"#],
+    );
+    // An answer whose id never comes.
+    let mut ex = send(
+        &mut w,
+        &host,
+        &responses_headers(),
+        br#"{"model":"m","input":"hi"}"#,
+    );
+    answer_from(
+        &mut w,
+        &host,
+        &mut ex,
+        "127.0.0.1:2",
+        "200",
+        &[r#"{"object":"response"}"#],
+    );
+    w.tick(&host);
+    assert_eq!(host.metric("warmroute.responses.remembered"), Some(0));
+    assert_eq!(host.metric("warmroute.responses.not_remembered"), Some(1));
+    // A follow-up naming it routes as usual, and says so.
+    let follow = br#"{"model":"m","previous_response_id":"resp_forged","input":"x"}"#;
+    let mut ex = send(&mut w, &host, &responses_headers(), follow);
+    assert!(
+        routed_to(&host).is_some_and(|d| d.contains(',')),
+        "fallbacks: routed as usual"
+    );
+    w.on_log(&host, &mut ex);
+    w.tick(&host);
+    assert_eq!(host.metric("warmroute.responses.unknown"), Some(1));
+    assert_eq!(host.metric("warmroute.decision.stored_response"), Some(0));
+}
+
+#[test]
+fn a_holder_out_of_rotation_or_out_of_the_fleet_is_not_pinned() {
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    for (upstream, id) in [("127.0.0.1:2", "resp_b"), ("10.0.0.9:8000", "resp_x")] {
+        let mut ex = send(
+            &mut w,
+            &host,
+            &responses_headers(),
+            br#"{"model":"m","input":"hi"}"#,
+        );
+        let body = format!(r#"{{"id":"{id}"}}"#);
+        answer_from(&mut w, &host, &mut ex, upstream, "200", &[&body]);
+    }
+    // b fails two scrapes in a row: out of rotation.
+    for _ in 0..2 {
+        host.now.set(host.now.get() + 600);
+        w.tick(&host);
+        answer(&mut w, &host, |pod| match pod {
+            "127.0.0.1:2" => Reply::default(),
+            _ => ok(METRICS),
+        });
+    }
+    w.tick(&host);
+    for (id, stat) in [("resp_b", "holder_down"), ("resp_x", "holder_gone")] {
+        let body = format!(r#"{{"model":"m","previous_response_id":"{id}","input":"x"}}"#);
+        let mut ex = send(&mut w, &host, &responses_headers(), body.as_bytes());
+        let dest = routed_to(&host).unwrap_or_default();
+        assert!(!dest.starts_with("127.0.0.1:2"), "{id}: {dest}");
+        w.on_log(&host, &mut ex);
+        w.tick(&host);
+        assert_eq!(
+            host.metric(&format!("warmroute.responses.{stat}")),
+            Some(1),
+            "{id}"
+        );
+    }
+}
+
+#[test]
+fn a_messages_turn_is_checked_against_the_pods_anthropic_report() {
+    let host = MemoryHost::default();
+    let mut w = worker(&host);
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/messages"),
+        ("content-type", "application/json"),
+    ];
+    let turn = |n: usize| {
+        let mut messages = vec![format!(
+            r#"{{"role":"user","content":"{}"}}"#,
+            "q".repeat(3000)
+        )];
+        for i in 1..n {
+            messages.push(format!(
+                r#"{{"role":"assistant","content":[{{"type":"text","text":"answer {i}"}}]}}"#
+            ));
+            messages.push(format!(r#"{{"role":"user","content":"more {i}"}}"#));
+        }
+        format!(
+            r#"{{"model":"m","max_tokens":8,"system":"{}","messages":[{}]}}"#,
+            "s".repeat(600),
+            messages.join(",")
+        )
+        .into_bytes()
+    };
+    let mut first = send(&mut w, &host, &headers, &turn(1));
+    let pod = routed_to(&host).unwrap();
+    let pod = pod.split(',').next().unwrap_or_default().to_string();
+    answer_from(
+        &mut w,
+        &host,
+        &mut first,
+        &pod,
+        "200",
+        &[r#"{"usage":{"input_tokens":900,"output_tokens":8}}"#],
+    );
+    let mut second = send(&mut w, &host, &headers, &turn(2));
+    assert!(
+        routed_to(&host).unwrap().starts_with(&pod),
+        "turn 2 extends turn 1"
+    );
+    assert!(
+        second.awaiting_report.is_some(),
+        "a predicted hit whose answer carries usage"
+    );
+    let report = r#"{"type":"message","usage":{"input_tokens":10,"output_tokens":8,"cache_creation_input_tokens":0,"cache_read_input_tokens":890}}"#;
+    answer_from(&mut w, &host, &mut second, &pod, "200", &[report]);
+    w.tick(&host);
+    assert_eq!(host.metric("warmroute.feedback.reports"), Some(1));
+    assert_eq!(host.metric("warmroute.feedback.reported_tokens"), Some(890));
+}
+
+/// A replica of a 3-pod gateway with peers (its peer listener on 15099).
+fn replica(host: &MemoryHost) -> Worker {
+    let config = CONFIG.replace(
+        r#""metrics":"#,
+        r#""peers":{"cluster":"peers","port":15099},"metrics":"#,
+    );
+    Worker::configure(host, config.as_bytes()).unwrap()
+}
+
+/// What `w` answers a peer's `GET path` arriving on `port` (status, body).
+fn peer_get(w: &mut Worker, host: &MemoryHost, path: &str, port: u16) -> (u32, Vec<u8>) {
+    let mut ex = TestExchange::request(&[(":method", "GET"), (":path", path)], b"");
+    ex.local_port = Some(port);
+    *host.exchange.borrow_mut() = ex;
+    let step = w.on_request_headers(host, &mut Exchange::default(), true);
+    assert_eq!(step, Step::Replied);
+    assert_eq!(routed_to(host), None, "a peer's request is never routed");
+    let reply = host.exchange.borrow().local_reply.clone().unwrap();
+    (reply.status, reply.body)
+}
+
+#[test]
+fn replicas_pull_each_others_placements_and_a_client_cannot() {
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    // Replicas started at different times take different ids.
+    there.now.set(1);
+    let (mut a, mut b) = (replica(&here), replica(&there));
+    let path = format!("{}?since=0", crate::routing::exchange::PEER_PATH);
+    // A client asking on the client listener's port gets nothing.
+    assert_eq!(peer_get(&mut a, &here, &path, 10000), (404, Vec::new()));
+    let body = chat_body(&"q".repeat(3000));
+    send(&mut a, &here, &chat_headers(), &body);
+    let pod = routed_to(&here).unwrap();
+    // b's lease holder reads the peers cluster (a on .1, b itself on .2), then pulls both.
+    there.now.set(500);
+    b.tick(&there);
+    let sent = there.take_callouts();
+    let admin = sent
+        .iter()
+        .find(|c| c.header(":path").is_some_and(|p| p.contains("peers")))
+        .unwrap();
+    let peers = endpoints(&["10.0.0.1:15099", "10.0.0.2:15099"]);
+    let peers = Reply {
+        body: String::from_utf8_lossy(&peers.body)
+            .replace(r#""name":"pool""#, r#""name":"peers""#)
+            .into_bytes(),
+        ..peers
+    };
+    deliver(&mut b, &there, std::slice::from_ref(admin), |_| {
+        peers.clone()
+    });
+    there.now.set(1000);
+    b.tick(&there);
+    let sent = there.take_callouts();
+    assert!(
+        sent.iter().all(|c| c.cluster != "envoy-admin"),
+        "the peers' endpoints are read every 2 s, not at every tick"
+    );
+    let pulls: Vec<SentCallout> = sent.into_iter().filter(|c| c.cluster == "peers").collect();
+    assert_eq!(pulls.len(), 2);
+    let (status, from_a) = peer_get(&mut a, &here, pulls[0].header(":path").unwrap(), 15099);
+    assert_eq!(status, 200);
+    let (_, from_b) = peer_get(&mut b, &there, pulls[1].header(":path").unwrap(), 15099);
+    deliver(&mut b, &there, &pulls, |dest| {
+        let body = if dest == "10.0.0.1:15099" {
+            &from_a
+        } else {
+            &from_b
+        };
+        Reply {
+            status: Some("200".into()),
+            body: body.clone(),
+        }
+    });
+    b.tick(&there);
+    assert_eq!(there.metric("warmroute.peers.events_imported"), Some(1));
+    // a's request is still in flight: b counts it on that pod, as its own VMs' are counted.
+    let slot = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+        .iter()
+        .position(|p| pod.starts_with(p))
+        .unwrap();
+    let mut expected = vec![0, 0, 0];
+    expected[slot] = 1;
+    assert_eq!(inflight(&b, &there), expected);
+    assert_eq!(there.metric("warmroute.peers.pulls_ok"), Some(1));
+    // b itself is not pulled again; a is, from where its reply ended.
+    there.now.set(1500);
+    b.tick(&there);
+    let again: Vec<SentCallout> = there
+        .take_callouts()
+        .into_iter()
+        .filter(|c| c.cluster == "peers")
+        .collect();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].header(ENDPOINT_HEADER), Some("10.0.0.1:15099"));
+    assert!(!again[0].header(":path").unwrap().ends_with("since=0"));
+    // The same prompt through b goes where a sent it.
+    send(&mut b, &there, &chat_headers(), &body);
+    assert_eq!(routed_to(&there), Some(pod));
+}
+
+#[test]
+fn a_worker_that_routes_little_still_serves_its_peers_every_event() {
+    // Two workers of one replica; the shared log holds 64 events (the default 1 MiB).
+    let host = MemoryHost::default();
+    let (mut busy, mut idle) = (replica(&host), replica(&host));
+    let path = format!("{}?since=0", crate::routing::exchange::PEER_PATH);
+    let route = |w: &mut Worker, from: usize| {
+        for i in from..from + 40 {
+            send(
+                w,
+                &host,
+                &chat_headers(),
+                &chat_body(&format!("question {i}")),
+            );
+        }
+    };
+    route(&mut busy, 0);
+    // The idle worker's tick follows the log, as its requests would.
+    host.now.set(500);
+    idle.tick(&host);
+    route(&mut busy, 40);
+    let (status, body) = peer_get(&mut idle, &host, &path, 15099);
+    assert_eq!(status, 200);
+    let batch = crate::routing::exchange::Batch::decode(&body).unwrap();
+    assert_eq!(batch.events.len(), 80, "every event the busy worker routed");
+}

@@ -6,6 +6,7 @@
 use super::Worker;
 use crate::fleet::view::Standing;
 use crate::host::Host;
+use crate::routing::exchange::Peers;
 
 impl Worker {
     /// The root context's tick: flushes stats; writes pending releases and this
@@ -41,6 +42,12 @@ impl Worker {
                 self.router.fleet().inflight(host).unwrap_or_default()
             });
         self.router.expire(now);
+        if self.router.config().peers.is_some() {
+            match self.router.catch_up(host) {
+                Ok(gap) => self.stats.log_read(gap),
+                Err(e) => log::debug!("warmroute: the index log not read at the tick: {e:?}"),
+            }
+        }
         match self.router.fleet().sweep_fleets(host, now) {
             Ok(gone) => gone.iter().for_each(|id| {
                 log::info!(
@@ -80,7 +87,7 @@ impl Worker {
         self.stats
             .index_gauges(host, &capacity, self.router.bytes_per_token());
         let cfg = self.router.config();
-        if !cfg.metrics.enabled && cfg.pool.is_none() {
+        if !cfg.metrics.enabled && cfg.pool.is_none() && cfg.peers.is_none() {
             return;
         }
         let vm = self.router.fleet().vm_id();
@@ -93,12 +100,16 @@ impl Worker {
         {
             self.scheduler.reset();
             self.members_call = None;
+            if let Some(p) = &mut self.peers {
+                *p = Peers::new(self.replica);
+            }
             return;
         }
         self.read_members(host, now);
         if self.router.config().metrics.enabled {
             self.scrape(host, now);
         }
+        self.pull_peers(host, now);
     }
 
     /// The VM is going away (reconfiguration, drain): what waits for the tick goes now.

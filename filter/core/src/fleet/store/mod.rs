@@ -3,7 +3,10 @@
 //! Each value lives under `warmroute.<fleet>.<name>`, where `<fleet>` hashes
 //! the backend addresses (or a discovered pool's clusters and slot count),
 //! the block size and the log's size: a reconfigured fleet never reads
-//! another fleet's bytes. Updates are read-modify-write with
+//! another fleet's bytes. Two records are this Envoy's rather than a
+//! fleet's: the fleets registry (below) and the pods that answered stored
+//! responses (`warmroute.responses.v1.<bucket>`, [`crate::fleet::responses`]),
+//! whose entries name pods by address and outlive a reconfiguration. Updates are read-modify-write with
 //! CAS, retried a bounded number of times (a worker that keeps losing gives up
 //! and counts it rather than spin).
 //!
@@ -69,6 +72,7 @@ use crate::fleet::inflight::{
 };
 use crate::fleet::lora::{decode_lora, encode_lora, Lora};
 use crate::fleet::membership::Slots;
+use crate::fleet::responses::{self, Entry};
 use crate::host::{Host, HostError, Versioned};
 
 /// Slot size the index log's ring aims for.
@@ -120,6 +124,11 @@ struct Fleet {
     idle_ms: u64,
 }
 
+/// The ledger share that holds the gateway's other replicas' in-flight work
+/// ([`Store::set_share`]), and the origin of the index events they sent: no
+/// VM has this id (they count up from 1).
+pub const PEERS_VM: u64 = u64::MAX;
+
 /// How long a fleet must be silent before its values are swept.
 pub const FLEET_IDLE_MS: u64 = 60_000;
 
@@ -137,6 +146,7 @@ pub struct Keys {
     members: String,
     lora: String,
     gate: String,
+    replica: String,
     log_slots: Vec<String>,
     log_shape: LogShape,
 }
@@ -168,6 +178,7 @@ impl Keys {
             members: k("members.v1"),
             lora: k("lora.v1"),
             gate: k("gate.v2"),
+            replica: k("replica.v1"),
             // The events carry their own layout version too ([`crate::fleet::store`]
             // only names the slots).
             log_slots: (0..log_shape.slots)
@@ -199,6 +210,7 @@ impl Keys {
             &self.members,
             &self.lora,
             &self.gate,
+            &self.replica,
         ]
         .into_iter()
         .chain(&self.log_slots)
@@ -425,6 +437,19 @@ impl<H: Host> Store<'_, H> {
             .map(|n| n.wrapping_add(1))
     }
 
+    /// This gateway replica's id among its peers ([`crate::fleet`] keeps it for
+    /// the exchange): the first VM to ask sets it to `fresh` (a clock reading:
+    /// two replicas would have to start in the same nanosecond to collide), the
+    /// others read it.
+    pub fn replica_id(&self, fresh: u64) -> Result<u64, HostError> {
+        update(self.host, &self.keys.replica, |v| {
+            match v.as_deref().and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+                Some(b) => (None, u64::from_le_bytes(b)),
+                None => (Some(fresh.to_le_bytes().to_vec()), fresh),
+            }
+        })
+    }
+
     /// The next value of the round-robin rotation shared by all workers.
     pub fn next_rotation(&self) -> Result<u64, HostError> {
         self.take_number(&self.keys.rotation)
@@ -557,6 +582,35 @@ impl<H: Host> Store<'_, H> {
                     seq,
                     reclaimed,
                 },
+            )
+        })
+    }
+
+    /// Sets `writer.vm`'s share to `inflight` as a whole (not by deltas), or
+    /// drops it when empty: what a source outside this Envoy's VMs holds (the
+    /// gateway's other replicas, [`crate::fleet`] keeps it for routing's
+    /// exchange), counted in every VM's load like a VM's own. It lapses with
+    /// `writer.lease_ms` as a VM's share does.
+    pub fn set_share(&self, writer: Writer, inflight: Sparse) -> Result<(), HostError> {
+        let n = self.n;
+        update(self.host, &self.keys.ledger, |v| {
+            let ledger = Ledger::decode(v.as_deref(), n);
+            let mut shares: Vec<Share> = ledger
+                .shares
+                .into_iter()
+                .filter(|s| s.vm != writer.vm)
+                .collect();
+            if !inflight.is_empty() {
+                shares.push(Share {
+                    vm: writer.vm,
+                    heartbeat_ms: writer.now_ms,
+                    lease_ms: writer.lease_ms,
+                    inflight: inflight.clone(),
+                });
+            }
+            (
+                Some(Ledger::with_total(ledger.next_seq, shares, n).encode()),
+                (),
             )
         })
     }
@@ -734,6 +788,25 @@ impl<H: Host> Store<'_, H> {
             }
         }
         Ok(gone.into_iter().map(|f| f.id).collect())
+    }
+
+    /// The pod that answered the stored response `id` (hashed), as the record
+    /// of answers holds it ([`crate::fleet::responses`]): one read of its bucket.
+    pub fn response_holder(&self, id: u64) -> Result<Option<Entry>, HostError> {
+        let key = responses::key(responses::bucket_of(id));
+        let v = self.host.get_shared(&key)?.0;
+        Ok(responses::find(v.as_deref().unwrap_or_default(), id))
+    }
+
+    /// Remembers who answered a stored response, in a bucket of at most
+    /// `capacity` entries ([`responses::insert`]).
+    pub fn remember_response(&self, entry: Entry, capacity: usize) -> Result<(), HostError> {
+        let key = responses::key(responses::bucket_of(entry.id));
+        update(self.host, &key, |v| {
+            let all = responses::decode(v.as_deref().unwrap_or_default());
+            let all = responses::insert(all, entry, capacity);
+            (Some(responses::encode(&all)), ())
+        })
     }
 
     /// Takes or renews the scraper lease; true when this VM holds it.

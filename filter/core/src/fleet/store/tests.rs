@@ -376,8 +376,13 @@ fn every_key_names_its_layout_version() {
                 .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
         })
     };
-    let all: Vec<&str> = keys.every().chain([FLEETS_KEY]).collect();
-    assert!(all.len() > 16);
+    let buckets: Vec<String> = (0..responses::BUCKETS).map(responses::key).collect();
+    let all: Vec<&str> = keys
+        .every()
+        .chain([FLEETS_KEY])
+        .chain(buckets.iter().map(String::as_str))
+        .collect();
+    assert!(all.len() > 16 + responses::BUCKETS);
     for k in all {
         assert!(versioned(k), "{k}");
     }
@@ -397,6 +402,7 @@ fn the_stores_own_records_keep_their_layout() {
         (&named.members, ".members.v1"),
         (&named.lora, ".lora.v1"),
         (&named.gate, ".gate.v2"),
+        (&named.replica, ".replica.v1"),
     ] {
         assert!(key.ends_with(version), "{key}");
     }
@@ -448,10 +454,54 @@ fn the_stores_own_records_keep_their_layout() {
     );
     assert_eq!(read(&keys.rotation), "0100000000000000", "rotation.v1");
     assert_eq!(read(&keys.vm_seq), "0100000000000000", "vm_seq.v1");
+    // The first VM sets the replica id, the others read it.
+    assert_eq!(s.replica_id(0x0102), Ok(0x0102));
+    assert_eq!(s.replica_id(0x0304), Ok(0x0102));
+    assert_eq!(read(&keys.replica), "0201000000000000", "replica.v1");
     s.sweep_fleets(100, 30_000).ok();
     assert_eq!(
         read(FLEETS_KEY),
         "0100000000000000640000000000000000001000000000003075000000000000",
         "fleets.v1"
     );
+    let answered = responses::Entry {
+        id: 0x0102_0304_0506_0708,
+        pod: 0x1112_1314_1516_1718,
+        at_ms: 1000,
+    };
+    assert_eq!(s.remember_response(answered, 64), Ok(()));
+    assert_eq!(
+        read(&responses::key(1)),
+        "08070605040302011817161514131211e803000000000000",
+        "responses.v1"
+    );
+    assert!(responses::key(1).ends_with(".responses.v1.1"));
+}
+
+#[test]
+fn a_response_is_found_by_any_vm_and_its_bucket_stays_bounded() {
+    let host = MemoryHost::default();
+    let keys = Keys::new(1, 1 << 20);
+    let s = shared(&host, &keys);
+    let entry = |id: u64, at_ms: u64| responses::Entry { id, pod: 42, at_ms };
+    // Ids of one bucket (same top byte), more than it holds.
+    for i in 0..10u64 {
+        s.remember_response(entry((7 << 56) | i, 100 + i), 4)
+            .unwrap();
+    }
+    let other_keys = Keys::new(2, 1 << 10);
+    let other_fleet = shared(&host, &other_keys);
+    assert_eq!(
+        other_fleet.response_holder((7 << 56) | 9),
+        Ok(Some(entry((7 << 56) | 9, 109))),
+        "the record is the Envoy's, not a fleet's"
+    );
+    assert_eq!(
+        s.response_holder((7 << 56) | 5),
+        Ok(None),
+        "the oldest went"
+    );
+    let (bytes, _) = host.get_shared(&responses::key(7)).unwrap();
+    assert_eq!(bytes.map(|b| b.len()), Some(4 * responses::ENTRY_BYTES));
+    assert_eq!(s.response_holder(1), Ok(None));
 }

@@ -27,12 +27,33 @@
 //! syntax by checking the whole body ([`crate::prompt::json::validate`]), so a body
 //! that is not JSON is always `NotJson`, wherever its first problem is.
 //! `reference` reads the same stream with serde_json, for the tests.
+//!
+//! | endpoint | stream |
+//! |---|---|
+//! | `/v1/chat/completions` | `tools`, then each message (a `system` or `developer` message is instructions; the first other one anchors the conversation) |
+//! | `/v1/completions` | the prompt (a string, or an array's raw JSON) |
+//! | `/v1/responses` | `tools`, `instructions` as a `system` piece, then `input` |
+//! | `/v1/messages` (Anthropic's, which vLLM also serves) | `tools`, the top-level `system` (a string, or its text blocks' raw JSON) as a `system` piece, then each message as in chat; content blocks (`text`, `image`, `tool_use`, `tool_result`) are an array, fed as raw JSON like chat's content parts |
+//!
+//! The Messages API carries the whole conversation in every request, as chat
+//! does, and its stream is built the same way: turn N+1 (turn N's messages,
+//! the assistant's answer, the next user message) extends turn N's stream.
+//! Its answers always carry usage, streamed or not (vLLM asks its chat
+//! engine for `include_usage` on a stream), so `reports_usage` holds; its
+//! report is read by [`crate::routing::feedback::report_for`].
+//!
+//! A `/v1/responses` request may continue a response the pod stored
+//! (`previous_response_id`): the input then holds only the new turn, and the
+//! history is the pod's. The id is hashed here ([`crate::hash::response_id`])
+//! and routed by the record of who answered it ([`crate::fleet::responses`]).
 
 use crate::config::MAX_NAME_BYTES;
+use crate::hash::response_id;
 use crate::prompt::json::{self, JsonReader, Piece, Str};
 use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use std::borrow::Cow;
 
+pub mod answer;
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;
 
@@ -45,6 +66,8 @@ pub enum Endpoint {
     Completions,
     /// `POST /v1/responses`.
     Responses,
+    /// `POST /v1/messages` (Anthropic's Messages API, as vLLM serves it).
+    Messages,
 }
 
 impl Endpoint {
@@ -55,6 +78,7 @@ impl Endpoint {
             "/v1/chat/completions" => Some(Endpoint::Chat),
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/responses" => Some(Endpoint::Responses),
+            "/v1/messages" => Some(Endpoint::Messages),
             _ => None,
         }
     }
@@ -306,6 +330,65 @@ fn messages<'a>(r: &mut JsonReader<'a>) -> Result<Vec<Message<'a>>, ParseError> 
     Ok(all)
 }
 
+/// One message of the Messages API: a role and its content (a string, or
+/// an array of content blocks).
+fn block_message<'a>(r: &mut JsonReader<'a>) -> Result<Message<'a>, ParseError> {
+    let (mut role, mut content) = (None, None);
+    fields(r, &["role", "content"], |r, i| {
+        match i {
+            0 => role = Some(string(r)?),
+            _ => content = optional_text(r)?,
+        }
+        Ok(())
+    })?;
+    Ok(Message {
+        role: role.ok_or(ParseError::Shape)?.text(r.offsets()),
+        content,
+        tool_calls: None,
+    })
+}
+
+fn block_messages<'a>(r: &mut JsonReader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
+    if r.peek() != Some(b'[') {
+        return Err(ParseError::Shape);
+    }
+    r.array()?;
+    let mut all = Vec::new();
+    while r.element(all.is_empty())? {
+        all.push(block_message(r)?);
+    }
+    Ok(all)
+}
+
+/// Feeds a conversation's messages (chat's and the Messages API's): each
+/// `0x1e role 0x1f content [0x1d tool_calls]`, the first message that is not
+/// instructions starting the conversation and anchoring it. Returns whether
+/// it carries earlier turns, and where its last message starts.
+fn feed_messages(h: &mut PrefixHasher, all: &[Message<'_>], offsets: &[u32]) -> (bool, usize) {
+    let (mut continuation, mut last_start) = (false, 0);
+    for m in all {
+        last_start = h.len();
+        continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
+        let turn = !matches!(m.role.as_ref(), "system" | "developer");
+        if turn {
+            h.begin_conversation();
+        }
+        feed_tag(h, m.role.as_bytes());
+        if let Some(content) = &m.content {
+            content.feed(h, offsets);
+        }
+        if let Some(calls) = m.tool_calls {
+            h.feed(&[GROUP]);
+            h.feed(calls);
+        }
+        // The first turn that is not instructions anchors the conversation.
+        if turn {
+            h.mark_anchor();
+        }
+    }
+    (continuation, last_start)
+}
+
 /// The fields every endpoint reads besides its prompt.
 #[derive(Default)]
 struct Common<'a> {
@@ -437,27 +520,7 @@ fn read(
                 feed_tag(&mut h, b"tools");
                 h.feed(tools);
             }
-            let (mut continuation, mut last_start) = (false, 0);
-            for m in &all {
-                last_start = h.len();
-                continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
-                let turn = !matches!(m.role.as_ref(), "system" | "developer");
-                if turn {
-                    h.begin_conversation();
-                }
-                feed_tag(&mut h, m.role.as_bytes());
-                if let Some(content) = &m.content {
-                    content.feed(&mut h, offsets);
-                }
-                if let Some(calls) = m.tool_calls {
-                    h.feed(&[GROUP]);
-                    h.feed(calls);
-                }
-                // The first turn that is not instructions anchors the conversation.
-                if turn {
-                    h.mark_anchor();
-                }
-            }
+            let (continuation, last_start) = feed_messages(&mut h, &all, offsets);
             Ok(PromptKey {
                 continuation,
                 history_bytes: if continuation { last_start } else { 0 },
@@ -498,6 +561,7 @@ fn read(
         }
         Endpoint::Responses => {
             let (mut instructions, mut tools, mut input) = (None, None, None);
+            let (mut previous, mut store) = (None, None);
             let names = [
                 "model",
                 "cache_salt",
@@ -505,12 +569,16 @@ fn read(
                 "instructions",
                 "tools",
                 "input",
+                "previous_response_id",
+                "store",
             ];
             fields(&mut r, &names, |r, i| {
                 match i {
                     3 => instructions = optional_string(r)?,
                     4 => tools = optional_raw(r)?,
                     5 => input = Some(text(r)?),
+                    6 => previous = optional_string(r)?,
+                    7 => store = optional_raw(r)?,
                     _ => common(&mut c, r, i)?,
                 }
                 Ok(())
@@ -534,10 +602,62 @@ fn read(
             Ok(PromptKey {
                 reports_usage: false,
                 can_ask_usage: false,
+                previous_response: previous.map(|p| response_id(p.text(offsets).as_bytes())),
+                stores_response: stores(store),
+                ..c.key(offsets, None, h)
+            })
+        }
+        Endpoint::Messages => {
+            let (mut system, mut tools, mut all) = (None, None, Vec::new());
+            let names = [
+                "model",
+                "cache_salt",
+                "max_tokens",
+                "stream",
+                "system",
+                "tools",
+                "messages",
+            ];
+            fields(&mut r, &names, |r, i| {
+                match i {
+                    4 => system = optional_text(r)?,
+                    5 => tools = optional_raw(r)?,
+                    6 => all = block_messages(r)?,
+                    _ => common(&mut c, r, i)?,
+                }
+                Ok(())
+            })?;
+            r.end()?;
+            if all.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let offsets = r.offsets();
+            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
+            if let Some(tools) = tools {
+                feed_tag(&mut h, b"tools");
+                h.feed(tools);
+            }
+            if let Some(system) = system {
+                feed_tag(&mut h, b"system");
+                system.feed(&mut h, offsets);
+            }
+            let (continuation, last_start) = feed_messages(&mut h, &all, offsets);
+            Ok(PromptKey {
+                continuation,
+                history_bytes: if continuation { last_start } else { 0 },
+                // Streamed or not, vLLM's answer carries usage.
+                reports_usage: true,
+                can_ask_usage: false,
                 ..c.key(offsets, None, h)
             })
         }
     }
+}
+
+/// Whether the pod stores the answer: `store` defaults to true (vLLM's
+/// `ResponsesRequest.store`); read raw, only `false` says no.
+fn stores(store: Option<&[u8]>) -> bool {
+    store != Some(b"false")
 }
 
 #[cfg(test)]

@@ -4,9 +4,10 @@
 //! route: serde decodes every escaped string into a copy before it is hashed.
 
 use super::{
-    can_ask_usage, feed_escaped, feed_tag, hasher, reports_usage, skips_cache_reads, tokens,
-    Endpoint, ParseError, GROUP,
+    can_ask_usage, feed_escaped, feed_tag, hasher, reports_usage, skips_cache_reads, stores,
+    tokens, Endpoint, ParseError, GROUP,
 };
+use crate::hash::response_id;
 use crate::prompt::prefix::{PrefixHasher, PromptKey};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -88,6 +89,39 @@ struct Responses<'a> {
     tools: Option<&'a RawValue>,
     #[serde(borrow)]
     input: Text<'a>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    store: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct BlockMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(borrow, default)]
+    content: Option<Text<'a>>,
+}
+
+#[derive(Deserialize)]
+struct Messages<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    max_tokens: Option<&'a RawValue>,
+    /// Unused (the answer carries usage either way): named so that a body
+    /// giving it twice is refused, as the filter's reader refuses it.
+    #[serde(borrow, default)]
+    #[allow(dead_code)]
+    stream: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    system: Option<Text<'a>>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow)]
+    messages: Vec<BlockMessage<'a>>,
 }
 
 /// A JSON value as canonical bytes: a string's text, or raw JSON.
@@ -163,6 +197,33 @@ fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &Text<'_>) {
     content.feed(h);
 }
 
+/// Each message as `0x1e role 0x1f content [0x1d tool_calls]`, conversation
+/// started and anchored at the first that is not instructions; returns
+/// whether it carries earlier turns and where its last message starts.
+fn feed_turns<'m, 'a: 'm>(
+    h: &mut PrefixHasher,
+    turns: impl Iterator<Item = (&'m Cow<'a, str>, &'m Option<Text<'a>>, Option<&'a RawValue>)>,
+) -> (bool, usize) {
+    let (mut continuation, mut last_start) = (false, 0);
+    for (role, content, calls) in turns {
+        last_start = h.len();
+        continuation |= matches!(role.as_ref(), "assistant" | "tool" | "function");
+        let turn = !matches!(role.as_ref(), "system" | "developer");
+        if turn {
+            h.begin_conversation();
+        }
+        feed_piece(h, role.as_bytes(), content.as_ref().unwrap_or(&Text::EMPTY));
+        if let Some(calls) = calls {
+            h.feed(&[GROUP]);
+            h.feed(calls.get().as_bytes());
+        }
+        if turn {
+            h.mark_anchor();
+        }
+    }
+    (continuation, last_start)
+}
+
 fn raw(v: Option<&RawValue>) -> Option<&[u8]> {
     v.map(|r| r.get().as_bytes())
 }
@@ -208,27 +269,11 @@ pub fn prompt_key(
             if let Some(tools) = req.tools {
                 feed_piece(&mut h, b"tools", &Text::Raw(tools));
             }
-            let (mut continuation, mut last_start) = (false, 0);
-            for m in &req.messages {
-                last_start = h.len();
-                continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
-                let turn = !matches!(m.role.as_ref(), "system" | "developer");
-                if turn {
-                    h.begin_conversation();
-                }
-                feed_piece(
-                    &mut h,
-                    m.role.as_bytes(),
-                    m.content.as_ref().unwrap_or(&Text::EMPTY),
-                );
-                if let Some(calls) = m.tool_calls {
-                    h.feed(&[GROUP]);
-                    h.feed(calls.get().as_bytes());
-                }
-                if turn {
-                    h.mark_anchor();
-                }
-            }
+            let turns = req
+                .messages
+                .iter()
+                .map(|m| (&m.role, &m.content, m.tool_calls));
+            let (continuation, last_start) = feed_turns(&mut h, turns);
             Ok(PromptKey {
                 continuation,
                 history_bytes: if continuation { last_start } else { 0 },
@@ -281,6 +326,36 @@ pub fn prompt_key(
             Ok(PromptKey {
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(raw(req.max_output_tokens)),
+                previous_response: req.previous_response_id.map(|p| response_id(p.as_bytes())),
+                stores_response: stores(raw(req.store)),
+                ..h.finish()
+            })
+        }
+        Endpoint::Messages => {
+            let req: Messages = serde_json::from_slice(body).map_err(classify)?;
+            if req.messages.is_empty() {
+                return Err(ParseError::Shape);
+            }
+            let mut h = hasher(
+                req.model.as_deref(),
+                req.cache_salt.as_deref(),
+                block_bytes,
+                anchor_bytes,
+            )?;
+            if let Some(tools) = req.tools {
+                feed_piece(&mut h, b"tools", &Text::Raw(tools));
+            }
+            if let Some(system) = &req.system {
+                feed_piece(&mut h, b"system", system);
+            }
+            let turns = req.messages.iter().map(|m| (&m.role, &m.content, None));
+            let (continuation, last_start) = feed_turns(&mut h, turns);
+            Ok(PromptKey {
+                continuation,
+                history_bytes: if continuation { last_start } else { 0 },
+                model: req.model.map(Cow::into_owned),
+                max_output_tokens: tokens(raw(req.max_tokens)),
+                reports_usage: true,
                 ..h.finish()
             })
         }

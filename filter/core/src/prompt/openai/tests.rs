@@ -92,7 +92,188 @@ fn paths() {
         Endpoint::from_path("/v1/responses/"),
         Some(Endpoint::Responses)
     );
+    assert_eq!(
+        Endpoint::from_path("/v1/messages"),
+        Some(Endpoint::Messages)
+    );
+    assert_eq!(Endpoint::from_path("/v1/messages/count_tokens"), None);
     assert_eq!(Endpoint::from_path("/v1/models"), None);
+}
+
+fn messages_key(body: &serde_json::Value) -> PromptKey {
+    prompt_key(
+        Endpoint::Messages,
+        serde_json::to_string(body).unwrap().as_bytes(),
+        16,
+        4096,
+    )
+    .unwrap()
+}
+
+/// An agent's conversation on the Messages API, `turns` turns long: a system
+/// prompt in text blocks, tools, and each step a `tool_use` answered by a
+/// `tool_result` in the next user message.
+fn agent_turns(turns: usize) -> serde_json::Value {
+    use serde_json::json;
+    let mut messages =
+        vec![json!({"role": "user", "content": "Fix the failing test in parser.rs"})];
+    for i in 0..turns.saturating_sub(1) {
+        messages.push(json!({"role": "assistant", "content": [
+            {"type": "text", "text": format!("Step {i}: reading the file.")},
+            {"type": "tool_use", "id": format!("toolu_{i}"), "name": "read_file", "input": {"path": "src/parser.rs"}},
+        ]}));
+        messages.push(json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": format!("toolu_{i}"), "content": "fn parse() { todo!() }"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        ]}));
+    }
+    json!({
+        "model": "m",
+        "max_tokens": 64,
+        "system": [{"type": "text", "text": "You are a coding agent. Use the tools."}],
+        "tools": [{"name": "read_file", "description": "Reads a file", "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}],
+        "messages": messages,
+    })
+}
+
+#[test]
+fn a_messages_turn_extends_the_previous_turn() {
+    let mut previous = messages_key(&agent_turns(1));
+    assert!(!previous.continuation);
+    for turns in 2..=6 {
+        let next = messages_key(&agent_turns(turns));
+        assert!(next.blocks.len() > previous.blocks.len(), "{turns}");
+        assert_eq!(
+            next.blocks[..previous.blocks.len()],
+            previous.blocks[..],
+            "turn {turns}"
+        );
+        assert_eq!(
+            next.anchor, previous.anchor,
+            "a conversation keeps its anchor"
+        );
+        assert!(next.continuation && next.reports_usage && !next.can_ask_usage);
+        // Its history is the previous turn's stream, up to its last message.
+        assert!(next.history_bytes > previous.total_bytes, "{turns}");
+        previous = next;
+    }
+    assert_eq!(previous.max_output_tokens, Some(64));
+    assert_eq!(previous.model.as_deref(), Some("m"));
+}
+
+#[test]
+fn the_messages_system_and_tools_come_first_and_shape_the_key() {
+    use serde_json::json;
+    let key = |system: serde_json::Value, tools: bool| {
+        let mut body = json!({"model": "m", "max_tokens": 8, "system": system,
+                              "messages": [{"role": "user", "content": "a question long enough to fill blocks"}]});
+        if tools {
+            body["tools"] = json!([{"name": "f", "input_schema": {"type": "object"}}]);
+        }
+        messages_key(&body)
+    };
+    let text = key(json!("Be terse."), false);
+    let blocks = key(json!([{"type": "text", "text": "Be terse."}]), false);
+    let other = key(json!("Be verbose."), false);
+    let tools = key(json!("Be terse."), true);
+    assert_ne!(text.blocks[0], other.blocks[0]);
+    assert_ne!(text.blocks[0], blocks.blocks[0]);
+    assert_ne!(text.blocks[0], tools.blocks[0]);
+    // The conversation's anchor is past the instructions: a shared system
+    // prompt leaves conversations apart.
+    assert!(text.anchor_offset > "Be terse.".len());
+    // The top-level system is the same piece as a system message: same stream.
+    let as_message = messages_key(&json!({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "a question long enough to fill blocks"}]}));
+    assert_eq!(as_message.blocks, text.blocks);
+}
+
+#[test]
+fn a_messages_content_cannot_forge_a_boundary() {
+    use serde_json::json;
+    // One user message holding what two messages' stream would hold, as text
+    // (its separators are escaped) and as a text block (raw JSON keeps the escape).
+    let split = messages_key(&json!({"model": "m", "messages": [
+        {"role": "user", "content": "ab"}, {"role": "assistant", "content": "cdefghijklmnopqrstuvwxyz"}]}));
+    for forged in [
+        json!("ab\u{1e}assistant\u{1f}cdefghijklmnopqrstuvwxyz"),
+        json!([{"type": "text", "text": "ab\u{1e}assistant\u{1f}cdefghijklmnopqrstuvwxyz"}]),
+    ] {
+        let one =
+            messages_key(&json!({"model": "m", "messages": [{"role": "user", "content": forged}]}));
+        assert_ne!(one.blocks, split.blocks);
+        assert!(!one.continuation);
+    }
+}
+
+#[test]
+fn messages_bodies_of_the_wrong_shape() {
+    for body in [
+        r#"{"model":"m","messages":[]}"#,
+        r#"{"model":"m","messages":"hi"}"#,
+        r#"{"model":"m","system":7,"messages":[{"role":"user","content":"hi"}]}"#,
+        r#"{"model":"m","messages":[{"content":"hi"}]}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
+        r#"{"model":"m","stream":true,"stream":false,"messages":[{"role":"user","content":"hi"}]}"#,
+    ] {
+        assert_eq!(
+            prompt_key(Endpoint::Messages, body.as_bytes(), 16, 64),
+            Err(ParseError::Shape),
+            "{body}"
+        );
+        assert_eq!(
+            reference::prompt_key(Endpoint::Messages, body.as_bytes(), 16, 64),
+            Err(ParseError::Shape),
+            "{body}"
+        );
+    }
+}
+
+#[test]
+fn a_responses_follow_up_names_its_predecessor_hashed() {
+    let key = |extra: &str| {
+        prompt_key(
+            Endpoint::Responses,
+            format!(r#"{{"model":"m","input":"and then?"{extra}}}"#).as_bytes(),
+            16,
+            64,
+        )
+        .unwrap()
+    };
+    let first = key("");
+    assert_eq!(
+        (first.previous_response, first.stores_response),
+        (None, true)
+    );
+    let next = key(r#","previous_response_id":"resp_1""#);
+    assert_eq!(
+        next.previous_response,
+        Some(crate::hash::response_id(b"resp_1"))
+    );
+    // Escaped, it is the same id.
+    assert_eq!(
+        key(r#","previous_response_id":"resp_1""#).previous_response,
+        next.previous_response
+    );
+    assert_eq!(
+        key(r#","previous_response_id":null"#).previous_response,
+        None
+    );
+    assert!(!key(r#","store":false"#).stores_response);
+    assert!(key(r#","store":true"#).stores_response);
+    assert!(key(r#","store":null"#).stores_response);
+    // The id does not change the prompt's hashes.
+    assert_eq!(next.blocks, first.blocks);
+    assert_eq!(
+        prompt_key(
+            Endpoint::Responses,
+            br#"{"input":"x","previous_response_id":7}"#,
+            16,
+            64
+        ),
+        Err(ParseError::Shape)
+    );
 }
 
 #[test]
@@ -570,7 +751,38 @@ mod properties {
                 mostly(any::<bool>().prop_map(serde_json::Value::from)),
             ),
             ("n", 0.2, value().boxed()),
+            ("system", 0.3, prompt()),
+            ("previous_response_id", 0.3, string()),
+            (
+                "store",
+                0.2,
+                mostly(any::<bool>().prop_map(serde_json::Value::from)),
+            ),
         ])
+    }
+
+    /// A Messages API conversation: roles, and contents that are strings or
+    /// arrays of blocks (text, tool_use, tool_result) with text drawn as above.
+    fn block_messages() -> impl Strategy<Value = Vec<serde_json::Value>> {
+        use serde_json::json;
+        let block = prop_oneof![
+            text().prop_map(|t| json!({"type": "text", "text": t})),
+            text().prop_map(
+                |t| json!({"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"q": t}})
+            ),
+            text().prop_map(
+                |t| json!({"type": "tool_result", "tool_use_id": "toolu_1", "content": t})
+            ),
+        ];
+        let content = prop_oneof![
+            text().prop_map(serde_json::Value::from),
+            proptest::collection::vec(block, 0..3).prop_map(serde_json::Value::from),
+        ];
+        let role = prop_oneof![Just("user"), Just("assistant"), Just("system")];
+        proptest::collection::vec(
+            (role, content).prop_map(|(r, c)| json!({"role": r, "content": c})),
+            1..5,
+        )
     }
 
     /// With 1-byte blocks the chain names every byte of the canonical stream.
@@ -591,6 +803,28 @@ mod properties {
                 let a = prompt_key(Endpoint::Chat, &body(&m), block, 2048).unwrap();
                 let b = prompt_key(Endpoint::Chat, &body(&longer), block, 2048).unwrap();
                 prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+            }
+        }
+
+        #[test]
+        fn the_next_messages_turn_extends_the_previous_turns_key(
+            m in block_messages(), next in block_messages(), system in proptest::option::of(text()),
+        ) {
+            let body = |messages: &[serde_json::Value]| {
+                let mut b = serde_json::json!({"model": "m", "max_tokens": 8, "messages": messages});
+                if let Some(s) = &system {
+                    b["system"] = serde_json::json!([{"type": "text", "text": s}]);
+                }
+                serde_json::to_vec(&b).unwrap()
+            };
+            let mut longer = m.clone();
+            longer.extend(next);
+            for block in [1, 16, 256] {
+                let a = prompt_key(Endpoint::Messages, &body(&m), block, 2048).unwrap();
+                let b = prompt_key(Endpoint::Messages, &body(&longer), block, 2048).unwrap();
+                prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+                let serde = reference::prompt_key(Endpoint::Messages, &body(&longer), block, 2048);
+                prop_assert_eq!(Ok(&b), serde.as_ref());
             }
         }
 
@@ -640,10 +874,10 @@ mod properties {
         #![proptest_config(proptest::test_runner::Config { cases: 1024, ..crate::testing::proptest_config() })]
 
         #[test]
-        fn the_key_is_the_one_serde_json_reads(body in request(), pretty in any::<bool>(), e in 0..3u8, block in prop_oneof![Just(1usize), Just(16), Just(256)]) {
+        fn the_key_is_the_one_serde_json_reads(body in request(), pretty in any::<bool>(), e in 0..4u8, block in prop_oneof![Just(1usize), Just(16), Just(256)]) {
             // Any object of the fields the endpoints read (and others), each
             // of any type: the same key, or the same error, as the reference.
-            let endpoint = [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses][usize::from(e)];
+            let endpoint = [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses, Endpoint::Messages][usize::from(e)];
             let bytes = if pretty {
                 serde_json::to_vec_pretty(&body).unwrap()
             } else {

@@ -79,6 +79,9 @@ pub enum Reason {
     Random,
     /// Session affinity.
     Sticky,
+    /// The pod that answered the stored response a `/v1/responses` follow-up
+    /// continues ([`crate::fleet::responses`]): the only pod that holds it.
+    StoredResponse,
     /// Request not understood: load-only choice.
     Fallback,
 }
@@ -95,6 +98,7 @@ impl Reason {
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
             Reason::Sticky => "sticky",
+            Reason::StoredResponse => "stored_response",
             Reason::Fallback => "fallback",
         }
     }

@@ -31,6 +31,16 @@ fn with_prefill(mut l: Vec<BackendLoad>, prefill: &[f64]) -> Vec<BackendLoad> {
 
 const IDS: [u64; 4] = [11, 22, 33, 44];
 
+/// A request matching `matched` blocks on each pod, of `blocks` blocks, anchored at `anchor`.
+fn request(matched: &[u32], blocks: u32, anchor: u64) -> RequestKey<'_> {
+    RequestKey {
+        matched,
+        blocks,
+        anchor,
+        ..Default::default()
+    }
+}
+
 fn pick(strategy: Strategy, loads: &[BackendLoad], req: RequestKey<'_>) -> Decision {
     let cfg = policy();
     let c = Chooser {
@@ -45,16 +55,7 @@ fn pick(strategy: Strategy, loads: &[BackendLoad], req: RequestKey<'_>) -> Decis
 #[test]
 fn cache_aware_follows_the_longest_match() {
     let l = loads(&[0.0, 0.0, 0.0]);
-    let d = pick(
-        Strategy::CacheAware,
-        &l,
-        RequestKey {
-            matched: &[2, 9, 0],
-            blocks: 10,
-            anchor: 5,
-            ..Default::default()
-        },
-    );
+    let d = pick(Strategy::CacheAware, &l, request(&[2, 9, 0], 10, 5));
     assert_eq!(d.order[0], 1);
     assert_eq!(d.reason, Reason::CacheHit);
     assert_eq!(d.matched, 9);
@@ -66,16 +67,7 @@ fn cache_aware_spills_when_the_owner_is_over_the_bound() {
     // total 12 over 3 → cap = ceil(1.5·13/3) = 7; owner at 10 is not eligible
     // (past least + warm_min_cap = 9 too, so even as the sole holder).
     let l = loads(&[10.0, 1.0, 1.0]);
-    let d = pick(
-        Strategy::CacheAware,
-        &l,
-        RequestKey {
-            matched: &[9, 0, 0],
-            blocks: 10,
-            anchor: 5,
-            ..Default::default()
-        },
-    );
+    let d = pick(Strategy::CacheAware, &l, request(&[9, 0, 0], 10, 5));
     assert_ne!(d.order[0], 0);
     assert_eq!(d.reason, Reason::Spillover);
 }
@@ -85,12 +77,7 @@ fn a_warm_pod_keeps_its_conversation_below_the_warm_floor() {
     // total 2 over 3 → cap = ceil(1.5·3/3) = 2: the relative bound alone would
     // send the third request on pod 0 to a cold pod while the others idle.
     let l = loads(&[2.0, 0.0, 0.0]);
-    let warm = RequestKey {
-        matched: &[9, 0, 0],
-        blocks: 10,
-        anchor: 5,
-        ..Default::default()
-    };
+    let warm = request(&[9, 0, 0], 10, 5);
     let d = pick(Strategy::CacheAware, &l, warm);
     assert_eq!((d.order[0], d.reason), (0, Reason::CacheHit));
     // A cold prompt still gets the relative bound.
@@ -115,12 +102,7 @@ fn a_continuation_stays_where_its_history_is_though_this_index_saw_part_of_it() 
     // This gateway saw 3 of the 9 history blocks go to pod 0 (other gateway
     // replicas sent the rest). cap = ceil(1.5·5/3) = 3, load term 0.5·4/3.
     let l = loads(&[4.0, 0.0, 0.0]);
-    let partial = RequestKey {
-        matched: &[3, 0, 0],
-        blocks: 10,
-        anchor: 5,
-        ..Default::default()
-    };
+    let partial = request(&[3, 0, 0], 10, 5);
     let continuation = RequestKey {
         continuation: true,
         history_blocks: 9,
@@ -141,16 +123,7 @@ fn cache_aware_spills_away_from_a_saturated_owner() {
     let mut l = loads(&[0.0, 0.0, 0.0]);
     l[1].saturated = true;
     l[1].full = true;
-    let d = pick(
-        Strategy::CacheAware,
-        &l,
-        RequestKey {
-            matched: &[0, 9, 0],
-            blocks: 10,
-            anchor: 5,
-            ..Default::default()
-        },
-    );
+    let d = pick(Strategy::CacheAware, &l, request(&[0, 9, 0], 10, 5));
     assert_ne!(d.order[0], 1);
     assert_eq!(d.reason, Reason::Spillover);
 }
@@ -161,18 +134,7 @@ fn placement_avoids_a_deep_prefill_queue_and_ignores_a_shallow_one() {
     let slack = policy().prefill_slack_blocks;
     assert_eq!(slack, 128.0);
     let order = rendezvous(5, &IDS[..3], 0..3);
-    let new_prompt = |l: &[BackendLoad]| {
-        pick(
-            Strategy::CacheAware,
-            l,
-            RequestKey {
-                matched: &[0, 0, 0],
-                blocks: 400,
-                anchor: 5,
-                ..Default::default()
-            },
-        )
-    };
+    let new_prompt = |l: &[BackendLoad]| pick(Strategy::CacheAware, l, request(&[0, 0, 0], 400, 5));
     let mut queues = [0.0; 3];
     queues[order[0]] = slack;
     let d = new_prompt(&with_prefill(loads(&[1.0, 1.0, 1.0]), &queues));
@@ -201,12 +163,7 @@ fn placement_avoids_a_queue_half_as_deep_as_the_prompt_itself_within_the_slack()
         pick(
             Strategy::CacheAware,
             &with_prefill(loads(&[1.0, 1.0, 1.0]), &queues),
-            RequestKey {
-                matched: &[0, 0, 0],
-                blocks: 40,
-                anchor: 5,
-                ..Default::default()
-            },
+            request(&[0, 0, 0], 40, 5),
         )
     };
     assert_eq!(place(19.0).order[0], order[0], "shallower: rendezvous");
@@ -284,12 +241,7 @@ fn one_pods_prefix_a_conversation_or_a_costly_copy_is_not_replicated() {
     );
     // A copy longer than the prefill slack (128 blocks) is not cheap.
     let long = [200, 200, 0];
-    let key = RequestKey {
-        matched: &long,
-        blocks: 300,
-        anchor: 5,
-        ..Default::default()
-    };
+    let key = request(&long, 300, 5);
     assert_ne!(
         pick(Strategy::CacheAware, &l, key).reason,
         Reason::Replicated
@@ -453,12 +405,7 @@ fn a_sole_holder_keeps_its_conversation_up_to_a_warm_bound_above_the_least_loade
     // 8 requests on the owner, 1 on each other pod: cap = ceil(1.5·11/3) = 6 and
     // the warm floor 8 would move this ninth request; the sole holder keeps it up
     // to least + max(cap, warm_min_cap) = 1 + 8 = 9 requests, this one included.
-    let key = RequestKey {
-        matched: &[9, 0, 0],
-        blocks: 10,
-        anchor: 5,
-        ..Default::default()
-    };
+    let key = request(&[9, 0, 0], 10, 5);
     let l = loads(&[8.0, 1.0, 1.0]);
     let d = pick(Strategy::CacheAware, &l, key);
     assert_eq!((d.order[0], d.reason), (0, Reason::CacheHit));
@@ -485,16 +432,7 @@ fn a_sole_holder_keeps_its_conversation_up_to_a_warm_bound_above_the_least_loade
 #[test]
 fn cache_beats_modest_load_difference() {
     let l = loads(&[4.0, 2.0, 2.0]);
-    let d = pick(
-        Strategy::CacheAware,
-        &l,
-        RequestKey {
-            matched: &[9, 3, 3],
-            blocks: 10,
-            anchor: 5,
-            ..Default::default()
-        },
-    );
+    let d = pick(Strategy::CacheAware, &l, request(&[9, 3, 3], 10, 5));
     assert_eq!(d.order[0], 0);
 }
 
@@ -503,26 +441,8 @@ fn new_prefixes_are_placed_deterministically_and_spread() {
     let l = loads(&[0.0, 0.0, 0.0]);
     let mut seen = [0usize; 3];
     for anchor in 0..300u64 {
-        let a = pick(
-            Strategy::CacheAware,
-            &l,
-            RequestKey {
-                matched: &[0, 0, 0],
-                blocks: 4,
-                anchor,
-                ..Default::default()
-            },
-        );
-        let b = pick(
-            Strategy::CacheAware,
-            &l,
-            RequestKey {
-                matched: &[0, 0, 0],
-                blocks: 4,
-                anchor,
-                ..Default::default()
-            },
-        );
+        let a = pick(Strategy::CacheAware, &l, request(&[0, 0, 0], 4, anchor));
+        let b = pick(Strategy::CacheAware, &l, request(&[0, 0, 0], 4, anchor));
         assert_eq!(a, b);
         assert_eq!(a.reason, Reason::Placed);
         seen[a.order[0]] += 1;
@@ -602,16 +522,7 @@ fn never_everything_on_one_replica() {
     let mut l = loads(&[0.0, 0.0, 0.0]);
     let mut count = [0usize; 3];
     for i in 0..60u64 {
-        let d = pick(
-            Strategy::CacheAware,
-            &l,
-            RequestKey {
-                matched: &[4, 0, 0],
-                blocks: 10,
-                anchor: i,
-                ..Default::default()
-            },
-        );
+        let d = pick(Strategy::CacheAware, &l, request(&[4, 0, 0], 10, i));
         l[d.order[0]].load += 1.0;
         count[d.order[0]] += 1;
     }

@@ -41,6 +41,7 @@ use crate::hash::{mix, session_hash};
 use crate::host::{Host, HostError};
 use crate::phases::{Split, Stage};
 use crate::prompt::prefix::PromptKey;
+use crate::routing::exchange::Outbox;
 use crate::routing::feedback::{Surpluses, TokenRatio};
 use crate::routing::index::Index;
 use crate::routing::index_log::Kind;
@@ -63,6 +64,51 @@ pub struct Request<'a> {
     pub key: Option<&'a PromptKey>,
     /// Value of the session header.
     pub session: Option<&'a str>,
+    /// For a `/v1/responses` follow-up, who answered its `previous_response_id`
+    /// ([`crate::fleet::responses`]).
+    pub previous: Option<Previous>,
+}
+
+/// Who answered the stored response a follow-up names, by the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Previous {
+    /// The record holds no pod for that id.
+    Unknown,
+    /// The pod that answered it: its address id.
+    Answered(u64),
+}
+
+/// How a follow-up by `previous_response_id` was routed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continued {
+    /// To the pod that answered the response it continues.
+    Holder,
+    /// As usual: the record holds no pod for its id.
+    Unknown,
+    /// As usual: the pod that answered it is no member of the pool now.
+    HolderGone,
+    /// As usual: the pod that answered it is out of rotation (unhealthy).
+    HolderDown,
+}
+
+impl Continued {
+    /// Every outcome, in the stats' order.
+    pub const ALL: [Continued; 4] = [
+        Continued::Holder,
+        Continued::Unknown,
+        Continued::HolderGone,
+        Continued::HolderDown,
+    ];
+
+    /// Stable name used in stats and the debug header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Continued::Holder => "holder",
+            Continued::Unknown => "unknown",
+            Continued::HolderGone => "holder_gone",
+            Continued::HolderDown => "holder_down",
+        }
+    }
 }
 
 /// A routing decision plus what it cost to make.
@@ -91,6 +137,9 @@ pub struct Routed {
     /// Times the decision was made again because another worker wrote the
     /// ledger between its read and this request's write.
     pub redecided: u32,
+    /// For a follow-up by `previous_response_id`: whether it went to the pod
+    /// that answered its predecessor, or why not.
+    pub continued: Option<Continued>,
 }
 
 /// Per-VM routing state.
@@ -122,6 +171,8 @@ pub struct Router {
     surplus: Surpluses,
     /// The ratio the index's capacities were last sized with.
     sized_ratio: f64,
+    /// This replica's own recent events, for its peers (with `peers` only).
+    outbox: Option<Outbox>,
 }
 
 /// The fleet as the gate sees it, per slot.
@@ -195,6 +246,7 @@ impl Router {
     pub fn new<H: Host>(cfg: Config, host: &H) -> Router {
         let index = Index::new(cfg.slot_count(), cfg.index.max_blocks, cfg.index.ttl_ms);
         let bytes_per_token = cfg.index.bytes_per_token;
+        let outbox = cfg.peers.as_ref().map(|p| Outbox::new(p.outbox_bytes));
         let fleet = FleetView::new(cfg, host);
         let n = fleet.slot_count();
         // Start reading the log where it is now: older events describe a past we cannot date.
@@ -212,6 +264,7 @@ impl Router {
             ratio: TokenRatio::new(bytes_per_token),
             surplus: Surpluses::default(),
             sized_ratio: bytes_per_token,
+            outbox,
         };
         router.resize_index();
         router
@@ -356,6 +409,9 @@ impl Router {
         mut seen: Observed,
         last: bool,
     ) -> Option<Routed> {
+        // Judged on the fleet as it is, before narrowing by model or knee.
+        let holder = req.previous.map(|p| self.holder(p, &seen.loads));
+        let continued = holder.map(|h| h.err().unwrap_or(Continued::Holder));
         let model = req.key.and_then(|k| k.model.as_deref());
         if model.is_some_and(|m| self.narrow_to_model(m, &mut seen.loads) == Fit::Unknown) {
             let decision = Decision {
@@ -368,6 +424,32 @@ impl Router {
                 .commit(host, req, decision, blocks, seen, true)
                 .map(|routed| Routed {
                     unknown_model: true,
+                    continued,
+                    ..routed
+                });
+        }
+        if let Some(Ok(b)) = holder {
+            // Only that pod holds the response it continues: no load bound, no fallback.
+            let (matched, blocks) = match req.key {
+                Some(k) => {
+                    self.index
+                        .match_lengths(&k.blocks, seen.now, &mut self.matched);
+                    (
+                        self.matched.get(b).copied().unwrap_or(0),
+                        k.blocks.len() as u32,
+                    )
+                }
+                None => (0, 0),
+            };
+            let decision = Decision {
+                order: vec![b],
+                matched,
+                reason: Reason::StoredResponse,
+            };
+            return self
+                .commit(host, req, decision, blocks, seen, last)
+                .map(|routed| Routed {
+                    continued,
                     ..routed
                 });
         }
@@ -399,8 +481,28 @@ impl Router {
         self.commit(host, req, decision, blocks, seen, last)
             .map(|routed| Routed {
                 last_use_ms,
+                continued,
                 ..routed
             })
+    }
+
+    /// The slot of the pod that answered a follow-up's predecessor, if it is a
+    /// member in rotation ([`crate::fleet::responses`]); otherwise why not.
+    fn holder(&self, previous: Previous, loads: &[BackendLoad]) -> Result<usize, Continued> {
+        let Previous::Answered(pod) = previous else {
+            return Err(Continued::Unknown);
+        };
+        let slot = self
+            .fleet
+            .ids()
+            .iter()
+            .zip(loads)
+            .position(|(&id, l)| id == pod && l.member)
+            .ok_or(Continued::HolderGone)?;
+        match loads.get(slot) {
+            Some(l) if l.healthy => Ok(slot),
+            _ => Err(Continued::HolderDown),
+        }
     }
 
     /// What the gate needs to know of the fleet ([`crate::gate`]): each
@@ -632,6 +734,7 @@ impl Router {
                 last_use_ms: None,
                 pending: None,
                 redecided: 0,
+                continued: None,
             });
         };
         let claim = Delta {
@@ -689,6 +792,7 @@ impl Router {
             last_use_ms: None,
             pending,
             redecided: 0,
+            continued: None,
         })
     }
 
@@ -719,6 +823,9 @@ impl Router {
     }
 }
 
+mod peers;
 mod replica;
+
+pub use peers::Imported;
 #[cfg(test)]
 mod tests;

@@ -3,12 +3,14 @@
 //! folded in ([`crate::routing::feedback`]), and its capacities sized to
 //! each pod's KV cache in the pods' tokens.
 
+use super::peers::keep_for_peers;
 use super::Router;
 use crate::config::Strategy;
 use crate::host::{Host, HostError};
 use crate::phases::Stage;
 use crate::routing::feedback::{Report, Verdict};
-use crate::routing::index_log::{Head, Kind};
+use crate::routing::index::kept_positions;
+use crate::routing::index_log::{Event, Head, Kind};
 
 impl Router {
     /// Applies index events other VMs appended before `next` (the log head as
@@ -52,6 +54,7 @@ impl Router {
                                 .index
                                 .forget_used_before(ev.head.backend as usize, ev.head.time_ms),
                         }
+                        keep_for_peers(&mut self.outbox, ev);
                     }
                 }
                 Some(ev) if ev.head.seq > seq => gap = true,
@@ -88,6 +91,18 @@ impl Router {
     /// false if it could not (other VMs miss it, a gap).
     pub(super) fn log<H: Host>(&mut self, host: &H, head: Head, blocks: &[u64]) -> bool {
         let written = self.fleet.store(host).write_event(head, blocks);
+        if self.outbox.is_some() {
+            keep_for_peers(
+                &mut self.outbox,
+                Event {
+                    head,
+                    len: u32::try_from(blocks.len()).unwrap_or(u32::MAX),
+                    blocks: kept_positions(blocks.len())
+                        .filter_map(|i| blocks.get(i).copied())
+                        .collect(),
+                },
+            );
+        }
         self.split.lap(host, Stage::Log);
         // Nothing in between to read: skip our own event instead of reading it back.
         if head.seq == self.applied_seq {

@@ -2,6 +2,7 @@ use super::*;
 use crate::fleet::inflight::InFlight;
 use crate::fleet::scrape::Scrape;
 use crate::prompt::openai::{prompt_key, Endpoint};
+use crate::routing::exchange::Batch;
 use crate::routing::index_log::Event;
 use crate::testing::MemoryHost;
 #[cfg(target_arch = "wasm32")]
@@ -39,6 +40,7 @@ fn prompt(key: &PromptKey) -> Request<'_> {
     Request {
         key: Some(key),
         session: None,
+        previous: None,
     }
 }
 
@@ -51,12 +53,8 @@ fn chat(turns: &[(&str, &str)]) -> PromptKey {
     prompt_key(Endpoint::Chat, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
 }
 
-#[test]
-fn a_prefix_learned_by_one_vm_is_matched_by_another() {
-    let host = MemoryHost::default();
-    let mut a = Router::new(cfg("cache_aware"), &host);
-    let mut b = Router::new(cfg("cache_aware"), &host);
-    assert_ne!(a.fleet().vm_id(), b.fleet().vm_id());
+/// A conversation's first two turns: a long system prompt, a question, an answer, a question.
+fn two_turns() -> (PromptKey, PromptKey) {
     let sys = "x".repeat(4000);
     let answer = "y".repeat(3000);
     let turn1 = chat(&[("system", &sys), ("user", "q1")]);
@@ -66,6 +64,16 @@ fn a_prefix_learned_by_one_vm_is_matched_by_another() {
         ("assistant", &answer),
         ("user", "q2"),
     ]);
+    (turn1, turn2)
+}
+
+#[test]
+fn a_prefix_learned_by_one_vm_is_matched_by_another() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let mut b = Router::new(cfg("cache_aware"), &host);
+    assert_ne!(a.fleet().vm_id(), b.fleet().vm_id());
+    let (turn1, turn2) = two_turns();
     let first = a.route(&host, &prompt(&turn1));
     a.fleet_mut()
         .release(&host, first.decision.order[0], one())
@@ -494,4 +502,145 @@ fn the_index_follows_the_ratio_the_pods_report() {
     let mut p = Router::new(pinned, &host);
     p.learn_ratio(40 * 256, 40 * 32);
     assert_eq!(p.bytes_per_token(), 4.0);
+}
+
+/// A `/v1/responses` follow-up whose predecessor the record says `previous` answered.
+fn follow_up<'a>(key: &'a PromptKey, previous: Previous) -> Request<'a> {
+    Request {
+        key: Some(key),
+        session: None,
+        previous: Some(previous),
+    }
+}
+
+fn responses_key(input: &str) -> PromptKey {
+    let body = format!(r#"{{"model":"m","previous_response_id":"resp_1","input":"{input}"}}"#);
+    prompt_key(Endpoint::Responses, body.as_bytes(), 256, ANCHOR_BYTES).unwrap()
+}
+
+#[test]
+fn a_follow_up_goes_to_the_pod_that_answered_whatever_its_load() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let key = responses_key(&"z".repeat(2000));
+    let pod_c = crate::hash::address_id("127.0.0.1:3");
+    // Pod c is the busiest by far: every request until now went there.
+    for _ in 0..12 {
+        let r = a.route(&host, &follow_up(&key, Previous::Answered(pod_c)));
+        assert_eq!(
+            r.decision.order,
+            vec![2],
+            "the holder only: no fallback serves it"
+        );
+        assert_eq!(r.decision.reason, Reason::StoredResponse);
+        assert_eq!(r.continued, Some(Continued::Holder));
+    }
+    assert_eq!(a.fleet().store(&host).inflight().unwrap()[2].requests, 12);
+    // Without the record, the same body is routed as usual (away from c's load).
+    let usual = a.route(&host, &prompt(&key));
+    assert_ne!(usual.decision.order[0], 2);
+    assert_eq!(usual.continued, None);
+}
+
+#[test]
+fn a_follow_up_whose_holder_is_unknown_gone_or_down_routes_as_usual() {
+    let host = MemoryHost::default();
+    let mut a = Router::new(cfg("cache_aware"), &host);
+    let key = responses_key("and then?");
+    let unknown = a.route(&host, &follow_up(&key, Previous::Unknown));
+    assert_eq!(unknown.continued, Some(Continued::Unknown));
+    assert_ne!(unknown.decision.reason, Reason::StoredResponse);
+    // A pod this fleet does not have (left the pool, or another fleet's).
+    let elsewhere = crate::hash::address_id("127.0.0.1:9");
+    let gone = a.route(&host, &follow_up(&key, Previous::Answered(elsewhere)));
+    assert_eq!(gone.continued, Some(Continued::HolderGone));
+    assert_ne!(gone.decision.reason, Reason::StoredResponse);
+    assert!(
+        gone.decision.order.len() > 1,
+        "routed as usual, fallbacks and all"
+    );
+    // Pod b fails its scrapes until it is out of rotation.
+    let pod_b = crate::hash::address_id("127.0.0.1:2");
+    for now in 1..=3 {
+        a.record_scrape(&host, 1, Outcome::Failed, now).unwrap();
+    }
+    let down = a.route(&host, &follow_up(&key, Previous::Answered(pod_b)));
+    assert_eq!(down.continued, Some(Continued::HolderDown));
+    assert_ne!(down.decision.order[0], 1);
+}
+
+fn with_peers(strategy: &str, backends: &str) -> Config {
+    Config::parse(
+        format!(
+            r#"{{"strategy":"{strategy}","backends":[{backends}],"peers":{{"cluster":"peers","port":15099}}}}"#
+        )
+        .as_bytes(),
+    )
+    .unwrap()
+}
+
+const ABC: &str = r#"{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"},{"name":"c","address":"127.0.0.1:3"}"#;
+
+#[test]
+fn a_conversation_routed_by_one_replica_is_matched_by_another() {
+    // Two gateway replicas: each its own Envoy (shared data), the same pods,
+    // which the second lists in another order (its slots differ).
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    let cba = r#"{"name":"c","address":"127.0.0.1:3"},{"name":"b","address":"127.0.0.1:2"},{"name":"a","address":"127.0.0.1:1"}"#;
+    let mut b = Router::new(with_peers("cache_aware", cba), &there);
+    let (turn1, turn2) = two_turns();
+    let first = a.route(&here, &prompt(&turn1));
+    let pod = first.decision.order[0];
+    here.now.set(here.now.get() + 40);
+    let reply = a.serve_peer(&here, 7, 0, 1 << 20).unwrap();
+    let batch = Batch::decode(&reply).unwrap();
+    assert_eq!((batch.replica, batch.events.len()), (7, 1));
+    assert_eq!(batch.events[0].age_ms, 40);
+    let imported = b.import_peer(&there, &batch, there.now.get());
+    assert_eq!(
+        imported,
+        Imported {
+            events: 1,
+            dropped: 0
+        }
+    );
+    // Nothing new since: the next pull from where this one ended is empty.
+    assert!(
+        Batch::decode(&a.serve_peer(&here, 7, batch.next_seq, 1 << 20).unwrap())
+            .unwrap()
+            .events
+            .is_empty()
+    );
+    let second = b.route(&there, &prompt(&turn2));
+    assert_eq!(
+        second.decision.order[0],
+        2 - pod,
+        "the same pod, in b's slots"
+    );
+    assert!(second.decision.matched >= 15, "{:?}", second.decision);
+    // What b imported is not served again: nothing echoes back to a.
+    let back = Batch::decode(&b.serve_peer(&there, 8, 0, 1 << 20).unwrap()).unwrap();
+    assert_eq!(back.events.len(), 1, "only b's own turn 2");
+    assert_eq!(back.pods, [format!("127.0.0.1:{}", pod + 1)]);
+}
+
+#[test]
+fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    let mut b = Router::new(
+        with_peers("cache_aware", r#"{"name":"z","address":"127.0.0.1:9"}"#),
+        &there,
+    );
+    a.route(&here, &prompt(&chat(&[("user", &"q".repeat(3000))])));
+    let batch = Batch::decode(&a.serve_peer(&here, 7, 0, 1 << 20).unwrap()).unwrap();
+    assert_eq!(
+        b.import_peer(&there, &batch, 0),
+        Imported {
+            events: 0,
+            dropped: 1
+        }
+    );
+    assert_eq!(b.fleet().store(&there).log_next_seq(), Ok(0));
 }

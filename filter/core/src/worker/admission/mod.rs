@@ -116,6 +116,7 @@ impl Worker {
             &Request {
                 key,
                 session: ex.session.as_deref(),
+                previous: None,
             },
         );
         // The clock as the look at the fleet read it.

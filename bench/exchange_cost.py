@@ -1,0 +1,84 @@
+"""What the exchange between gateway replicas costs as replicas are added (issue #33).
+
+    cd bench && flock /tmp/warmroute-heavy.lock ../.venv/bin/python exchange_cost.py --rounds 2
+
+The same offered load (the `uniform` workload: 2,000-token prompts at a fixed rate) through 1, 3
+and 8 replicas of one gateway (deploy/envoy/envoy-peers.yaml), with the exchange on, and for
+3 and 8 also off (what the exchange itself costs, apart from running more Envoys), on fresh
+fleets, in an order that rotates each round. Per run: the replicas' Envoy
+CPU summed, per answered request; the bytes the peers' pulls carried (Envoy's
+`cluster.warmroute-peers.upstream_cx_rx_bytes_total`, summed over replicas), per request; and
+each replica's resident memory at the end (its median over replicas). Ratios to one replica
+are taken within a round. The machine has 2 cores: 8 Envoys share them, so CPU per request
+there includes what 8 idle Envoys cost (their ticks, scrapes and pulls) at this load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from measure import loadgen, proc_cpu_s
+from scenarios import SCALED_METRICS, WORKLOADS, sim_args
+from warmroute_harness import ROOT, Fleet
+
+PEERS = ROOT / "deploy" / "envoy" / "envoy-peers.yaml"
+
+
+def run(n: int, exchange: bool, logdir: Path) -> dict:
+    w = WORKLOADS["uniform"]
+    overrides = {"strategy": "cache_aware", "metrics": SCALED_METRICS, **({} if exchange else {"peers": None})}
+    with Fleet(3, sim_args(w["capacity"]), gateways=n, config_file=PEERS, logdir=logdir,
+               filter_overrides=overrides) as f:
+        cpu0 = [proc_cpu_s(e.proc.pid) for e in f.envoys]
+        rep = loadgen(w["args"], [f"http://127.0.0.1:{e.port}" for e in f.envoys],
+                      [f"http://{s.address}" for s in f.sims], logdir / "report.json", 150.0)
+        cpu = sum(proc_cpu_s(e.proc.pid) for e in f.envoys) - sum(cpu0)
+        rx = sum(e.stat("cluster.warmroute-peers.upstream_cx_rx_bytes_total") for e in f.envoys)
+        rss = statistics.median(e.rss_bytes() for e in f.envoys)
+        imported = sum(e.counter("warmroute.peers.events_imported") for e in f.envoys)
+    ok = max(rep.get("ok") or 0, 1)
+    return {"replicas": n, "exchange": exchange, "ok": ok, "cpu_ms_per_req": cpu / ok * 1e3, "peer_bytes_per_req": rx / ok,
+            "rss_mib": rss / 2**20, "imported": imported, "hit_rate": rep.get("hit_rate")}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--replicas", nargs="+", type=int, default=[1, 3, 8])
+    a = ap.parse_args()
+    logdir = Path(tempfile.mkdtemp(prefix="warmroute-exchange-cost-"))
+    rows: list[dict] = []
+    setups = [(n, True) for n in a.replicas] + [(n, False) for n in a.replicas if n > 1]
+    for i in range(a.rounds):
+        order = setups[i % len(setups):] + setups[:i % len(setups)]
+        for n, exchange in order:
+            rdir = logdir / f"{i}-{n}-{'on' if exchange else 'off'}"
+            rdir.mkdir()
+            row = {**run(n, exchange, rdir), "round": i}
+            rows.append(row)
+            print(f"  round {i} {n} replicas, exchange {'on ' if exchange else 'off'}: {row['ok']} requests, "
+                  f"Envoy CPU {row['cpu_ms_per_req']:.2f} ms/req, peer bytes {row['peer_bytes_per_req']:.0f}/req, "
+                  f"RSS {row['rss_mib']:.1f} MiB per replica, imported {row['imported']}", flush=True)
+    print(f"\nmedians over {a.rounds} rounds; ratios within each round to 1 replica, and (exchange on) to "
+          "the same replicas without it:")
+    ones = {r["round"]: r for r in rows if r["replicas"] == a.replicas[0] and r["exchange"]}
+    for n, exchange in setups:
+        mine = [r for r in rows if r["replicas"] == n and r["exchange"] == exchange]
+        cpu_ratio = statistics.median(r["cpu_ms_per_req"] / ones[r["round"]]["cpu_ms_per_req"] for r in mine)
+        rss_ratio = statistics.median(r["rss_mib"] / ones[r["round"]]["rss_mib"] for r in mine)
+        line = (f"  {n} replicas, exchange {'on ' if exchange else 'off'}: CPU/req {cpu_ratio:.2f}x one replica, "
+                f"RSS per replica {rss_ratio:.2f}x, peer bytes/req "
+                f"{statistics.median(r['peer_bytes_per_req'] for r in mine):.0f}")
+        off = {r["round"]: r for r in rows if r["replicas"] == n and not r["exchange"]}
+        if exchange and n > 1 and off:
+            own = statistics.median(r["cpu_ms_per_req"] / off[r["round"]]["cpu_ms_per_req"] for r in mine)
+            line += f"; CPU/req {own:.2f}x the same replicas without the exchange"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

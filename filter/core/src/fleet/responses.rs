@@ -1,0 +1,212 @@
+//! Which pod answered each stored response, so that a follow-up naming it
+//! (`previous_response_id`) goes to the one pod that can serve it.
+//!
+//! **The rule.** A `/v1/responses` request whose `previous_response_id` this
+//! record holds goes to the pod that answered that response, whatever its
+//! load, if that pod is a member of the pool in rotation. Otherwise (an id
+//! the record does not hold, a pod that left the pool, a pod out of
+//! rotation) the request routes as usual, and the stats say which.
+//!
+//! **Why.** vLLM keeps stored responses (`VLLM_ENABLE_RESPONSES_API_STORE=1`)
+//! in the memory of the process that answered them
+//! (`OpenAIServingResponses.response_store`, a dict, and `msg_store` beside
+//! it): any other pod answers the follow-up 404 ("Response with id '…' not
+//! found."), and the conversation's KV cache is on that pod too (the
+//! follow-up's prompt is the stored messages, the stored answer, then the new
+//! input). No load bound can move such a request: no other pod can serve it.
+//!
+//! ```text
+//! entry   = (id, pod, at)     id  = hash::response_id(the id the answer names), 8 bytes
+//!                             pod = hash::address_id(Envoy's upstream address that answered)
+//!                             at  = host time the answer's id was read (ms)
+//! bucket  = id >> 56          (of BUCKETS = 256), key `warmroute.responses.v1.<bucket>`
+//! insert  : an entry of the same id is replaced; a bucket past its capacity
+//!           drops its oldest `at` first (capacity = ceil(responses.max_entries / 256))
+//! lookup  : the entry of that id, if any
+//! ```
+//!
+//! **Trust.** An entry is written only from an answer, for the pod Envoy
+//! reports as that exchange's upstream (`upstream.address`, the last try's):
+//! never from anything a client sends. A client that names an id reaches only
+//! the pod that answered that id, which is where vLLM would serve it; an id
+//! it made up is unknown and routes as usual. (vLLM lets a client choose its
+//! response's id, `request_id`; the pod that answered still is the pod that
+//! holds it.) Ids are hashed where they are read ([`crate::prompt::openai`],
+//! [`crate::prompt::openai::answer`]): the record never holds a client's
+//! string, every entry is 24 bytes, and its size is fixed by the
+//! configuration whatever the ids. Entries are not refreshed by a lookup: a
+//! conversation's next answer brings a newer id.
+//!
+//! **Its keys are this Envoy's, not a fleet's** (like the fleets registry):
+//! a response's id names it on every fleet, and an entry names its pod by the
+//! pod's address, not by a slot. A reload that changes the backend list keeps
+//! the record, so conversations in progress go on; a fleet that finds a pod it
+//! does not have routes as usual. Bounded all the same: 256 keys, each at
+//! most the largest capacity any configuration writes.
+//!
+//! **Across gateway replicas**: the exchange ([`crate::routing::exchange`])
+//! carries index events, not this record; each gateway remembers the answers
+//! it proxied. An entry is self-contained (the id's hash, the pod's address
+//! id, the same on every gateway, and when it was read), so replicas could
+//! exchange buckets entry by entry, the newest `at` of an id winning, with no
+//! slot table to agree on.
+//!
+//! | parameter | value | why |
+//! |---|---|---|
+//! | `responses.max_entries` | 16,384 | the conversations whose latest answer a gateway remembers (an agent's next step names its previous one); 384 KB in all, 1.5 KB a bucket |
+//! | [`BUCKETS`] | 256 | a lookup reads one bucket, not the record: 1.5 KB at the default |
+//!
+//! Cost: a follow-up reads one bucket (one host call); an answer costs one
+//! CAS on its bucket (two host calls, more on a lost CAS).
+
+use crate::codec::{put, Reader};
+use crate::config::MAX_RESPONSES;
+
+/// Keys the record is spread over.
+pub const BUCKETS: usize = 256;
+
+/// Bytes of one entry: id, pod, time.
+pub const ENTRY_BYTES: usize = 24;
+
+/// Most entries of one bucket any configuration writes: a larger value is
+/// not this layout, and reads as empty.
+const MAX_BUCKET_ENTRIES: usize = MAX_RESPONSES / BUCKETS;
+
+/// One remembered answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The response's id, hashed ([`crate::hash::response_id`]).
+    pub id: u64,
+    /// The pod that answered it: its address id ([`crate::hash::address_id`]).
+    pub pod: u64,
+    /// Host time the answer's id was read (ms).
+    pub at_ms: u64,
+}
+
+/// The bucket an id lives in.
+pub fn bucket_of(id: u64) -> usize {
+    (id >> 56) as usize % BUCKETS
+}
+
+/// The shared-data key of bucket `b` (its layout's version in the name).
+pub fn key(bucket: usize) -> String {
+    format!("warmroute.responses.v1.{bucket}")
+}
+
+/// Entries per bucket for a record of `max_entries` (0: the record is off).
+pub fn bucket_capacity(max_entries: usize) -> usize {
+    max_entries.min(MAX_RESPONSES).div_ceil(BUCKETS)
+}
+
+/// A bucket's entries; a value of another layout (a length that is no
+/// multiple of an entry, more entries than any configuration keeps) is empty.
+pub fn decode(bytes: &[u8]) -> Vec<Entry> {
+    if !bytes.len().is_multiple_of(ENTRY_BYTES) || bytes.len() / ENTRY_BYTES > MAX_BUCKET_ENTRIES {
+        return Vec::new();
+    }
+    let mut r = Reader::new(bytes);
+    let mut out = Vec::with_capacity(bytes.len() / ENTRY_BYTES);
+    while let (Some(id), Some(pod), Some(at_ms)) = (r.get(), r.get(), r.get()) {
+        out.push(Entry { id, pod, at_ms });
+    }
+    out
+}
+
+/// A bucket's bytes.
+pub fn encode(entries: &[Entry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * ENTRY_BYTES);
+    for e in entries {
+        put(&mut out, e.id);
+        put(&mut out, e.pod);
+        put(&mut out, e.at_ms);
+    }
+    out
+}
+
+/// The entry of `id` in a bucket's bytes.
+pub fn find(bytes: &[u8], id: u64) -> Option<Entry> {
+    decode(bytes).into_iter().find(|e| e.id == id)
+}
+
+/// `entries` with `new` in: an entry of its id replaced, and the oldest of
+/// the others dropped until at most `capacity` remain with it. `new` always
+/// stays, whatever times the others claim (a bucket another writer damaged
+/// or dated ahead must not make the answer just read the first to go).
+pub fn insert(mut entries: Vec<Entry>, new: Entry, capacity: usize) -> Vec<Entry> {
+    entries.retain(|e| e.id != new.id);
+    while entries.len() >= capacity.max(1) {
+        let oldest = entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| e.at_ms)
+            .map(|(i, _)| i);
+        match oldest {
+            Some(i) => {
+                entries.remove(i);
+            }
+            None => break,
+        }
+    }
+    entries.push(new);
+    entries
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn e(id: u64, pod: u64, at_ms: u64) -> Entry {
+        Entry { id, pod, at_ms }
+    }
+
+    #[test]
+    fn a_bucket_keeps_its_newest_entries_and_one_per_id() {
+        let mut b = Vec::new();
+        for i in 0..5 {
+            b = insert(b, e(i, 7, 100 + i), 3);
+        }
+        assert_eq!(b.iter().map(|x| x.id).collect::<Vec<_>>(), vec![2, 3, 4]);
+        // A newer answer of an id replaces its entry (and keeps the others).
+        b = insert(b, e(3, 9, 200), 3);
+        assert_eq!(b.len(), 3);
+        assert_eq!(find(&encode(&b), 3), Some(e(3, 9, 200)));
+        assert_eq!(find(&encode(&b), 2), Some(e(2, 7, 102)));
+        assert_eq!(find(&encode(&b), 0), None);
+    }
+
+    #[test]
+    fn the_answer_just_read_stays_whatever_the_others_claim() {
+        // Entries dated after it (a damaged bucket, another writer's clock): one of
+        // them goes, not the new entry.
+        let later = vec![e(1, 7, 900), e(2, 7, 950)];
+        let b = insert(later, e(3, 8, 100), 2);
+        assert_eq!(b, vec![e(2, 7, 950), e(3, 8, 100)]);
+        assert_eq!(
+            insert(vec![e(1, 7, 900)], e(3, 8, 100), 0),
+            vec![e(3, 8, 100)]
+        );
+    }
+
+    #[test]
+    fn damaged_or_foreign_bytes_read_as_empty() {
+        let good = encode(&[e(1, 2, 3)]);
+        assert_eq!(decode(&good), vec![e(1, 2, 3)]);
+        assert!(decode(&good[..23]).is_empty());
+        assert!(decode(&[0; 25]).is_empty());
+        assert!(decode(&vec![0; ENTRY_BYTES * (MAX_BUCKET_ENTRIES + 1)]).is_empty());
+        assert_eq!(find(b"garbage", 1), None);
+    }
+
+    #[test]
+    fn capacity_and_buckets() {
+        assert_eq!(bucket_capacity(16_384), 64);
+        assert_eq!(bucket_capacity(1), 1);
+        assert_eq!(bucket_capacity(0), 0);
+        assert_eq!(bucket_capacity(usize::MAX), MAX_BUCKET_ENTRIES);
+        assert_eq!(bucket_of(u64::MAX), 255);
+        assert_eq!(bucket_of(0x01ff_ffff_ffff_ffff), 1);
+        assert_eq!(key(17), "warmroute.responses.v1.17");
+    }
+}

@@ -1,0 +1,831 @@
+//! The exchange between gateway replicas: each replica serves the index
+//! events its own VMs appended, and pulls every peer's into its own log
+//! ([`crate::routing::index_log`]), so a conversation whose turns a load
+//! balancer spreads over several gateways still finds the pod that holds it.
+//!
+//! ```text
+//! serve(since)  = the serving worker's outbox (its replica's own events, origin not IMPORTED,
+//!                 up to the log head it applied) from max(since, oldest kept), in order,
+//!                 while the reply stays within max_reply_bytes; each as
+//!                 (kind, pod address, age = now − time_e, len, kept hashes);
+//!                 with the replica's own in-flight work per pod (every ledger share but IMPORTED's)
+//! pull(peer)    = every tick (`metrics.period_ms`), from the VM holding the scrape lease,
+//!                 one request per peer, since the peer's last `next` (first contact: since 0,
+//!                 all its outbox: a joining replica copies it)
+//! import(event) = pod address → this replica's slot (unknown pod: dropped);
+//!                 time = max(now − age, slot joined);  one log event of origin IMPORTED
+//! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
+//! ```
+//! | parameter | default | why |
+//! |---|---|---|
+//! | `peers.cluster` | none (required) | the Envoy cluster of the gateway's replicas' peer listeners, reached by `override_host` as the pods are |
+//! | `peers.port` | none (required) | the peer listener's port: only a request arriving on it is answered with events; the client listeners never are, so no client reads which prefixes are warm where |
+//! | `peers.admin_cluster` | `envoy-admin` | Envoy's admin, to read the peers cluster's endpoints (EDS or DNS keeps them current) |
+//! | `peers.timeout_ms` | 500 | a slow peer costs one callout slot for this long, never a request |
+//! | `peers.max_reply_bytes` | 1 MiB | a reply past it is not read (a lying or broken peer); a serving replica cuts its reply to fit |
+//! | [`MEMBERS_EVERY_MS`] | 2000 | the peers cluster's endpoints read this often: a replica that joins is pulled, and pulls, within about 2 s plus a tick |
+//! | `peers.outbox_bytes` | 1 MiB | per worker: thousands of recent placements, where the shared log's ring (64 events by default) laps within a second at a busy gateway's rate |
+//!
+//! **Why pull, through Envoy.** A gateway replica needs nothing beside the
+//! gateways: peers are found by Envoy's own discovery, reached by Envoy's
+//! callouts, and served by the filter on a port of their own. Pulling at
+//! the tick never touches a request: a dead peer is a failed callout, a
+//! slow one a timed-out one, and a reply that does not decode (another
+//! version, garbage, an over-long count) is dropped whole.
+//!
+//! **Pods by address.** Each replica numbers its pods in its own slot table,
+//! so events travel with the pod's address, and an event about a pod this
+//! replica does not have is dropped. **Time by age.** Replicas' clocks may
+//! differ; an event travels with its age, which the importer takes from its
+//! own clock (off by the transit time).
+//!
+//! **Growth with N replicas.** Every routed request's event is sent to each
+//! of the N − 1 others: bytes per request ≈ (N − 1) × (33 + 8 × kept hashes),
+//! kept hashes ≈ 100 for a 128 KB prompt ([`crate::routing::index::kept_positions`]);
+//! each replica imports the fleet's whole event rate, which is what a single
+//! gateway would apply itself, so its index and its CPU per fleet request do
+//! not grow with N; its pulls per period do (N − 1 callouts). The loads
+//! make each replica's gate and bounds weigh the others' requests one tick
+//! late: a burst that reaches every replica within one tick still passes
+//! the knee on each.
+//!
+//! A replica tells itself among the peers (its own endpoint is in the peers
+//! cluster) by the replica id in the reply ([`Peers::answered`]).
+
+use crate::codec::{put, Reader};
+use crate::fleet::inflight::InFlight;
+use crate::routing::index::kept_positions;
+use crate::routing::index_log::{Event, Kind};
+use std::collections::VecDeque;
+
+/// Path a replica serves its events on (version in the path).
+pub const PEER_PATH: &str = "/warmroute/peer/v1/events";
+
+const MAGIC: &[u8; 4] = b"wrpx";
+const VERSION: u8 = 1;
+const REPLY_HEADER: usize = 4 + 1 + 8 + 8 + 2 + 2 + 4;
+const LOAD_BYTES: usize = 2 + 4 + 4 + 4;
+const EVENT_HEADER: usize = 1 + 2 + 4 + 4 + 4;
+/// Longest pod address a reply may carry (an IPv6 address with port is ~47 bytes).
+const MAX_ADDRESS_BYTES: usize = 255;
+
+/// One event as it travels between replicas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerEvent {
+    /// What it says.
+    pub kind: Kind,
+    /// Index of its pod in [`Batch::pods`].
+    pub pod: u16,
+    /// Milliseconds between the event (a decision; an eviction's cut-off) and the reply.
+    pub age_ms: u32,
+    /// Length of the chain received (0 for an eviction).
+    pub len: u32,
+    /// The chain's hashes at [`kept_positions`] of `len`.
+    pub blocks: Vec<u64>,
+}
+
+/// A replica's reply: its events from the asked sequence number on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Batch {
+    /// The serving replica ([`Peers::answered`] tells itself by it).
+    pub replica: u64,
+    /// Where to ask from next time.
+    pub next_seq: u64,
+    /// The pods the events and loads name, by address.
+    pub pods: Vec<String>,
+    /// What the serving replica's own requests hold on each pod where that is
+    /// something (index into `pods`): its share of the fleet's load, which the
+    /// gate and the bounds weigh.
+    pub loads: Vec<(u16, InFlight)>,
+    /// The events, oldest first.
+    pub events: Vec<PeerEvent>,
+}
+
+/// Why a reply was not used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchError {
+    /// Not a reply of this version (another release, or not a peer at all).
+    Version,
+    /// Truncated, an index out of range, an over-long field or trailing bytes.
+    Malformed,
+}
+
+/// Builds a reply within a byte budget.
+pub struct BatchWriter {
+    batch: Batch,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl BatchWriter {
+    /// An empty reply of `replica`; `next_seq` is where the peer asked from.
+    pub fn new(replica: u64, since: u64, max_bytes: usize) -> BatchWriter {
+        BatchWriter {
+            batch: Batch {
+                replica,
+                next_seq: since,
+                ..Batch::default()
+            },
+            bytes: REPLY_HEADER,
+            max_bytes,
+        }
+    }
+
+    /// The index of the pod at `address` in the reply's table, adding it if
+    /// `cost` more bytes (and its entry) fit; `None`: they do not.
+    fn pod(&mut self, address: &str, cost: usize) -> Option<u16> {
+        let known = self.batch.pods.iter().position(|p| p == address);
+        let entry = if known.is_some() {
+            0
+        } else {
+            1 + address.len()
+        };
+        if address.len() > MAX_ADDRESS_BYTES
+            || self.bytes + cost + entry > self.max_bytes
+            || (known.is_none() && self.batch.pods.len() >= usize::from(u16::MAX))
+        {
+            return None;
+        }
+        self.bytes += cost + entry;
+        let i = known.unwrap_or_else(|| {
+            self.batch.pods.push(address.to_owned());
+            self.batch.pods.len() - 1
+        });
+        Some(i as u16)
+    }
+
+    /// Adds what this replica's requests hold on the pod at `address`; false if it does not fit.
+    pub fn load(&mut self, address: &str, held: InFlight) -> bool {
+        if self.batch.loads.len() >= usize::from(u16::MAX) {
+            return false;
+        }
+        let Some(pod) = self.pod(address, LOAD_BYTES) else {
+            return false;
+        };
+        self.batch.loads.push((pod, held));
+        true
+    }
+
+    /// Adds event `seq` about the pod at `address`; false (and nothing added)
+    /// once the reply is full: the peer asks from `seq` next time.
+    pub fn push(&mut self, seq: u64, address: &str, event: PeerEventRef<'_>) -> bool {
+        if self.batch.events.len() >= usize::from(u16::MAX) {
+            return false;
+        }
+        let Some(pod) = self.pod(address, EVENT_HEADER + 8 * event.blocks.len()) else {
+            return false;
+        };
+        self.batch.events.push(PeerEvent {
+            kind: event.kind,
+            pod,
+            age_ms: event.age_ms,
+            len: event.len,
+            blocks: event.blocks.to_vec(),
+        });
+        self.batch.next_seq = seq + 1;
+        true
+    }
+
+    /// Everything before `seq` is served or not for peers: ask from `seq` next.
+    pub fn skip_to(&mut self, seq: u64) {
+        self.batch.next_seq = self.batch.next_seq.max(seq);
+    }
+
+    /// The reply's bytes.
+    pub fn finish(self) -> Vec<u8> {
+        self.batch.encode()
+    }
+}
+
+/// An event to serve, borrowed from the log.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerEventRef<'a> {
+    /// What it says.
+    pub kind: Kind,
+    /// Its age at the reply.
+    pub age_ms: u32,
+    /// Length of the chain.
+    pub len: u32,
+    /// The kept hashes.
+    pub blocks: &'a [u64],
+}
+
+impl Batch {
+    /// `magic ‖ version u8 ‖ replica u64 ‖ next_seq u64 ‖ n_pods u16 ‖ n_pods × (len u8 ‖ address)
+    /// ‖ n_loads u16 ‖ n_loads × (pod u16 ‖ requests u32 ‖ prefill_blocks u32 ‖ decode_tokens u32)
+    /// ‖ n_events u32 ‖ n_events × (kind u8 ‖ pod u16 ‖ age_ms u32 ‖ len u32 ‖ n u32 ‖ n × u64)`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(REPLY_HEADER);
+        out.extend_from_slice(MAGIC);
+        put(&mut out, VERSION);
+        put(&mut out, self.replica);
+        put(&mut out, self.next_seq);
+        put(&mut out, self.pods.len() as u16);
+        for p in &self.pods {
+            put(&mut out, p.len() as u8);
+            out.extend_from_slice(p.as_bytes());
+        }
+        put(&mut out, self.loads.len() as u16);
+        for (pod, f) in &self.loads {
+            put(&mut out, *pod);
+            put(&mut out, f.requests);
+            put(&mut out, f.prefill_blocks);
+            put(&mut out, f.decode_tokens);
+        }
+        put(&mut out, self.events.len() as u32);
+        for e in &self.events {
+            put(&mut out, e.kind as u8);
+            put(&mut out, e.pod);
+            put(&mut out, e.age_ms);
+            put(&mut out, e.len);
+            put(&mut out, e.blocks.len() as u32);
+            for &h in &e.blocks {
+                put(&mut out, h);
+            }
+        }
+        out
+    }
+
+    /// Decodes a reply, checking every count against what follows and every
+    /// chain against the positions its length keeps: what a lying peer sends
+    /// is refused whole, never half-applied.
+    pub fn decode(b: &[u8]) -> Result<Batch, BatchError> {
+        let mut r = Reader::new(b);
+        if r.take(4) != Some(MAGIC.as_slice()) || r.get::<u8>() != Some(VERSION) {
+            return Err(BatchError::Version);
+        }
+        Self::decode_body(&mut r).ok_or(BatchError::Malformed)
+    }
+
+    fn decode_body(r: &mut Reader<'_>) -> Option<Batch> {
+        let (replica, next_seq, n_pods) = (r.get()?, r.get()?, r.get::<u16>()?);
+        let pods = (0..n_pods)
+            .map(|_| {
+                let len = usize::from(r.get::<u8>()?);
+                let text = std::str::from_utf8(r.take(len)?).ok()?;
+                (!text.is_empty()).then(|| text.to_owned())
+            })
+            .collect::<Option<Vec<String>>>()?;
+        let n_loads = r.get::<u16>()?;
+        let loads = (0..n_loads)
+            .map(|_| {
+                let pod = r.get::<u16>()?;
+                let held = InFlight {
+                    requests: r.get()?,
+                    prefill_blocks: r.get()?,
+                    decode_tokens: r.get()?,
+                };
+                (usize::from(pod) < pods.len()).then_some((pod, held))
+            })
+            .collect::<Option<Vec<(u16, InFlight)>>>()?;
+        let n_events = r.get::<u32>()? as usize;
+        // Each event takes at least its header: a count the bytes cannot hold is a lie.
+        if n_events > r.rest().len() / EVENT_HEADER {
+            return None;
+        }
+        let mut events = Vec::with_capacity(n_events);
+        for _ in 0..n_events {
+            let kind = match r.get::<u8>()? {
+                0 => Kind::Received,
+                1 => Kind::Evicted,
+                _ => return None,
+            };
+            let (pod, age_ms, len, n) =
+                (r.get::<u16>()?, r.get()?, r.get::<u32>()?, r.get::<u32>()?);
+            let n = n as usize;
+            let most = match kind {
+                Kind::Received => kept_positions(len as usize).count(),
+                Kind::Evicted => 0,
+            };
+            if usize::from(pod) >= pods.len() || n > most || n > r.rest().len() / 8 {
+                return None;
+            }
+            let blocks = (0..n)
+                .map(|_| r.get::<u64>())
+                .collect::<Option<Vec<u64>>>()?;
+            events.push(PeerEvent {
+                kind,
+                pod,
+                age_ms,
+                len,
+                blocks,
+            });
+        }
+        r.is_empty().then_some(Batch {
+            replica,
+            next_seq,
+            pods,
+            loads,
+            events,
+        })
+    }
+}
+
+/// This VM's copy of its replica's own recent events, for peers to pull:
+/// the shared log's ring is sized for the VMs of one Envoy, which read it at
+/// every request, and laps within a second at a busy gateway's rate; a peer
+/// pulling every period, or joining, needs more history than that.
+#[derive(Debug)]
+pub struct Outbox {
+    /// Events by sequence number, oldest first.
+    events: VecDeque<Event>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl Outbox {
+    /// An outbox of at most `max_bytes` of events.
+    pub fn new(max_bytes: usize) -> Outbox {
+        Outbox {
+            events: VecDeque::new(),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    fn cost(e: &Event) -> usize {
+        EVENT_HEADER + 24 + 8 * e.blocks.len()
+    }
+
+    /// Keeps `e` (this replica's own, not an imported one), in sequence
+    /// order, dropping the oldest past the budget.
+    pub fn push(&mut self, e: Event) {
+        self.bytes += Outbox::cost(&e);
+        // Nearly always the newest: another VM's older event is found from the back.
+        let at = self
+            .events
+            .iter()
+            .rposition(|x| x.head.seq < e.head.seq)
+            .map_or(0, |i| i + 1);
+        self.events.insert(at, e);
+        while self.bytes > self.max_bytes {
+            match self.events.pop_front() {
+                Some(old) => self.bytes -= Outbox::cost(&old),
+                None => break,
+            }
+        }
+    }
+
+    /// The events from `since` (or the oldest kept) up to, not including, `until`.
+    pub fn range(&self, since: u64, until: u64) -> impl Iterator<Item = &Event> {
+        let from = self.events.partition_point(|e| e.head.seq < since);
+        self.events
+            .range(from..)
+            .take_while(move |e| e.head.seq < until)
+    }
+
+    /// The oldest sequence number kept.
+    pub fn oldest(&self) -> Option<u64> {
+        self.events.front().map(|e| e.head.seq)
+    }
+}
+
+/// The sequence number a peer asks from (`since=N` in the query; absent or
+/// unreadable: 0, the whole ring).
+pub fn since_of(path: &str) -> u64 {
+    path.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("since="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether `path` asks for peer events (query string aside).
+pub fn is_peer_path(path: &str) -> bool {
+    path.split(['?', '#']).next() == Some(PEER_PATH)
+}
+
+/// One peer as this replica's puller sees it.
+#[derive(Debug, Clone)]
+struct Peer {
+    address: String,
+    /// The peer's replica id and where to ask from, once it answered.
+    cursor: Option<(u64, u64)>,
+    /// The pull under way: callout token and when it was sent.
+    call: Option<(u32, u64)>,
+    /// This replica itself (its own endpoint is in the peers cluster).
+    me: bool,
+    /// What the peer's own requests held per pod, by address, when it last answered.
+    loads: Option<(u64, Vec<(String, InFlight)>)>,
+}
+
+/// The puller's state: the peers, their cursors and the pulls under way.
+#[derive(Debug, Default)]
+pub struct Peers {
+    replica: u64,
+    peers: Vec<Peer>,
+    /// The read of the peers cluster's endpoints under way (token, sent).
+    pub members_call: Option<(u32, u64)>,
+    /// When that read last succeeded.
+    pub members_read_ms: Option<u64>,
+}
+
+/// How often the puller reads the peers cluster's endpoints from Envoy's
+/// admin: replicas come and go at a rollout's or an autoscaler's pace, and an
+/// admin read costs Envoy about what a pull does, so reading it at every tick
+/// would double the exchange's callouts for nothing.
+pub const MEMBERS_EVERY_MS: u64 = 2_000;
+
+/// What a pull's reply was.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Events to import.
+    Events(Batch),
+    /// The reply came from this replica itself: it is not pulled again.
+    Me,
+    /// Nothing usable (status, size, decoding).
+    Failed,
+}
+
+impl Peers {
+    /// The puller of replica `replica`.
+    pub fn new(replica: u64) -> Peers {
+        Peers {
+            replica,
+            ..Peers::default()
+        }
+    }
+
+    /// The peers cluster's endpoints as Envoy lists them: cursors of the
+    /// peers that stay are kept, a new one starts from its whole ring.
+    pub fn set_members(&mut self, mut addresses: Vec<String>) {
+        addresses.sort();
+        addresses.dedup();
+        let old = std::mem::take(&mut self.peers);
+        self.peers = addresses
+            .into_iter()
+            .map(|address| {
+                old.iter()
+                    .find(|p| p.address == address)
+                    .cloned()
+                    .unwrap_or(Peer {
+                        address,
+                        cursor: None,
+                        call: None,
+                        me: false,
+                        loads: None,
+                    })
+            })
+            .collect();
+    }
+
+    /// The peers to pull now, with the path to ask: every peer but this
+    /// replica without a pull under way (one lost past `lost_after_ms` is
+    /// given up).
+    pub fn due(&mut self, now: u64, lost_after_ms: u64) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for p in &mut self.peers {
+            if p.call
+                .is_some_and(|(_, sent)| now.saturating_sub(sent) > lost_after_ms)
+            {
+                p.call = None;
+            }
+            if p.me || p.call.is_some() {
+                continue;
+            }
+            let since = p.cursor.map_or(0, |(_, next)| next);
+            out.push((p.address.clone(), format!("{PEER_PATH}?since={since}")));
+        }
+        out
+    }
+
+    /// A pull to `address` was dispatched as `token`.
+    pub fn dispatched(&mut self, address: &str, token: u32, now: u64) {
+        if let Some(p) = self.peers.iter_mut().find(|p| p.address == address) {
+            p.call = Some((token, now));
+        }
+    }
+
+    /// Whether `token` is one of this puller's pulls.
+    pub fn is_pull(&self, token: u32) -> bool {
+        self.peers
+            .iter()
+            .any(|p| p.call.is_some_and(|(t, _)| t == token))
+    }
+
+    /// The reply to pull `token` at `now` (`body`: `None` when it failed): the
+    /// batch to import, with the peer's cursor moved past it and its loads
+    /// kept. A peer that restarted (another replica id) is read from its
+    /// reply's start as it is.
+    pub fn answered(&mut self, token: u32, body: Option<&[u8]>, now: u64) -> Answer {
+        let Some(p) = self
+            .peers
+            .iter_mut()
+            .find(|p| p.call.is_some_and(|(t, _)| t == token))
+        else {
+            return Answer::Failed;
+        };
+        p.call = None;
+        let Some(batch) = body.and_then(|b| Batch::decode(b).ok()) else {
+            return Answer::Failed;
+        };
+        if batch.replica == self.replica {
+            p.me = true;
+            return Answer::Me;
+        }
+        p.cursor = Some((batch.replica, batch.next_seq));
+        let loads = batch
+            .loads
+            .iter()
+            .filter_map(|&(pod, held)| Some((batch.pods.get(usize::from(pod))?.clone(), held)))
+            .collect();
+        p.loads = Some((now, loads));
+        Answer::Events(batch)
+    }
+
+    /// What the peers' own requests hold, per pod address, summed over the
+    /// peers that answered within `max_age_ms` (a dead peer's load lapses).
+    pub fn loads(&self, now: u64, max_age_ms: u64) -> Vec<(String, InFlight)> {
+        let mut out: Vec<(String, InFlight)> = Vec::new();
+        let fresh = self.peers.iter().filter_map(|p| match &p.loads {
+            Some((at, loads)) if now.saturating_sub(*at) <= max_age_ms => Some(loads),
+            _ => None,
+        });
+        for (address, held) in fresh.flatten() {
+            match out.iter_mut().find(|(a, _)| a == address) {
+                Some((_, sum)) => sum.add(held),
+                None => out.push((address.clone(), *held)),
+            }
+        }
+        out
+    }
+
+    /// How many peers are pulled (this replica left out).
+    pub fn count(&self) -> usize {
+        self.peers.iter().filter(|p| !p.me).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn event(kind: Kind, len: u32) -> (Vec<u64>, Kind, u32) {
+        let blocks: Vec<u64> = match kind {
+            Kind::Received => kept_positions(len as usize)
+                .map(|i| i as u64 * 7 + 1)
+                .collect(),
+            Kind::Evicted => Vec::new(),
+        };
+        (blocks, kind, len)
+    }
+
+    fn sample() -> Vec<u8> {
+        let mut w = BatchWriter::new(42, 10, 1 << 20);
+        let (a, k, l) = event(Kind::Received, 40);
+        assert!(w.push(
+            10,
+            "10.0.0.1:8000",
+            PeerEventRef {
+                kind: k,
+                age_ms: 5,
+                len: l,
+                blocks: &a
+            }
+        ));
+        w.skip_to(12);
+        let (b, k, l) = event(Kind::Evicted, 0);
+        assert!(w.push(
+            12,
+            "10.0.0.2:8000",
+            PeerEventRef {
+                kind: k,
+                age_ms: 9,
+                len: l,
+                blocks: &b
+            }
+        ));
+        let (c, k, l) = event(Kind::Received, 3);
+        assert!(w.push(
+            13,
+            "10.0.0.1:8000",
+            PeerEventRef {
+                kind: k,
+                age_ms: 0,
+                len: l,
+                blocks: &c
+            }
+        ));
+        w.finish()
+    }
+
+    #[test]
+    fn a_reply_reads_back_as_written() {
+        let b = Batch::decode(&sample()).unwrap();
+        assert_eq!((b.replica, b.next_seq), (42, 14));
+        assert_eq!(b.pods, ["10.0.0.1:8000", "10.0.0.2:8000"]);
+        let summary: Vec<_> = b
+            .events
+            .iter()
+            .map(|e| (e.kind, e.pod, e.age_ms, e.len))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (Kind::Received, 0, 5, 40),
+                (Kind::Evicted, 1, 9, 0),
+                (Kind::Received, 0, 0, 3)
+            ]
+        );
+        assert_eq!(b.events[0].blocks, event(Kind::Received, 40).0);
+    }
+
+    #[test]
+    fn the_reply_layout_is_pinned() {
+        let mut w = BatchWriter::new(1, 0, 1 << 20);
+        w.push(
+            0,
+            "a",
+            PeerEventRef {
+                kind: Kind::Received,
+                age_ms: 2,
+                len: 1,
+                blocks: &[3],
+            },
+        );
+        w.load(
+            "a",
+            InFlight {
+                requests: 2,
+                prefill_blocks: 3,
+                decode_tokens: 4,
+            },
+        );
+        let hex: String = w.finish().iter().map(|b| format!("{b:02x}")).collect();
+        let expected = [
+            "77727078",         // magic
+            "01",               // version
+            "0100000000000000", // replica
+            "0100000000000000", // next_seq
+            "0100",             // one pod
+            "0161",             // "a"
+            "0100",             // one load
+            "0000",             // pod 0
+            "02000000",         // 2 requests
+            "03000000",         // 3 blocks to prefill
+            "04000000",         // 4 tokens to decode
+            "01000000",         // one event
+            "00",               // received
+            "0000",             // pod 0
+            "02000000",         // age 2 ms
+            "01000000",         // chain of 1 block
+            "01000000",         // one hash kept
+            "0300000000000000", // the hash
+        ];
+        assert_eq!(hex, expected.concat());
+    }
+
+    #[test]
+    fn every_truncation_and_every_lie_is_refused_whole() {
+        let good = sample();
+        for cut in 0..good.len() {
+            assert!(Batch::decode(&good[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert_eq!(Batch::decode(&trailing), Err(BatchError::Malformed));
+        let mut version = good.clone();
+        version[4] = 2;
+        assert_eq!(Batch::decode(&version), Err(BatchError::Version));
+        assert_eq!(
+            Batch::decode(b"# HELP not a peer"),
+            Err(BatchError::Version)
+        );
+        // A pod index past the table, a chain longer than its length keeps, an
+        // eviction with blocks, an unknown kind, an event count the bytes cannot hold.
+        let first_event = REPLY_HEADER - 4 + 2 * (1 + 13) + 4;
+        for (at, value) in [
+            (first_event + 1, 9u8), // pod 9 of 2
+            (first_event + 7, 1),   // len 1 keeps 1 position, 40 hashes follow
+            (first_event, 7),       // kind 7
+        ] {
+            let mut bad = good.clone();
+            bad[at] = value;
+            assert_eq!(
+                Batch::decode(&bad),
+                Err(BatchError::Malformed),
+                "byte {at} = {value}"
+            );
+        }
+        let mut count = good.clone();
+        count[first_event - 4..first_event].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(Batch::decode(&count), Err(BatchError::Malformed));
+    }
+
+    #[test]
+    fn a_load_reads_back_and_one_about_no_pod_is_refused() {
+        let mut w = BatchWriter::new(1, 0, 1 << 20);
+        let held = InFlight {
+            requests: 5,
+            prefill_blocks: 6,
+            decode_tokens: 7,
+        };
+        assert!(w.load("10.0.0.1:8000", held));
+        let good = w.finish();
+        let b = Batch::decode(&good).unwrap();
+        assert_eq!(b.pods.len(), 1);
+        assert_eq!(b.loads, [(0, held)]);
+        let mut bad = good.clone();
+        let pod_at = 4 + 1 + 8 + 8 + 2 + 1 + 13 + 2;
+        bad[pod_at] = 1;
+        assert_eq!(Batch::decode(&bad), Err(BatchError::Malformed));
+    }
+
+    #[test]
+    fn a_reply_stays_within_its_budget_and_resumes_where_it_stopped() {
+        let (a, k, l) = event(Kind::Received, 40);
+        let one = EVENT_HEADER + 8 * a.len();
+        let mut w = BatchWriter::new(1, 100, REPLY_HEADER + 1 + 8 + 2 * one);
+        let e = PeerEventRef {
+            kind: k,
+            age_ms: 0,
+            len: l,
+            blocks: &a,
+        };
+        assert!(w.push(100, "pod-a:80", e));
+        assert!(w.push(101, "pod-a:80", e));
+        assert!(!w.push(102, "pod-a:80", e));
+        let bytes = w.finish();
+        assert!(bytes.len() <= REPLY_HEADER + 1 + 8 + 2 * one);
+        assert_eq!(Batch::decode(&bytes).unwrap().next_seq, 102);
+    }
+
+    #[test]
+    fn the_query_names_where_to_start() {
+        assert_eq!(since_of("/warmroute/peer/v1/events?since=17"), 17);
+        assert_eq!(since_of("/warmroute/peer/v1/events?x=1&since=5"), 5);
+        assert_eq!(since_of("/warmroute/peer/v1/events?since=-1"), 0);
+        assert_eq!(since_of("/warmroute/peer/v1/events"), 0);
+        assert!(is_peer_path("/warmroute/peer/v1/events?since=3"));
+        assert!(!is_peer_path("/warmroute/peer/v1/events/x"));
+        assert!(!is_peer_path("/v1/chat/completions"));
+    }
+
+    #[test]
+    fn the_puller_follows_each_peer_and_leaves_itself_out() {
+        let mut p = Peers::new(7);
+        p.set_members(vec!["b:1".into(), "a:1".into(), "a:1".into()]);
+        let due = p.due(0, 1000);
+        assert_eq!(
+            due,
+            [
+                ("a:1".to_owned(), format!("{PEER_PATH}?since=0")),
+                ("b:1".to_owned(), format!("{PEER_PATH}?since=0"))
+            ]
+        );
+        p.dispatched("a:1", 1, 0);
+        p.dispatched("b:1", 2, 0);
+        assert!(p.due(10, 1000).is_empty(), "one pull per peer at a time");
+        let theirs = BatchWriter::new(9, 30, 1 << 20).finish();
+        let mine = BatchWriter::new(7, 0, 1 << 20).finish();
+        assert!(matches!(p.answered(1, Some(&theirs), 0), Answer::Events(b) if b.next_seq == 30));
+        assert_eq!(p.answered(2, Some(&mine), 0), Answer::Me);
+        assert_eq!(p.count(), 1);
+        assert_eq!(
+            p.due(20, 1000),
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
+        );
+        // A lost pull is given up; garbage moves no cursor.
+        p.dispatched("a:1", 3, 20);
+        assert!(p.due(500, 1000).is_empty());
+        assert_eq!(p.due(1021, 1000).len(), 1);
+        p.dispatched("a:1", 4, 1021);
+        assert_eq!(p.answered(4, Some(b"garbage"), 1021), Answer::Failed);
+        assert_eq!(
+            p.due(1030, 1000),
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
+        );
+        // Members change: the cursor of a peer that stays is kept.
+        // Loads: the latest of each peer that answered lately, summed per pod.
+        let mut w = BatchWriter::new(9, 30, 1 << 20);
+        let two = InFlight {
+            requests: 2,
+            ..InFlight::default()
+        };
+        w.load("pod:1", two);
+        p.dispatched("a:1", 5, 1030);
+        assert!(matches!(
+            p.answered(5, Some(&w.finish()), 1030),
+            Answer::Events(_)
+        ));
+        assert_eq!(p.loads(1030, 100), [("pod:1".to_owned(), two)]);
+        assert!(p.loads(1131, 100).is_empty(), "a silent peer's load lapses");
+        p.set_members(vec!["a:1".into(), "c:1".into()]);
+        let since: Vec<String> = p
+            .due(1040, 1000)
+            .into_iter()
+            .map(|(_, path)| path)
+            .collect();
+        assert_eq!(
+            since,
+            [
+                format!("{PEER_PATH}?since=30"),
+                format!("{PEER_PATH}?since=0")
+            ]
+        );
+    }
+}
