@@ -30,7 +30,8 @@ Events are placed by progress (requests Envoy completed):
                            (`metrics.period_ms` halved, 500 -> 250 ms) and a rebuilt module (the same
                            code plus a custom section), as a rollout of a new build would:
                            Envoy must start new VMs, configure them and retire the old ones
-    45 %  swap             back: sim-2 in, sim-spare out
+    45 %  swap             back: sim-2 in, sim-spare out (once the old VMs are gone: the new
+                           ones, which hold the scrape lease from then on, meet it)
     50 %  kill             sim-1 SIGKILLed, started again on its port 2 s later
     70 %  mark B0          phase B: the VMs that met one swap and one kill meet them again
     75 %  swap
@@ -180,6 +181,7 @@ class Soak:
     reload_at: float = 0.0
     start_ticks: int = 0  # the lease holder's reads of the pool at the start of the load
     reload_ticks: int = 0  # and at the reload
+    vms_before_reload: int = 0
     marks: dict[str, Sample] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
 
@@ -324,6 +326,7 @@ class Soak:
         wasm["config"]["configuration"]["value"] = json.dumps(fc, indent=1)
         self.reload_at = time.time()
         self.reload_ticks = self.envoy.ticks()
+        self.vms_before_reload = self.envoy.stat("wasm.envoy.wasm.runtime.v8.active")
         self.write_lds(listener)
 
 
@@ -378,6 +381,11 @@ def run(args: argparse.Namespace) -> int:
             if what == "kill":
                 soak.kill_and_restart(soak.victim)
             elif what == "swap":
+                if soak.reload_at:
+                    # The new VMs' first swap must be theirs, not the draining VMs' (which share
+                    # the scrape lease): phase B then holds only faults they have met.
+                    e.wait_for("the old VMs retired", lambda: e.stat("wasm.envoy.wasm.runtime.v8.active")
+                               <= soak.vms_before_reload)
                 soak.swap()
             elif what == "reload":
                 soak.reload()
