@@ -96,6 +96,10 @@ RSS_SLACK_BYTES = 5 << 20
 # this much per connection its pools' high-water mark rose, on top of RSS_SLACK.
 CONNECTION_BYTES = 16 << 10
 DOWN_S = 2.0
+# The reload's drain and the client's idle pool (see Soak.start): the slowest response in these
+# runs is about 3.2 s (a held request on the stalling pod), well inside DRAIN_S - POOL_IDLE_S.
+DRAIN_S = 12
+POOL_IDLE_S = 2
 # Reads of the pool after Envoy applied a swap by which every VM routes over the new list
 # (e2e/test_pool.py: the read under way may predate it, the next publishes the slot table,
 # every VM applies it at its next tick, one more for a VM that ticks just after the holder).
@@ -261,10 +265,13 @@ class Soak:
         self.write_lds(self.listener)
         # A replaced listener's connections drain for --drain-time-s (10 minutes by default),
         # then Envoy closes them, streams in flight included. Immediate: every response on an
-        # old connection says `connection: close` from the start, so within a few seconds the
-        # client has moved to the new filter and nothing is left to cut.
+        # old connection says `connection: close` from the start. A connection idle in the
+        # client's pool gets no response to say it, so the client drops idle connections after
+        # POOL_IDLE_S (below the drain time, as a client behind a reloading proxy must): after
+        # that, a request can only go out on an old connection in the first POOL_IDLE_S
+        # seconds, and DRAIN_S - POOL_IDLE_S leaves it three times the slowest response here.
         self.envoy.proc = spawn_envoy(cfg, "envoy-soak", self.logdir, self.envoy.admin_port, 2,
-                                      extra_args=("--drain-time-s", "5", "--drain-strategy", "immediate"))
+                                      extra_args=("--drain-time-s", str(DRAIN_S), "--drain-strategy", "immediate"))
         deadline = time.time() + 30
         while f":{self.envoy.port}" not in get(self.envoy.admin_port, "/listeners").decode():
             if time.time() > deadline:
@@ -355,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
         loadgen = subprocess.Popen([
             str(LOADGEN_BIN), "uniform", "--requests", str(args.requests), "--rate", "1e9",
             "--concurrency", str(args.concurrency), "--prompt-tokens", "64", "--output-tokens", "8",
-            "--max-seconds", str(args.max_seconds), "--timeout-s", "30", "--quiet",
+            "--max-seconds", str(args.max_seconds), "--timeout-s", "30", "--pool-idle-s", str(POOL_IDLE_S), "--quiet",
             "--json", str(report_path), "--records", str(records_path),
             "--target", f"http://127.0.0.1:{soak.envoy.port}"])
         base = int(before.get("http.ingress.downstream_rq_completed", "0"))

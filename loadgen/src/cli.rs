@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::prom::{metrics_url, BackendDelta, CacheCounters};
 use crate::report::{process_cpu_seconds, Report};
-use crate::runner::{build_client, get_text, run_with_client, HttpClient, RunConfig};
+use crate::runner::{build_client, get_text, run_with_client, HttpClient, RunConfig, POOL_IDLE};
 use crate::workload::{self, Api, RenderOpts, Workload};
 
 /// Load client for warmroute: deterministic LLM workloads against an OpenAI-compatible endpoint.
@@ -106,6 +106,11 @@ pub struct Common {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 60.0)]
     pub timeout_s: f64,
+    /// Seconds an idle keep-alive connection stays pooled. Keep it below the server's drain
+    /// time when the server reloads mid-run (Envoy closes a drained listener's idle
+    /// connections when the drain ends).
+    #[arg(long, default_value_t = POOL_IDLE.as_secs_f64())]
+    pub pool_idle_s: f64,
     /// Write the JSON report here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -414,7 +419,10 @@ pub async fn execute(cmd: &WorkloadCmd, workload: Workload) -> Result<Report> {
         concurrency: c.concurrency,
         timeout: Duration::from_secs_f64(c.timeout_s.max(0.001)),
     };
-    let client = build_client(Duration::from_secs(5));
+    let client = build_client(
+        Duration::from_secs(5),
+        Duration::from_secs_f64(c.pool_idle_s.max(0.001)),
+    );
     let before = scrape_all(&client, &c.backends).await;
     let name = workload.name;
     let agent_steps = workload.agent_steps;

@@ -61,14 +61,20 @@ pub const REPLICA_HEADER: &str = "x-sim-replica";
 /// Pooled HTTP/1.1 client used for load and scrapes.
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-/// Build the keep-alive client; every connection gets `TCP_NODELAY`.
-pub fn build_client(connect_timeout: Duration) -> HttpClient {
+/// How long an idle pooled connection is kept by default (hyper's own default).
+pub const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// Build the keep-alive client; every connection gets `TCP_NODELAY`. `pool_idle` must be
+/// shorter than the server's idle or drain timeout: a connection the server closes while it
+/// sits idle in the pool fails the request the client sends on it next, which is the client's
+/// race, not the server losing a request.
+pub fn build_client(connect_timeout: Duration, pool_idle: Duration) -> HttpClient {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     http.enforce_http(true);
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(pool_idle)
         .pool_max_idle_per_host(usize::MAX)
         .build(http)
 }
@@ -279,7 +285,7 @@ struct Shared {
 
 /// Drive a workload to completion (or the deadline).
 pub async fn run(workload: Workload, cfg: &RunConfig) -> Result<RunResult> {
-    let client = build_client(Duration::from_secs(5));
+    let client = build_client(Duration::from_secs(5), POOL_IDLE);
     run_with_client(workload, cfg, client).await
 }
 
