@@ -2,7 +2,8 @@
 Envoys with the real .wasm in front of the same simulated pods, each pulling the others' recent
 index events through its own `warmroute-peers` cluster. A client's turns spread over the
 replicas still find the pod that holds the conversation; a replica started mid-run routes
-warm; a dead peer and one that answers garbage change nothing for clients.
+warm; a stored response's follow-up through any replica reaches the pod that holds it; a dead
+peer and one that answers garbage change nothing for clients.
 
 Every wait counts events (a replica's imported events, its peers' pulls), never a sleep."""
 
@@ -103,6 +104,37 @@ def test_a_replica_started_mid_run_routes_its_first_turns_warm():
         for i, (pod, messages) in enumerate(talks):
             r = turn(late.port, messages)
             assert (r.replica, debug(r)["reason"]) == (pod, "cache_hit"), (i, debug(r))
+
+
+def test_a_responses_conversation_spread_over_the_replicas_follows_its_stored_response():
+    # vLLM keeps a stored response only on the pod that answered it: a follow-up through a
+    # replica that did not proxy the answer must still reach that pod (any other answers 404).
+    with Fleet(3, FAST + ["--enable-responses-store"], gateways=3, config_file=PEERS,
+               filter_overrides=DEBUG) as f:
+        previous, holder = None, None
+        for turn_no in range(9):
+            here = f.envoys[turn_no % 3]
+            if previous:
+                # This replica has the answers the two others proxied so far (each answer is
+                # pulled by both of them), counted, not waited for with slack.
+                others = sum(1 for k in range(turn_no) if k % 3 != turn_no % 3)
+                here.wait_for(f"{others} stored responses' answers imported",
+                              lambda: here.stat("wasmcustom.warmroute.peers.answers_imported") >= others)
+            body = {"model": MODEL, "input": words(f"resp{turn_no}-", 60), "max_output_tokens": 8}
+            if previous:
+                body["previous_response_id"] = previous
+            r = post(here.port, "/v1/responses", body)
+            assert r.status == 200, (turn_no, r.body[:300])
+            if turn_no == 0:
+                holder = r.replica
+            else:
+                assert r.replica == holder, (turn_no, r.replica, holder)
+                assert debug(r)["reason"] == "stored_response", (turn_no, debug(r))
+            previous = r.json()["id"]
+        # Each replica proxied 3 answers and imported the 6 others', each once.
+        for e in f.envoys:
+            e.wait_for("6 answers imported", lambda: e.stat("wasmcustom.warmroute.peers.answers_imported") >= 6)
+            assert e.stat("wasmcustom.warmroute.peers.answers_imported") == 6
 
 
 class Liar(http.server.BaseHTTPRequestHandler):

@@ -44,17 +44,26 @@
 //! does not have routes as usual. Bounded all the same: 256 keys, each at
 //! most the largest capacity any configuration writes.
 //!
-//! **Across gateway replicas**: the exchange ([`crate::routing::exchange`])
-//! carries index events, not this record; each gateway remembers the answers
-//! it proxied. An entry is self-contained (the id's hash, the pod's address
-//! id, the same on every gateway, and when it was read), so replicas could
-//! exchange buckets entry by entry, the newest `at` of an id winning, with no
-//! slot table to agree on.
+//! **Across gateway replicas**: a load balancer in front of several gateways
+//! sends a follow-up to any of them, and only the one that proxied the answer
+//! has it in its record. An entry is self-contained (the id's hash, the pod's
+//! address id, the same on every gateway, and when it was read), so the
+//! exchange ([`crate::routing::exchange`]) carries entries as they are, with
+//! no slot table to agree on. With peers configured, an answer is also
+//! appended to this Envoy's *recent* ring, which a peer's pull reads from its
+//! cursor on; what a peer sent goes into the buckets only, so it is never
+//! served again (no echo between replicas).
+//!
+//! ```text
+//! recent  = next u64 ‖ n u16 ‖ n × entry, oldest first; entry k is answer number next − n + k
+//!           key `warmroute.responses.recent.v1`, at most RECENT entries (the oldest go)
+//! ```
 //!
 //! | parameter | value | why |
 //! |---|---|---|
 //! | `responses.max_entries` | 16,384 | the conversations whose latest answer a gateway remembers (an agent's next step names its previous one); 384 KB in all, 1.5 KB a bucket |
 //! | [`BUCKETS`] | 256 | a lookup reads one bucket, not the record: 1.5 KB at the default |
+//! | [`RECENT`] | 256 | answers a peer can miss between two pulls (a tick apart): 512 answers a second at the default 500 ms; 6 KB read per pull |
 //!
 //! Cost: a follow-up reads one bucket (one host call); an answer costs one
 //! CAS on its bucket (two host calls, more on a lost CAS).
@@ -83,6 +92,73 @@ pub struct Entry {
     pub at_ms: u64,
 }
 
+/// Answers the recent ring keeps for peers.
+pub const RECENT: usize = 256;
+
+/// The shared-data key of the recent ring (its layout's version in the name).
+pub const RECENT_KEY: &str = "warmroute.responses.recent.v1";
+
+/// The recent ring: the number the next answer gets, and the last answers,
+/// oldest first. A value of another layout reads as empty.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Recent {
+    /// Number of the next answer appended.
+    pub next: u64,
+    /// The kept answers: entry k is answer `next − entries.len() + k`.
+    pub entries: Vec<Entry>,
+}
+
+impl Recent {
+    /// Decodes the ring's value.
+    pub fn decode(bytes: &[u8]) -> Recent {
+        let mut r = Reader::new(bytes);
+        let (Some(next), Some(n)) = (r.get::<u64>(), r.get::<u16>()) else {
+            return Recent::default();
+        };
+        let n = usize::from(n);
+        let rest = r.rest();
+        if n > RECENT || rest.len() != n * ENTRY_BYTES || (n as u64) > next {
+            return Recent::default();
+        }
+        Recent {
+            next,
+            entries: entries(rest),
+        }
+    }
+
+    /// The ring's value.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(10 + self.entries.len() * ENTRY_BYTES);
+        put(&mut out, self.next);
+        put(&mut out, self.entries.len() as u16);
+        out.extend_from_slice(&encode(&self.entries));
+        out
+    }
+
+    /// The ring with `e` appended (the oldest dropped past [`RECENT`]).
+    pub fn push(mut self, e: Entry) -> Recent {
+        if self.entries.len() >= RECENT {
+            self.entries.remove(0);
+        }
+        self.entries.push(e);
+        self.next += 1;
+        self
+    }
+
+    /// The answers numbered `since` on that the ring still holds, with their
+    /// numbers. A cursor past `next` is a peer's of an earlier life of this
+    /// Envoy: it gets the whole ring.
+    pub fn since(&self, since: u64) -> impl Iterator<Item = (u64, &Entry)> {
+        let first = self.next - self.entries.len() as u64;
+        let since = if since > self.next { 0 } else { since };
+        self.entries
+            .iter()
+            .enumerate()
+            .map(move |(k, e)| (first + k as u64, e))
+            .filter(move |&(n, _)| n >= since)
+    }
+}
+
 /// The bucket an id lives in.
 pub fn bucket_of(id: u64) -> usize {
     (id >> 56) as usize % BUCKETS
@@ -104,6 +180,11 @@ pub fn decode(bytes: &[u8]) -> Vec<Entry> {
     if !bytes.len().is_multiple_of(ENTRY_BYTES) || bytes.len() / ENTRY_BYTES > MAX_BUCKET_ENTRIES {
         return Vec::new();
     }
+    entries(bytes)
+}
+
+/// The entries of a whole number of them.
+fn entries(bytes: &[u8]) -> Vec<Entry> {
     let mut r = Reader::new(bytes);
     let mut out = Vec::with_capacity(bytes.len() / ENTRY_BYTES);
     while let (Some(id), Some(pod), Some(at_ms)) = (r.get(), r.get(), r.get()) {
@@ -187,6 +268,38 @@ mod tests {
             insert(vec![e(1, 7, 900)], e(3, 8, 100), 0),
             vec![e(3, 8, 100)]
         );
+    }
+
+    #[test]
+    fn the_recent_ring_serves_from_a_cursor_and_keeps_its_last() {
+        let mut r = Recent::default();
+        for i in 0..(RECENT as u64 + 10) {
+            r = r.push(e(i, 7, 100 + i));
+        }
+        let r = Recent::decode(&r.encode());
+        assert_eq!((r.next, r.entries.len()), (RECENT as u64 + 10, RECENT));
+        let numbers = |since| r.since(since).map(|(n, x)| (n, x.id)).collect::<Vec<_>>();
+        // Numbers and ids agree (answer i is entry i); the first ten are gone.
+        assert_eq!(numbers(0).first(), Some(&(10, 10)));
+        assert_eq!(numbers(RECENT as u64 + 8), vec![(264, 264), (265, 265)]);
+        assert!(numbers(RECENT as u64 + 10).is_empty());
+        // A cursor from an earlier life of this Envoy (past its count): the whole ring.
+        assert_eq!(numbers(10_000).len(), RECENT);
+    }
+
+    #[test]
+    fn a_damaged_recent_ring_reads_as_empty() {
+        let r = Recent::default().push(e(1, 2, 3)).push(e(4, 5, 6));
+        let good = r.encode();
+        assert_eq!(Recent::decode(&good), r);
+        assert_eq!(Recent::decode(&good[..good.len() - 1]), Recent::default());
+        let mut more = good.clone();
+        more[8] = 3; // says three entries, holds two
+        assert_eq!(Recent::decode(&more), Recent::default());
+        let mut behind = good;
+        behind[0] = 1; // two entries kept of one answer ever
+        assert_eq!(Recent::decode(&behind), Recent::default());
+        assert_eq!(Recent::decode(b"xy"), Recent::default());
     }
 
     #[test]

@@ -15,6 +15,9 @@
 //! import(event) = pod address → this replica's slot (unknown pod: dropped);
 //!                 time = max(now − age, slot joined);  one log event of origin IMPORTED
 //! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
+//! answers       = asked with `answers=M`: the serving Envoy's stored responses' answers numbered
+//!                 M on ([`crate::fleet::responses::Recent`]), each (id, pod address id, age);
+//!                 imported into this Envoy's record, at = now − age
 //! ```
 //! | parameter | default | why |
 //! |---|---|---|
@@ -51,6 +54,11 @@
 //!
 //! A replica tells itself among the peers (its own endpoint is in the peers
 //! cluster) by the replica id in the reply ([`Peers::answered`]).
+//!
+//! **Stored responses' answers** travel in a section of their own, sent only
+//! to a puller that asks for it (`answers=M` in the query): a replica of an
+//! earlier release neither asks nor sends one, and reads every reply it gets
+//! as before, so replicas of both releases exchange events during a rollout.
 
 use crate::codec::{put, Reader};
 use crate::fleet::inflight::InFlight;
@@ -66,6 +74,8 @@ const VERSION: u8 = 1;
 const REPLY_HEADER: usize = 4 + 1 + 8 + 8 + 2 + 2 + 4;
 const LOAD_BYTES: usize = 2 + 4 + 4 + 4;
 const EVENT_HEADER: usize = 1 + 2 + 4 + 4 + 4;
+const ANSWERS_HEADER: usize = 8 + 2;
+const ANSWER_BYTES: usize = 8 + 8 + 4;
 /// Longest pod address a reply may carry (an IPv6 address with port is ~47 bytes).
 const MAX_ADDRESS_BYTES: usize = 255;
 
@@ -84,6 +94,27 @@ pub struct PeerEvent {
     pub blocks: Vec<u64>,
 }
 
+/// Who answered a stored response, as it travels between replicas
+/// ([`crate::fleet::responses::Entry`], its time as an age).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAnswer {
+    /// The response's id, hashed.
+    pub id: u64,
+    /// The pod that answered it: its address id.
+    pub pod: u64,
+    /// Milliseconds between the answer and the reply.
+    pub age_ms: u32,
+}
+
+/// The stored responses' answers a puller asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Answers {
+    /// The answer number to ask from next time.
+    pub next: u64,
+    /// The answers, oldest first.
+    pub entries: Vec<PeerAnswer>,
+}
+
 /// A replica's reply: its events from the asked sequence number on.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Batch {
@@ -99,6 +130,8 @@ pub struct Batch {
     pub loads: Vec<(u16, InFlight)>,
     /// The events, oldest first.
     pub events: Vec<PeerEvent>,
+    /// The stored responses' answers, when the puller asked for them.
+    pub answers: Option<Answers>,
 }
 
 /// Why a reply was not used.
@@ -186,6 +219,45 @@ impl BatchWriter {
         true
     }
 
+    /// Opens the answers section (the puller asked from answer `since`);
+    /// false if not even its header fits.
+    pub fn open_answers(&mut self, since: u64) -> bool {
+        if self.bytes + ANSWERS_HEADER > self.max_bytes {
+            return false;
+        }
+        self.bytes += ANSWERS_HEADER;
+        self.batch.answers = Some(Answers {
+            next: since,
+            entries: Vec::new(),
+        });
+        true
+    }
+
+    /// Adds answer number `n`; false (and nothing added) once the reply is
+    /// full or no section is open: the puller asks from `n` next time.
+    pub fn answer(&mut self, n: u64, a: PeerAnswer) -> bool {
+        let fits = self.bytes + ANSWER_BYTES <= self.max_bytes;
+        let Some(answers) = self
+            .batch
+            .answers
+            .as_mut()
+            .filter(|s| fits && s.entries.len() < usize::from(u16::MAX))
+        else {
+            return false;
+        };
+        self.bytes += ANSWER_BYTES;
+        answers.entries.push(a);
+        answers.next = n + 1;
+        true
+    }
+
+    /// Every answer before `n` is served: ask from `n` next.
+    pub fn answers_to(&mut self, n: u64) {
+        if let Some(a) = &mut self.batch.answers {
+            a.next = a.next.max(n);
+        }
+    }
+
     /// Everything before `seq` is served or not for peers: ask from `seq` next.
     pub fn skip_to(&mut self, seq: u64) {
         self.batch.next_seq = self.batch.next_seq.max(seq);
@@ -213,7 +285,9 @@ pub struct PeerEventRef<'a> {
 impl Batch {
     /// `magic ‖ version u8 ‖ replica u64 ‖ next_seq u64 ‖ n_pods u16 ‖ n_pods × (len u8 ‖ address)
     /// ‖ n_loads u16 ‖ n_loads × (pod u16 ‖ requests u32 ‖ prefill_blocks u32 ‖ decode_tokens u32)
-    /// ‖ n_events u32 ‖ n_events × (kind u8 ‖ pod u16 ‖ age_ms u32 ‖ len u32 ‖ n u32 ‖ n × u64)`.
+    /// ‖ n_events u32 ‖ n_events × (kind u8 ‖ pod u16 ‖ age_ms u32 ‖ len u32 ‖ n u32 ‖ n × u64)
+    /// [‖ next u64 ‖ n_answers u16 ‖ n_answers × (id u64 ‖ pod u64 ‖ age_ms u32)]`, the last part
+    /// only when the puller asked for answers.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(REPLY_HEADER);
         out.extend_from_slice(MAGIC);
@@ -241,6 +315,15 @@ impl Batch {
             put(&mut out, e.blocks.len() as u32);
             for &h in &e.blocks {
                 put(&mut out, h);
+            }
+        }
+        if let Some(a) = &self.answers {
+            put(&mut out, a.next);
+            put(&mut out, a.entries.len() as u16);
+            for e in &a.entries {
+                put(&mut out, e.id);
+                put(&mut out, e.pod);
+                put(&mut out, e.age_ms);
             }
         }
         out
@@ -311,12 +394,31 @@ impl Batch {
                 blocks,
             });
         }
+        let answers = if r.is_empty() {
+            None
+        } else {
+            let (next, n) = (r.get::<u64>()?, usize::from(r.get::<u16>()?));
+            if r.rest().len() != n * ANSWER_BYTES {
+                return None;
+            }
+            let entries = (0..n)
+                .map(|_| {
+                    Some(PeerAnswer {
+                        id: r.get()?,
+                        pod: r.get()?,
+                        age_ms: r.get()?,
+                    })
+                })
+                .collect::<Option<Vec<PeerAnswer>>>()?;
+            Some(Answers { next, entries })
+        };
         r.is_empty().then_some(Batch {
             replica,
             next_seq,
             pods,
             loads,
             events,
+            answers,
         })
     }
 }
@@ -392,6 +494,17 @@ pub fn since_of(path: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The answer number a peer asks stored responses' answers from (`answers=M`
+/// in the query); `None`: it does not ask (a replica of an earlier release).
+pub fn answers_of(path: &str) -> Option<u64> {
+    path.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("answers="))
+        .map(|v| v.parse().unwrap_or(0))
+}
+
 /// Whether `path` asks for peer events (query string aside).
 pub fn is_peer_path(path: &str) -> bool {
     path.split(['?', '#']).next() == Some(PEER_PATH)
@@ -409,6 +522,8 @@ struct Peer {
     me: bool,
     /// What the peer's own requests held per pod, by address, when it last answered.
     loads: Option<(u64, Vec<(String, InFlight)>)>,
+    /// The answer number to ask the peer's stored responses' answers from.
+    answers: u64,
 }
 
 /// The puller's state: the peers, their cursors and the pulls under way.
@@ -466,6 +581,7 @@ impl Peers {
                         call: None,
                         me: false,
                         loads: None,
+                        answers: 0,
                     })
             })
             .collect();
@@ -486,7 +602,10 @@ impl Peers {
                 continue;
             }
             let since = p.cursor.map_or(0, |(_, next)| next);
-            out.push((p.address.clone(), format!("{PEER_PATH}?since={since}")));
+            out.push((
+                p.address.clone(),
+                format!("{PEER_PATH}?since={since}&answers={}", p.answers),
+            ));
         }
         out
     }
@@ -526,6 +645,9 @@ impl Peers {
             return Answer::Me;
         }
         p.cursor = Some((batch.replica, batch.next_seq));
+        if let Some(a) = &batch.answers {
+            p.answers = a.next;
+        }
         let loads = batch
             .loads
             .iter()
@@ -763,6 +885,71 @@ mod tests {
         assert!(is_peer_path("/warmroute/peer/v1/events?since=3"));
         assert!(!is_peer_path("/warmroute/peer/v1/events/x"));
         assert!(!is_peer_path("/v1/chat/completions"));
+        assert_eq!(
+            answers_of("/warmroute/peer/v1/events?since=1&answers=9"),
+            Some(9)
+        );
+        assert_eq!(
+            answers_of("/warmroute/peer/v1/events?since=1&answers=x"),
+            Some(0)
+        );
+        assert_eq!(answers_of("/warmroute/peer/v1/events?since=1"), None);
+    }
+
+    #[test]
+    fn the_answers_section_layout_is_pinned_and_checked() {
+        let mut w = BatchWriter::new(1, 0, 1 << 20);
+        assert!(w.open_answers(4));
+        let a = PeerAnswer {
+            id: 5,
+            pod: 6,
+            age_ms: 7,
+        };
+        assert!(w.answer(4, a));
+        let bytes = w.finish();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let expected = [
+            "77727078",         // magic
+            "01",               // version
+            "0100000000000000", // replica
+            "0000000000000000", // next_seq
+            "0000",             // no pods
+            "0000",             // no loads
+            "00000000",         // no events
+            "0500000000000000", // answers: ask from 5 next
+            "0100",             // one answer
+            "0500000000000000", // its id
+            "0600000000000000", // its pod
+            "07000000",         // age 7 ms
+        ];
+        assert_eq!(hex, expected.concat());
+        let batch = Batch::decode(&bytes).unwrap();
+        assert_eq!(
+            batch.answers,
+            Some(Answers {
+                next: 5,
+                entries: vec![a]
+            })
+        );
+        // Cut inside the section, or a count the bytes do not hold: refused whole.
+        for cut in REPLY_HEADER + 1..bytes.len() {
+            assert!(Batch::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        // Cut just before it, a reply reads as one without answers: the cursor
+        // stays, and the next pull asks from there again.
+        assert_eq!(Batch::decode(&bytes[..REPLY_HEADER]).unwrap().answers, None);
+        // A reply too small for an answer keeps the cursor where the answer was.
+        let mut small = BatchWriter::new(1, 0, REPLY_HEADER + ANSWERS_HEADER + ANSWER_BYTES - 1);
+        assert!(small.open_answers(4));
+        assert!(!small.answer(4, a));
+        assert_eq!(
+            Batch::decode(&small.finish())
+                .unwrap()
+                .answers
+                .unwrap()
+                .next,
+            4
+        );
     }
 
     #[test]
@@ -773,8 +960,8 @@ mod tests {
         assert_eq!(
             due,
             [
-                ("a:1".to_owned(), format!("{PEER_PATH}?since=0")),
-                ("b:1".to_owned(), format!("{PEER_PATH}?since=0"))
+                ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0")),
+                ("b:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
             ]
         );
         p.dispatched("a:1", 1, 0);
@@ -787,7 +974,7 @@ mod tests {
         assert_eq!(p.count(), 1);
         assert_eq!(
             p.due(20, 1000),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
         );
         // A lost pull is given up; garbage moves no cursor.
         p.dispatched("a:1", 3, 20);
@@ -797,7 +984,26 @@ mod tests {
         assert_eq!(p.answered(4, Some(b"garbage"), 1021), Answer::Failed);
         assert_eq!(
             p.due(1030, 1000),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
+        );
+        // A reply with answers moves the answers' cursor; one without keeps it.
+        let mut w = BatchWriter::new(9, 30, 1 << 20);
+        assert!(w.open_answers(0));
+        w.answers_to(5);
+        p.dispatched("a:1", 6, 1030);
+        assert!(matches!(
+            p.answered(6, Some(&w.finish()), 1030),
+            Answer::Events(_)
+        ));
+        p.dispatched("a:1", 7, 1030);
+        let without = BatchWriter::new(9, 30, 1 << 20).finish();
+        assert!(matches!(
+            p.answered(7, Some(&without), 1030),
+            Answer::Events(_)
+        ));
+        assert_eq!(
+            p.due(1030, 1000),
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=5"))]
         );
         // Members change: the cursor of a peer that stays is kept.
         // Loads: the latest of each peer that answered lately, summed per pod.
@@ -823,8 +1029,8 @@ mod tests {
         assert_eq!(
             since,
             [
-                format!("{PEER_PATH}?since=30"),
-                format!("{PEER_PATH}?since=0")
+                format!("{PEER_PATH}?since=30&answers=5"),
+                format!("{PEER_PATH}?since=0&answers=0")
             ]
         );
     }

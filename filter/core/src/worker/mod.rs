@@ -737,11 +737,15 @@ impl Worker {
             at_ms: host.now_ms(),
         };
         let capacity = bucket_capacity(self.router.config().responses.max_entries);
-        match self
-            .router
-            .fleet()
-            .store(host)
+        let store = self.router.fleet().store(host);
+        let shared = || match self.router.config().peers {
+            // A follow-up may reach another replica of this gateway: its peers pull this.
+            Some(_) => store.share_response(entry),
+            None => Ok(()),
+        };
+        match store
             .remember_response(entry, capacity)
+            .and_then(|()| shared())
         {
             Ok(()) => self.stats.remembered(true),
             Err(e) => {

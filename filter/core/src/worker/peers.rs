@@ -6,8 +6,9 @@
 use super::Worker;
 use crate::config::ENDPOINT_HEADER;
 use crate::fleet::membership::{admin_path, parse_endpoints};
+use crate::fleet::responses::bucket_capacity;
 use crate::host::{Callout, Host};
-use crate::routing::exchange::{since_of, Answer, MEMBERS_EVERY_MS};
+use crate::routing::exchange::{answers_of, since_of, Answer, MEMBERS_EVERY_MS};
 use crate::worker::Step;
 
 const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
@@ -23,10 +24,12 @@ impl Worker {
         let reply = if host.local_port() != Some(p.port) {
             host.send_response(404, &[OCTETS], b"")
         } else {
-            match self
-                .router
-                .serve_peer(host, replica, since_of(path), p.max_reply_bytes)
-            {
+            match self.router.serve_peer(
+                host,
+                replica,
+                (since_of(path), answers_of(path)),
+                p.max_reply_bytes,
+            ) {
                 Ok(body) => {
                     self.stats.peer_served();
                     host.send_response(200, &[OCTETS], &body)
@@ -140,9 +143,10 @@ impl Worker {
         let now = host.now_ms();
         match peers.answered(token, body.as_deref(), now) {
             Answer::Events(batch) => {
-                let imported = self.router.import_peer(host, &batch, now);
+                let capacity = bucket_capacity(self.router.config().responses.max_entries);
+                let imported = self.router.import_peer(host, &batch, now, capacity);
                 self.stats.peer_pulled(true);
-                self.stats.peer_imported(imported.events, imported.dropped);
+                self.stats.peer_imported(imported);
                 let loads = peers.loads(now, self.router.fleet().lease_ms());
                 if let Err(e) = self.router.record_peer_loads(host, &loads, now) {
                     log::debug!("warmroute: the peers' load not shared: {e:?}");

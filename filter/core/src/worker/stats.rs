@@ -15,7 +15,7 @@ use crate::gate::Shed;
 use crate::host::{Host, MetricKind};
 use crate::routing::feedback::Verdict;
 use crate::routing::policy::Reason;
-use crate::routing::router::Continued;
+use crate::routing::router::{Continued, Imported};
 
 /// Why a request was routed without reading its prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +140,7 @@ pub struct Stats {
     peer_pulls_failed: Counter,
     peer_imported: Counter,
     peer_dropped: Counter,
+    peer_answers: Counter,
     gate: Vec<ClassStats>,
 }
 
@@ -244,6 +245,7 @@ impl Stats {
             peer_pulls_failed: counter("warmroute.peers.pulls_failed".into()),
             peer_imported: counter("warmroute.peers.events_imported".into()),
             peer_dropped: counter("warmroute.peers.events_dropped".into()),
+            peer_answers: counter("warmroute.peers.answers_imported".into()),
             gate: cfg
                 .gate
                 .iter()
@@ -410,10 +412,12 @@ impl Stats {
         }
     }
 
-    /// A peer's events written to this replica's log, and those left out.
-    pub fn peer_imported(&mut self, events: u32, dropped: u32) {
-        self.peer_imported.add(events.into());
-        self.peer_dropped.add(dropped.into());
+    /// A peer's events written to this replica's log, those left out, and
+    /// its stored responses' answers remembered.
+    pub fn peer_imported(&mut self, i: Imported) {
+        self.peer_imported.add(i.events.into());
+        self.peer_dropped.add(i.dropped.into());
+        self.peer_answers.add(i.answers.into());
     }
 
     /// Adds every counter's pending increments to Envoy's stats.
@@ -451,6 +455,7 @@ impl Stats {
             &mut self.peer_pulls_failed,
             &mut self.peer_imported,
             &mut self.peer_dropped,
+            &mut self.peer_answers,
         ];
         lists
             .into_iter()

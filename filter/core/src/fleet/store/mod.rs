@@ -809,6 +809,21 @@ impl<H: Host> Store<'_, H> {
         })
     }
 
+    /// Appends an answer this Envoy proxied to the ring its peers pull
+    /// ([`responses::Recent`]).
+    pub fn share_response(&self, entry: Entry) -> Result<(), HostError> {
+        update(self.host, responses::RECENT_KEY, |v| {
+            let ring = responses::Recent::decode(v.as_deref().unwrap_or_default());
+            (Some(ring.push(entry).encode()), ())
+        })
+    }
+
+    /// The ring of answers this Envoy proxied lately, for a peer's pull.
+    pub fn recent_responses(&self) -> Result<responses::Recent, HostError> {
+        let v = self.host.get_shared(responses::RECENT_KEY)?.0;
+        Ok(responses::Recent::decode(v.as_deref().unwrap_or_default()))
+    }
+
     /// Takes or renews the scraper lease; true when this VM holds it.
     pub fn try_lease(&self, me: u64, ttl_ms: u64) -> Result<bool, HostError> {
         let now = self.host.now_ms();

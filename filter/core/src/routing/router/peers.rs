@@ -4,9 +4,10 @@
 
 use super::Router;
 use crate::fleet::inflight::{InFlight, Sparse};
+use crate::fleet::responses::Entry;
 use crate::fleet::store::Writer;
 use crate::host::{Host, HostError};
-use crate::routing::exchange::{Batch, BatchWriter, Outbox, PeerEventRef};
+use crate::routing::exchange::{Batch, BatchWriter, Outbox, PeerAnswer, PeerEventRef};
 use crate::routing::index_log::{Event, Head, IMPORTED};
 
 /// What a peer's batch came to.
@@ -16,6 +17,8 @@ pub struct Imported {
     pub events: u32,
     /// Events about a pod this replica does not have, or not written (a host error).
     pub dropped: u32,
+    /// Stored responses' answers written to this Envoy's record.
+    pub answers: u32,
 }
 
 /// Keeps one of this replica's own events for peers (not one a peer sent).
@@ -38,15 +41,47 @@ impl Router {
     }
 
     /// The reply to a peer asking for this replica's events from `since`:
-    /// those this VM applied, with their pods by address and their ages.
-    /// Reads the log first, so a peer sees what other workers routed too.
+    /// those this VM applied, with their pods by address and their ages;
+    /// and, if it asks from answer `answers`, the stored responses' answers
+    /// this Envoy proxied from there. Reads the log first, so a peer sees
+    /// what other workers routed too.
     pub fn serve_peer<H: Host>(
+        &mut self,
+        host: &H,
+        replica: u64,
+        (since, answers): (u64, Option<u64>),
+        max_bytes: usize,
+    ) -> Result<Vec<u8>, HostError> {
+        let mut w = self.serve_events(host, replica, since, max_bytes)?;
+        if let Some(since) = answers.filter(|&since| w.open_answers(since)) {
+            let ring = self.fleet.store(host).recent_responses()?;
+            let now = host.now_ms();
+            let mut full = false;
+            for (n, e) in ring.since(since) {
+                let a = PeerAnswer {
+                    id: e.id,
+                    pod: e.pod,
+                    age_ms: u32::try_from(now.saturating_sub(e.at_ms)).unwrap_or(u32::MAX),
+                };
+                if !w.answer(n, a) {
+                    full = true;
+                    break;
+                }
+            }
+            if !full {
+                w.answers_to(ring.next);
+            }
+        }
+        Ok(w.finish())
+    }
+
+    fn serve_events<H: Host>(
         &mut self,
         host: &H,
         replica: u64,
         since: u64,
         max_bytes: usize,
-    ) -> Result<Vec<u8>, HostError> {
+    ) -> Result<BatchWriter, HostError> {
         let ledger = self.fleet.store(host).read_ledger()?.value;
         self.sync_index(host, ledger.next_seq)?;
         // This replica's own load: every VM's share but the one its peers' replies make.
@@ -59,7 +94,7 @@ impl Router {
             }
         }
         let Some(outbox) = &self.outbox else {
-            return Ok(BatchWriter::new(replica, since, max_bytes).finish());
+            return Ok(BatchWriter::new(replica, since, max_bytes));
         };
         let until = self.applied_seq;
         // A cursor past this log is a peer's of an earlier life of this replica.
@@ -98,7 +133,7 @@ impl Router {
         if !full {
             w.skip_to(until);
         }
-        Ok(w.finish())
+        Ok(w)
     }
 
     /// Counts the peers' own in-flight work (`loads`, by pod address) in every
@@ -127,7 +162,15 @@ impl Router {
     /// Writes a peer's events to this replica's log (every VM applies them
     /// from there, this one included): each pod by its address, each time
     /// by its age on this clock, never before the pod joined its slot here.
-    pub fn import_peer<H: Host>(&mut self, host: &H, batch: &Batch, now: u64) -> Imported {
+    /// Its stored responses' answers go into this Envoy's record (buckets of
+    /// `capacity`; 0: the record is off), not into the ring peers read.
+    pub fn import_peer<H: Host>(
+        &mut self,
+        host: &H,
+        batch: &Batch,
+        now: u64,
+        capacity: usize,
+    ) -> Imported {
         let slots: Vec<Option<usize>> = batch
             .pods
             .iter()
@@ -163,6 +206,21 @@ impl Router {
                 out.events += 1;
             } else {
                 out.dropped += 1;
+            }
+        }
+        if capacity > 0 {
+            for a in batch.answers.iter().flat_map(|a| &a.entries) {
+                let entry = Entry {
+                    id: a.id,
+                    pod: a.pod,
+                    at_ms: now.saturating_sub(u64::from(a.age_ms)),
+                };
+                match self.fleet.store(host).remember_response(entry, capacity) {
+                    Ok(()) => out.answers += 1,
+                    Err(e) => {
+                        log::debug!("warmroute: a peer's stored response not remembered: {e:?}")
+                    }
+                }
             }
         }
         out

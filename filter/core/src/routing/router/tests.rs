@@ -1,8 +1,10 @@
 use super::*;
 use crate::fleet::inflight::InFlight;
+use crate::fleet::responses::Entry;
 use crate::fleet::scrape::Scrape;
+use crate::hash::address_id;
 use crate::prompt::openai::{prompt_key, Endpoint};
-use crate::routing::exchange::Batch;
+use crate::routing::exchange::{Batch, PeerAnswer};
 use crate::routing::index_log::Event;
 use crate::testing::MemoryHost;
 #[cfg(target_arch = "wasm32")]
@@ -593,25 +595,27 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     let first = a.route(&here, &prompt(&turn1));
     let pod = first.decision.order[0];
     here.now.set(here.now.get() + 40);
-    let reply = a.serve_peer(&here, 7, 0, 1 << 20).unwrap();
+    let reply = a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap();
     let batch = Batch::decode(&reply).unwrap();
     assert_eq!((batch.replica, batch.events.len()), (7, 1));
     assert_eq!(batch.events[0].age_ms, 40);
-    let imported = b.import_peer(&there, &batch, there.now.get());
+    let imported = b.import_peer(&there, &batch, there.now.get(), 64);
     assert_eq!(
         imported,
         Imported {
             events: 1,
-            dropped: 0
+            dropped: 0,
+            answers: 0
         }
     );
     // Nothing new since: the next pull from where this one ended is empty.
-    assert!(
-        Batch::decode(&a.serve_peer(&here, 7, batch.next_seq, 1 << 20).unwrap())
+    assert!(Batch::decode(
+        &a.serve_peer(&here, 7, (batch.next_seq, None), 1 << 20)
             .unwrap()
-            .events
-            .is_empty()
-    );
+    )
+    .unwrap()
+    .events
+    .is_empty());
     let second = b.route(&there, &prompt(&turn2));
     assert_eq!(
         second.decision.order[0],
@@ -620,9 +624,60 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     );
     assert!(second.decision.matched >= 15, "{:?}", second.decision);
     // What b imported is not served again: nothing echoes back to a.
-    let back = Batch::decode(&b.serve_peer(&there, 8, 0, 1 << 20).unwrap()).unwrap();
+    let back = Batch::decode(&b.serve_peer(&there, 8, (0, None), 1 << 20).unwrap()).unwrap();
     assert_eq!(back.events.len(), 1, "only b's own turn 2");
     assert_eq!(back.pods, [format!("127.0.0.1:{}", pod + 1)]);
+}
+
+#[test]
+fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    let mut b = Router::new(with_peers("cache_aware", ABC), &there);
+    let pod = address_id("127.0.0.1:2");
+    for id in [11, 12] {
+        let e = Entry {
+            id,
+            pod,
+            at_ms: here.now.get(),
+        };
+        a.fleet().store(&here).remember_response(e, 64).unwrap();
+        a.fleet().store(&here).share_response(e).unwrap();
+    }
+    here.now.set(here.now.get() + 30);
+    // A replica of an earlier release does not ask for answers, and gets none.
+    let old = Batch::decode(&a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap()).unwrap();
+    assert_eq!(old.answers, None);
+    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, Some(1)), 1 << 20).unwrap()).unwrap();
+    let answers = batch.answers.clone().unwrap();
+    assert_eq!(answers.next, 2);
+    assert_eq!(
+        answers.entries,
+        [PeerAnswer {
+            id: 12,
+            pod,
+            age_ms: 30
+        }]
+    );
+    there.now.set(1_000);
+    assert_eq!(
+        b.import_peer(&there, &batch, there.now.get(), 64).answers,
+        1
+    );
+    let found = b.fleet().store(&there).response_holder(12).unwrap();
+    assert_eq!(
+        found,
+        Some(Entry {
+            id: 12,
+            pod,
+            at_ms: 970
+        })
+    );
+    // What b imported is not in b's ring: nothing echoes back to a.
+    let back = Batch::decode(&b.serve_peer(&there, 8, (0, Some(0)), 1 << 20).unwrap()).unwrap();
+    assert_eq!(back.answers.map(|a| a.entries.len()), Some(0));
+    // With the record off, a peer's answers are not written.
+    assert_eq!(b.import_peer(&there, &batch, there.now.get(), 0).answers, 0);
 }
 
 #[test]
@@ -634,12 +689,13 @@ fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
         &there,
     );
     a.route(&here, &prompt(&chat(&[("user", &"q".repeat(3000))])));
-    let batch = Batch::decode(&a.serve_peer(&here, 7, 0, 1 << 20).unwrap()).unwrap();
+    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap()).unwrap();
     assert_eq!(
-        b.import_peer(&there, &batch, 0),
+        b.import_peer(&there, &batch, 0, 64),
         Imported {
             events: 0,
-            dropped: 1
+            dropped: 1,
+            answers: 0
         }
     );
     assert_eq!(b.fleet().store(&there).log_next_seq(), Ok(0));
