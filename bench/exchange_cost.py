@@ -11,6 +11,10 @@ CPU summed, per answered request; the bytes the peers' pulls carried (Envoy's
 each replica's resident memory at the end (its median over replicas). Ratios to one replica
 are taken within a round. The machine has 2 cores: 8 Envoys share them, so CPU per request
 there includes what 8 idle Envoys cost (their ticks, scrapes and pulls) at this load.
+
+So the CPU is also split in two: each setup first idles for IDLE_S seconds (the replicas' fixed
+cost in cores, what a replica costs with no traffic), and the CPU per request less that idle
+rate over the load's duration is the marginal cost of a request (what grows with traffic).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from measure import loadgen, proc_cpu_s
@@ -25,6 +30,8 @@ from scenarios import SCALED_METRICS, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
 
 PEERS = ROOT / "deploy" / "envoy" / "envoy-peers.yaml"
+SETTLE_S = 2.0
+IDLE_S = 8.0
 
 
 def run(n: int, exchange: bool, logdir: Path) -> dict:
@@ -32,15 +39,24 @@ def run(n: int, exchange: bool, logdir: Path) -> dict:
     overrides = {"strategy": "cache_aware", "metrics": SCALED_METRICS, **({} if exchange else {"peers": None})}
     with Fleet(3, sim_args(w["capacity"]), gateways=n, config_file=PEERS, logdir=logdir,
                filter_overrides=overrides) as f:
-        cpu0 = [proc_cpu_s(e.proc.pid) for e in f.envoys]
+        # The replicas' fixed cost (ticks, scrapes, pulls, Envoy's own timers) at no traffic,
+        # after the first pulls and scrapes have settled.
+        time.sleep(SETTLE_S)
+        idle0, t0 = sum(proc_cpu_s(e.proc.pid) for e in f.envoys), time.monotonic()
+        time.sleep(IDLE_S)
+        idle_cores = (sum(proc_cpu_s(e.proc.pid) for e in f.envoys) - idle0) / (time.monotonic() - t0)
+        cpu0, t0 = [proc_cpu_s(e.proc.pid) for e in f.envoys], time.monotonic()
         rep = loadgen(w["args"], [f"http://127.0.0.1:{e.port}" for e in f.envoys],
                       [f"http://{s.address}" for s in f.sims], logdir / "report.json", 150.0)
         cpu = sum(proc_cpu_s(e.proc.pid) for e in f.envoys) - sum(cpu0)
+        load_s = time.monotonic() - t0
         rx = sum(e.stat("cluster.warmroute-peers.upstream_cx_rx_bytes_total") for e in f.envoys)
         rss = statistics.median(e.rss_bytes() for e in f.envoys)
         imported = sum(e.counter("warmroute.peers.events_imported") for e in f.envoys)
     ok = max(rep.get("ok") or 0, 1)
-    return {"replicas": n, "exchange": exchange, "ok": ok, "cpu_ms_per_req": cpu / ok * 1e3, "peer_bytes_per_req": rx / ok,
+    return {"replicas": n, "exchange": exchange, "ok": ok, "cpu_ms_per_req": cpu / ok * 1e3,
+            "idle_cores": idle_cores, "marginal_ms_per_req": max(cpu - idle_cores * load_s, 0.0) / ok * 1e3,
+            "peer_bytes_per_req": rx / ok,
             "rss_mib": rss / 2**20, "imported": imported, "hit_rate": rep.get("hit_rate")}
 
 
@@ -60,7 +76,8 @@ def main() -> int:
             row = {**run(n, exchange, rdir), "round": i}
             rows.append(row)
             print(f"  round {i} {n} replicas, exchange {'on ' if exchange else 'off'}: {row['ok']} requests, "
-                  f"Envoy CPU {row['cpu_ms_per_req']:.2f} ms/req, peer bytes {row['peer_bytes_per_req']:.0f}/req, "
+                  f"Envoy CPU {row['cpu_ms_per_req']:.2f} ms/req (idle {row['idle_cores']:.3f} cores, "
+                  f"marginal {row['marginal_ms_per_req']:.2f} ms/req), peer bytes {row['peer_bytes_per_req']:.0f}/req, "
                   f"RSS {row['rss_mib']:.1f} MiB per replica, imported {row['imported']}", flush=True)
     print(f"\nmedians over {a.rounds} rounds; ratios within each round to 1 replica, and (exchange on) to "
           "the same replicas without it:")
@@ -69,7 +86,10 @@ def main() -> int:
         mine = [r for r in rows if r["replicas"] == n and r["exchange"] == exchange]
         cpu_ratio = statistics.median(r["cpu_ms_per_req"] / ones[r["round"]]["cpu_ms_per_req"] for r in mine)
         rss_ratio = statistics.median(r["rss_mib"] / ones[r["round"]]["rss_mib"] for r in mine)
-        line = (f"  {n} replicas, exchange {'on ' if exchange else 'off'}: CPU/req {cpu_ratio:.2f}x one replica, "
+        marginal = statistics.median(r["marginal_ms_per_req"] / ones[r["round"]]["marginal_ms_per_req"] for r in mine)
+        idle = statistics.median(r["idle_cores"] / n for r in mine)
+        line = (f"  {n} replicas, exchange {'on ' if exchange else 'off'}: CPU/req {cpu_ratio:.2f}x one replica "
+                f"(of which per request {marginal:.2f}x; idle {idle:.3f} cores per replica), "
                 f"RSS per replica {rss_ratio:.2f}x, peer bytes/req "
                 f"{statistics.median(r['peer_bytes_per_req'] for r in mine):.0f}")
         off = {r["round"]: r for r in rows if r["replicas"] == n and not r["exchange"]}
