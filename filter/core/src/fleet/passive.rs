@@ -20,6 +20,12 @@
 //! not eject every pod in turn; a reset for `overflow` is Envoy's own circuit
 //! breaker refusing to send, whatever the pod's state. A pod whose engine
 //! died answers 500 to everything, and fails its scrape (`/metrics`) too.
+//! A 504 for the route's own timeout (`upstream_response_timeout`) counts,
+//! as Envoy's outlier detection counts it: an engine that stopped
+//! scheduling while its API server still answers `/metrics` shows only that
+//! way. A timeout below the longest answer a client may ask for would blame
+//! healthy pods for long generations, so the shipped routes set none
+//! (`timeout: 0s`; `stream_idle_timeout` catches a silent pod).
 //!
 //! The backend is the one Envoy last sent the request to (`upstream.address`),
 //! not the one the filter picked: a retry that succeeded elsewhere says
