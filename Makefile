@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-cost soak fuzz docs release clean real-setup real
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -96,8 +96,23 @@ $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q -r bench/requirements.txt
 	touch $@
 
-bench: build $(VENV)/.bench-installed ## Routing quality and filter cost (minutes; not part of `make test`)
+# The peer routers (SGLang's, vLLM's) from PyPI in a venv of their own, pinned in
+# bench/peers-requirements.txt; installed once (the stamp), never by `make test`.
+PEERS_VENV := .venv-peers
+$(PEERS_VENV)/.installed: bench/peers-requirements.txt
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q -r bench/peers-requirements.txt
+	touch $@
+
+peers-setup: $(PEERS_VENV)/.installed ## The peer routers the bench compares with (sglang-router, vllm-router from PyPI) into .venv-peers (cached)
+
+bench: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Routing quality and filter cost, the peers beside warmroute (minutes; not part of `make test`)
+	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_peers.py
 	cd bench && ../$(PY) run.py
+
+bench-peers: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The peers alone: each starts in front of the sims and routes (test_peers.py), then their paired rounds beside warmroute on every workload, merged into bench/results (PEER_ARGS=, e.g. --peer-rounds 3; ~11 min a round)
+	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_peers.py
+	cd bench && ../$(PY) run.py --only peers --merge $(PEER_ARGS)
 
 bench-cost: build ## The cost of routing: warmroute beside no filter, the floor filter and the no-op ext_proc picker (the Inference Extension's architecture), paired rounds at 1 KB and 128 KB; first the ext_proc hop's e2e (~2 min once built, the picker's crate ~70 s from nothing; results merged into bench/results; not part of `make test`)
 	cargo build --release -p warmroute-extproc-floor

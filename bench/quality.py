@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from measure import loadgen, proc_cpu_s
-from scenarios import (EVICTION_GATEWAYS, EVICTION_ROUNDS, EXTRA_ROUTERS, QUICK_ROUTERS, RERUN_PAIRS, RERUNS, ROUTERS, TIME_SCALE,
-                       WORKLOADS, sim_args)
+from scenarios import (EVICTION_GATEWAYS, EVICTION_ROUNDS, EXTRA_ROUTERS, PEER_ROUTERS, QUICK_ROUTERS, RERUN_PAIRS, RERUNS,
+                       ROUTERS, TIME_SCALE, WORKLOADS, sim_args)
+from peers import PeerRouter
 from warmroute_harness import Envoy, Fleet
 
 
@@ -63,7 +64,10 @@ class Bench:
 
     def quality(self, workload: str, router: str, replicas: int = 3, gateways: int = 1,
                 args: list[str] | None = None, capacity: int | None = None, scale: float = TIME_SCALE,
-                label: str | None = None, rerun: int = 0) -> dict:
+                label: str | None = None, rerun: int = 0, sink: list[dict] | None = None) -> dict:
+        """One run; its row goes to `sink` when given (a section's own list), else to the
+        re-run it belongs to, else to the main rows. A peer router (`PEER_ROUTERS`) runs as its
+        own process in front of the sims instead of Envoy (bench/peers.py)."""
         base_args, base_cap = self.wl(workload)
         args = args or base_args
         capacity = capacity or base_cap
@@ -74,6 +78,17 @@ class Bench:
         kwargs = dict(known[router]) if router in known else {"with_filter": False, "lb": "round_robin"}
         max_s = 60.0 if self.quick else 150.0
         t0 = time.time()
+        if router in PEER_ROUTERS:
+            with Fleet(replicas, sim_args(capacity, scale), gateways=0, logdir=rdir) as f, \
+                    PeerRouter(router, f.sims, rdir) as peer:
+                cpu0 = proc_cpu_s(peer.proc.pid)
+                rep = loadgen(args, [peer.url], [f"http://{s.address}" for s in f.sims], rdir / "report.json", max_s,
+                              ["--records", str(rdir / "records.jsonl")])
+                router_cpu = proc_cpu_s(peer.proc.pid) - cpu0
+            row = row_from(rep, workload=workload, router=label or router, replicas=replicas, gateways=gateways,
+                           kv_capacity_tokens=capacity, time_scale=scale, envoy_cpu_s=None,
+                           router_cpu_s=round(router_cpu, 2), decisions={})
+            return self._keep(row, rerun, sink, t0)
         with Fleet(replicas, sim_args(capacity, scale), gateways=gateways, logdir=rdir, **kwargs) as f:
             cpu0 = [proc_cpu_s(e.proc.pid) for e in f.envoys]
             rep = loadgen(args, [f"http://127.0.0.1:{e.port}" for e in f.envoys],
@@ -84,11 +99,17 @@ class Bench:
         row = row_from(rep, workload=workload, router=label or router, replicas=replicas, gateways=gateways,
                        kv_capacity_tokens=capacity, time_scale=scale, envoy_cpu_s=round(envoy_cpu, 2),
                        decisions=dec)
-        if rerun:
+        return self._keep(row, rerun, sink, t0)
+
+    def _keep(self, row: dict, rerun: int, sink: list[dict] | None, t0: float) -> dict:
+        if sink is not None:
+            sink.append(row)
+        elif rerun:
             row["rerun"] = rerun
             self.reruns[rerun - 1].append(row)
         else:
             self.rows.append(row)
+        workload, replicas, gateways = row["workload"], row["replicas"], row["gateways"]
         hr = row["hit_rate"]
         print(f"  {workload:12s} {row['router']:28s} {replicas}r {gateways}g  hit {hr if hr is None else round(hr, 3)}"
               f"  ttft p95 {(row['ttft_ms'] or {}).get('p95', 0):8.0f}  e2e mean {(row['e2e_ms'] or {}).get('mean', 0):8.0f}"

@@ -14,6 +14,7 @@ from math import comb
 from statistics import median
 
 import fleet
+import peers
 from scenarios import EVICTION_GATEWAYS, MIXED, SCALED_METRICS, TIME_SCALE, WORKLOADS
 
 
@@ -469,6 +470,8 @@ def markdown(res: dict) -> str:
         L.extend(mixed_markdown(res["mixed"]))
     if res.get("fleet"):
         L.extend(fleet.markdown(res["fleet"]))
+    if res.get("peers"):
+        L.extend(peers.markdown(res["peers"]))
     ind = res.get("independent")
     if ind and ind.get("runs"):
         L.append(f"## Independent client: {ind['client']}, concurrency {ind['concurrency']}\n")

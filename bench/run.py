@@ -14,7 +14,10 @@ bench/decision), eviction (cache_aware with and without the pods' cache reports 
 fleet behind 3 gateways, 15 paired rounds), mixed (interactive chat + long batch jobs at
 overload, cache_aware without and with the priority gate, 3 paired rounds, bench/mixed.py),
 fleet (100 instant pods at 100 requests/s of 4k- and 100k-token prompts, warmroute against a
-no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py).
+no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py),
+peers (the SGLang router and vLLM's router at their defaults and documented settings beside
+warmroute on every routing-quality workload, paired rounds, bench/peers.py; `make peers-setup`
+installs them; about 11 minutes a round).
 A full run takes about 61 minutes on 2 cores (the independent section about 15, eviction about
 14, fleet about 6).
 
@@ -41,6 +44,7 @@ from pathlib import Path
 
 import fleet
 import independent
+import peers
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
@@ -55,14 +59,15 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
-            "overhead", "memory", "decision", "mixed", "fleet"]
+            "overhead", "memory", "decision", "mixed", "fleet", "peers"]
 
 
 def write_results(res: dict, out: Path) -> None:
     """Adds the targets to `res`, then writes latest.json and latest.md; the plot is the
     caller's, which may or may not tolerate its failure."""
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
-                      + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet")))
+                      + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet"))
+                      + peers.targets(res.get("peers")))
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
 
@@ -74,6 +79,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS), help="results directory")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows/sections of the existing latest.json that this run does not redo")
+    ap.add_argument("--peer-rounds", type=int, default=peers.PEER_ROUNDS,
+                    help=f"paired rounds of the peers section (default {peers.PEER_ROUNDS})")
+    ap.add_argument("--peer-workloads", nargs="+", choices=peers.PEER_WORKLOADS,
+                    help="the peers section's workloads (default: all)")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render latest.md, latest.png, decision.png (and targets) from latest.json, "
                          "run nothing")
@@ -128,6 +137,9 @@ def main() -> int:
                 ind = independent.section(logdir, a.quick)
             elif s == "fleet":
                 res["fleet"] = fleet.section(logdir, a.quick)
+            elif s == "peers":
+                res["peers"] = []
+                res["peers"] = peers.section(b, a.peer_rounds, a.peer_workloads, res["peers"])
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "independent": ind, "wall_s": time.time() - t0})
@@ -148,7 +160,7 @@ def main() -> int:
             while merged and not merged[-1]:
                 merged.pop()
             res["reruns"] = merged
-            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet"):
+            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "peers"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]

@@ -116,6 +116,61 @@ EXTRA_ROUTERS = {
     "warmroute_cache_aware_peers": {"config_file": ROOT / "deploy" / "envoy" / "envoy-peers.yaml",
                                     "filter_overrides": {"strategy": "cache_aware", "metrics": SCALED_METRICS}},
 }
+# The peers (issue #34): other projects' routers, each one process on 127.0.0.1 in front of the
+# same sims (bench/peers.py starts and stops it), from PyPI at the versions pinned in
+# bench/peers-requirements.txt, installed by `make peers-setup` into .venv-peers. `args` are the
+# routing flags on top of the bench's own (address, workers, metrics port on loopback): none is
+# the router's defaults. The tuned rows are each project's documented recommendation for these
+# workloads; `why` quotes it. `workloads` limits a row to the workloads its setting is
+# documented for. Every other setting is the router's default, wall-clock ones included (unlike
+# warmroute's scrape period, nothing of theirs needs compressing: their cache-aware policies
+# count their own in-flight requests and never ask the pods, and their tree eviction runs every
+# 60-120 s, longer than a run, on a tree far under its size bound).
+PEER_ROUTERS: dict[str, dict] = {
+    "sglang_router": {
+        "exe": "sglang-router", "cmd": ["launch"], "args": [], "log_level": "info",
+        "why": "SGLang router (sglang-router 0.3.2) at its defaults: policy cache_aware, cache-threshold 0.3, "
+               "balance-abs-threshold 64, balance-rel-threshold 1.5.",
+    },
+    "sglang_router_tuned": {
+        "exe": "sglang-router", "cmd": ["launch"], "args": ["--cache-threshold", "0.1"], "log_level": "info",
+        "why": "the SGLang router's docs, Cache-Aware Routing, Tuning Guidelines (lightseekorg/smg "
+               "docs/concepts/routing/cache-aware.md): cache-threshold 'Low (0.1-0.2): more cache hits ... "
+               "Conversational workloads' (all four are); balance thresholds 'higher' for homogeneous workers, "
+               "with no number given: left at their defaults, which the runs' loads (a few requests in flight "
+               "per pod) never reach anyway.",
+    },
+    "vllm_router": {
+        "exe": "vllm-router", "cmd": [], "args": [], "log_level": "info",
+        "why": "vLLM's router (vllm-router 0.1.17) at its defaults: policy cache_aware, cache-threshold 0.3, "
+               "balance-abs-threshold 64, balance-rel-threshold 1.5. It asks a pod to render each prompt "
+               "(/v1/chat/completions/render, 403 on a default vLLM 0.32, as from the sim) and then routes on "
+               "the prompt's text.",
+    },
+    "vllm_router_tuned": {
+        "exe": "vllm-router", "cmd": [],
+        "args": ["--cache-threshold", "0.5", "--balance-abs-threshold", "32", "--balance-rel-threshold", "1.1"],
+        "log_level": "info",
+        "why": "vLLM's router docs, Load Balancing Policies, Cache Aware (vllm-project/router "
+               "docs/load_balancing/README.md): its configuration example, cache-threshold 0.5, "
+               "balance-abs-threshold 32, balance-rel-threshold 1.1 ('Repeated system prompts / few-shot').",
+    },
+    "vllm_router_consistent_hash": {
+        "exe": "vllm-router", "cmd": [], "args": ["--policy", "consistent_hash"], "log_level": "info",
+        "workloads": ["agent", "chat", "evicting"],
+        "why": "the same page's Quick Reference: 'Chat applications with conversation history: "
+               "consistent_hash', keyed on the X-Session-ID header (its recommended key), which the agent and "
+               "chat workloads send; conversation and uniform send none, and there it would hash whole bodies.",
+    },
+}
+PEER_DEFAULTS = ["sglang_router", "vllm_router"]
+# The workloads the peers run on: every routing-quality workload, `evicting` through one gateway
+# (a peer is one process; warmroute beside it is one Envoy too).
+PEER_WORKLOADS = ["agent", "conversation", "chat", "uniform", "evicting"]
+# Paired rounds: warmroute and every peer row on each workload per round, the order reversed
+# every other round (the machine's speed drifts over minutes).
+PEER_ROUNDS = 2
+
 # Paired rounds of the eviction section (cache_aware with and without feedback), and its
 # gateways: with one, the index sees every prompt the pods hold and predicts 97% of the
 # tokens they report (one run), leaving feedback little to correct; three gateways in front

@@ -20,6 +20,21 @@
 //!   (`{"lora_name"}`) add and remove adapters and answer vLLM's plain-text `Success: ...` line or
 //!   its errors; without the flag these routes do not exist, as in vLLM without
 //!   `VLLM_ALLOW_RUNTIME_LORA_UPDATING`.
+//! * `POST /tokenize` (vLLM's `TokenizeCompletionRequest`/`TokenizeChatRequest`: `prompt`, or
+//!   `messages` rendered as below) answers vLLM's `TokenizeResponse`
+//!   `{"count", "max_model_len", "tokens", "token_strs": null}`. A token id is the low 31 bits of
+//!   the word's hash ([`wire_token_id`]): ids fit the u32 that routers' tokenizers use, and equal
+//!   prompts give equal ids, which is all a router matching prefixes on them needs. (Ids sent
+//!   back to `/v1/completions` are words of their own, not the words they came from.)
+//! * `POST /v1/chat/completions/render` and `POST /v1/completions/render` answer 403
+//!   `PermissionDeniedError`, as `vllm serve` does without `--enable-scale-out` (vLLM 0.32,
+//!   `entrypoints/scale_out/factories.py`). vLLM's router (0.1.17) asks render for each prompt's
+//!   ids before routing: on this 403 it routes on the prompt's text, as in front of a default
+//!   vLLM (on a 404, as from vLLMs before the render endpoints, it asks `/tokenize` next).
+//! * `GET`/`POST /ping` (200, empty: vLLM's SageMaker route) and `GET /version`.
+//! * SGLang-only probes (`/server_info`, `/get_server_info`, `/model_info`, `/get_model_info`,
+//!   `/health_generate`, `/get_load`) get 404 as from a real vLLM server: the SGLang router
+//!   falls back from each and registers the worker all the same.
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
 //! * With `--echo-request-headers`, every response also carries the request's headers as the
 //!   pod received them ([`REQUEST_HEADERS_HEADER`]).
@@ -225,6 +240,11 @@ pub fn router(state: AppState) -> Router {
     let mut router = Router::new()
         .merge(completions)
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize_handler))
+        .route("/v1/chat/completions/render", post(scale_out_disabled))
+        .route("/v1/completions/render", post(scale_out_disabled))
+        .route("/ping", get(health).post(health))
+        .route("/version", get(version))
         .route("/health", get(health))
         .route("/metrics", get(metrics_handler));
     if state.runtime_lora_updating {
@@ -398,6 +418,62 @@ async fn not_found() -> Response {
 
 async fn health() -> StatusCode {
     StatusCode::OK
+}
+
+/// The vLLM release whose answers the simulator follows (`GET /version`).
+pub const VLLM_VERSION: &str = "0.32.0";
+
+async fn version() -> Json<Value> {
+    Json(json!({ "version": VLLM_VERSION }))
+}
+
+/// A token as a wire id: the low 31 bits of its hash, so it fits the u32 (and i32) token ids of
+/// real tokenizers that routers parse.
+pub fn wire_token_id(t: Token) -> u64 {
+    t & 0x7fff_ffff
+}
+
+/// vLLM's `/tokenize`: a `prompt` string, or `messages` (rendered as the chat endpoint renders
+/// them, honouring `add_generation_prompt`).
+async fn tokenize_handler(State(st): State<AppState>, body: Bytes) -> Response {
+    let result = (|| {
+        let obj = parse_body(&body)?;
+        resolve_model(&st, &obj)?;
+        let tokens = if obj.contains_key("messages") {
+            tokenize(&render_chat(&obj)?)
+        } else {
+            match obj.get("prompt") {
+                Some(Value::String(p)) => tokenize(p),
+                None | Some(Value::Null) => {
+                    return Err(ApiError::bad_request(
+                        "Field required: 'prompt' or 'messages'",
+                    ))
+                }
+                Some(_) => return Err(ApiError::bad_request("'prompt' must be a string")),
+            }
+        };
+        let ids: Vec<u64> = tokens.into_iter().map(wire_token_id).collect();
+        Ok::<_, ApiError>(json!({
+            "count": ids.len(),
+            "max_model_len": st.max_len,
+            "tokens": ids,
+            "token_strs": null,
+        }))
+    })();
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The render endpoints of a `vllm serve` started without `--enable-scale-out`.
+async fn scale_out_disabled() -> Response {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "PermissionDeniedError",
+        "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+    )
+    .into_response()
 }
 
 /// vLLM's `ModelPermission` with its defaults (every `ModelCard` carries one).

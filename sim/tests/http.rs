@@ -1466,3 +1466,68 @@ async fn a_stalled_response_sends_its_first_byte_then_waits() {
         .await;
     assert_eq!(status, 404);
 }
+
+/// What the peer routers (vLLM's router, the SGLang router) ask a vLLM server beside the
+/// completions: `/tokenize` for the prompt's ids (vLLM's router, per request), the render
+/// endpoints (403 without `--enable-scale-out`), `/ping`, `/version`, and SGLang's probes (404).
+#[tokio::test]
+async fn tokenize_render_and_the_routers_probes_answer_as_vllm_does() {
+    let sim = start(&["--model", "m1", "--max-model-len", "4096"]).await;
+    let chat = |msgs: Value| json!({"model": "m1", "messages": msgs});
+    let one =
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "a b c"}]);
+    let mut two = one.as_array().unwrap().clone();
+    two.push(json!({"role": "assistant", "content": "d e"}));
+    two.push(json!({"role": "user", "content": "f"}));
+    let t1 = sim.ok("/tokenize", &chat(one.clone())).await;
+    let t2 = sim.ok("/tokenize", &chat(Value::Array(two))).await;
+    assert_eq!(t1["max_model_len"], 4096);
+    assert_eq!(t1["token_strs"], Value::Null);
+    let (ids1, ids2) = (
+        t1["tokens"].as_array().unwrap(),
+        t2["tokens"].as_array().unwrap(),
+    );
+    assert_eq!(t1["count"].as_u64().unwrap() as usize, ids1.len());
+    // The rendered prompt is `<|system|> be brief \n <|user|> a b c \n <|assistant|>`: 8 words,
+    // the same count the chat endpoint bills.
+    let (_, _, done) = sim
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "m1", "messages": one, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(ids1.len(), 8);
+    assert_eq!(done["usage"]["prompt_tokens"], 8);
+    // The next turn's ids extend this turn's: its answer opens with the same `<|assistant|>`.
+    assert_eq!(&ids2[..ids1.len()], &ids1[..]);
+    assert!(ids2.len() > ids1.len());
+    assert!(ids2.iter().all(|i| i.as_u64().is_some_and(|i| i < 1 << 31)));
+    let p = sim.ok("/tokenize", &json!({"prompt": "x y z"})).await;
+    assert_eq!(p["count"], 3);
+    let (s, _, e) = sim
+        .post("/tokenize", &json!({"model": "nope", "prompt": "x"}))
+        .await;
+    assert_eq!(
+        (s, e["error"]["type"].as_str()),
+        (404, Some("NotFoundError"))
+    );
+    for path in ["/v1/chat/completions/render", "/v1/completions/render"] {
+        let (s, _, e) = sim.post(path, &chat(one.clone())).await;
+        assert_eq!(
+            (s, e["error"]["type"].as_str()),
+            (403, Some("PermissionDeniedError")),
+            "{path}"
+        );
+    }
+    assert_eq!(sim.get_text("/ping").await, (200, String::new()));
+    assert_eq!(sim.get_json("/version").await["version"], "0.32.0");
+    for path in [
+        "/get_server_info",
+        "/server_info",
+        "/get_model_info",
+        "/model_info",
+        "/health_generate",
+    ] {
+        assert_eq!(sim.get_text(path).await.0, 404, "{path}");
+    }
+}
