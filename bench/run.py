@@ -14,9 +14,12 @@ bench/decision), eviction (cache_aware with and without the pods' cache reports 
 fleet behind 3 gateways, 15 paired rounds), mixed (interactive chat + long batch jobs at
 overload, cache_aware without and with the priority gate, 3 paired rounds, bench/mixed.py),
 fleet (100 instant pods at 100 requests/s of 4k- and 100k-token prompts, warmroute against a
-no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py).
-A full run takes about 61 minutes on 2 cores (the independent section about 15, eviction about
-14, fleet about 6).
+no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py),
+scale_midway (a gateway of one replica gains two mid-run, with and without the exchange between
+replicas, 2 paired rounds, bench/scale_midway.py), peer_faults (3 replicas with the exchange: a
+peer killed, one answering garbage, one too slow, against no fault and no exchange, 2 rounds,
+bench/peer_faults.py). A full run takes about 61 minutes on 2 cores (the independent section
+about 15, eviction about 14, fleet about 6) before the last two.
 
 Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
 curves, for the docs' results page). Every server binds 127.0.0.1,
@@ -41,6 +44,8 @@ from pathlib import Path
 
 import fleet
 import independent
+import peer_faults
+import scale_midway
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
@@ -55,14 +60,15 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
-            "overhead", "memory", "decision", "mixed", "fleet"]
+            "overhead", "memory", "decision", "mixed", "fleet", "scale_midway", "peer_faults"]
 
 
 def write_results(res: dict, out: Path) -> None:
     """Adds the targets to `res`, then writes latest.json and latest.md; the plot is the
     caller's, which may or may not tolerate its failure."""
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
-                      + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet")))
+                      + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet"))
+                      + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults")))
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
 
@@ -128,6 +134,10 @@ def main() -> int:
                 ind = independent.section(logdir, a.quick)
             elif s == "fleet":
                 res["fleet"] = fleet.section(logdir, a.quick)
+            elif s == "scale_midway":
+                res["scale_midway"] = scale_midway.section(logdir, a.quick)
+            elif s == "peer_faults":
+                res["peer_faults"] = peer_faults.section(logdir, a.quick)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "independent": ind, "wall_s": time.time() - t0})
@@ -148,7 +158,8 @@ def main() -> int:
             while merged and not merged[-1]:
                 merged.pop()
             res["reruns"] = merged
-            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet"):
+            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "scale_midway",
+                      "peer_faults"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]
