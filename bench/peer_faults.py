@@ -225,7 +225,7 @@ def targets(s: dict | None) -> list[dict]:
 
 
 def section(logdir: Path, quick: bool) -> dict:
-    """`make bench`'s section: 2 rounds of both workloads (1 of agent when quick), ~12 min."""
+    """`make bench`'s section: 2 rounds of both workloads (1 of agent when quick), ~8 min."""
     print("== peer faults (kill, garbage, slow)", flush=True)
     s = summary(rounds(1 if quick else 2, ["agent"] if quick else ["conversation", "agent"], logdir / "peer-faults"))
     report(s)

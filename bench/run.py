@@ -18,8 +18,8 @@ no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, b
 scale_midway (a gateway of one replica gains two mid-run, with and without the exchange between
 replicas, 2 paired rounds, bench/scale_midway.py), peer_faults (3 replicas with the exchange: a
 peer killed, one answering garbage, one too slow, against no fault and no exchange, 2 rounds,
-bench/peer_faults.py). A full run takes about 61 minutes on 2 cores (the independent section
-about 15, eviction about 14, fleet about 6) before the last two.
+bench/peer_faults.py). A full run takes about 74 minutes on 2 cores (the independent section
+about 15, eviction about 14, peer_faults about 8, fleet about 6, scale_midway about 5).
 
 Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
 curves, for the docs' results page). Every server binds 127.0.0.1,
