@@ -1242,19 +1242,31 @@ fn answer_from(
     w.on_log(host, ex);
 }
 
+/// A Responses request `body` through `w`, answered by `upstream`.
+fn responses_answered(
+    w: &mut Worker,
+    host: &MemoryHost,
+    body: &[u8],
+    upstream: &str,
+    status: &str,
+    chunks: &[&str],
+) {
+    let mut ex = send(w, host, &responses_headers(), body);
+    answer_from(w, host, &mut ex, upstream, status, chunks);
+}
+
 #[test]
 fn a_stored_responses_follow_up_goes_to_the_pod_that_answered_it_from_any_vm() {
     let host = MemoryHost::default();
     let mut a = worker(&host);
     let mut b = worker(&host);
     let first = br#"{"model":"m","input":"What is the capital of France?"}"#;
-    let mut ex = send(&mut a, &host, &responses_headers(), first);
     // Whichever pod the filter chose, Envoy's last try reached c: c holds the response.
     // Its id arrives split across chunks.
-    answer_from(
+    responses_answered(
         &mut a,
         &host,
-        &mut ex,
+        first,
         "127.0.0.1:3",
         "200",
         &[
@@ -1280,51 +1292,28 @@ fn a_stored_responses_follow_up_goes_to_the_pod_that_answered_it_from_any_vm() {
 fn a_client_cannot_steer_by_an_id_no_pod_answered() {
     let host = MemoryHost::default();
     let mut w = worker(&host);
-    // A body that merely names an id, an error answer naming one, an answer
-    // not stored: none of them is remembered.
-    let mut ex = send(
-        &mut w,
-        &host,
-        &responses_headers(),
-        br#"{"model":"m","input":"hi","id":"resp_forged"}"#,
-    );
-    answer_from(
-        &mut w,
-        &host,
-        &mut ex,
-        "127.0.0.1:2",
-        "404",
-        &[r#"{"id":"resp_forged","error":{"code":404}}"#],
-    );
-    let mut ex = send(
-        &mut w,
-        &host,
-        &responses_headers(),
-        br#"{"model":"m","input":"hi","store":false}"#,
-    );
-    answer_from(
-        &mut w,
-        &host,
-        &mut ex,
-        "127.0.0.1:2",
-        "200",
-        &[r#"{"id":"resp_forged"}"#],
-    );
-    // An answer whose id never comes.
-    let mut ex = send(
-        &mut w,
-        &host,
-        &responses_headers(),
-        br#"{"model":"m","input":"hi"}"#,
-    );
-    answer_from(
-        &mut w,
-        &host,
-        &mut ex,
-        "127.0.0.1:2",
-        "200",
-        &[r#"{"object":"response"}"#],
-    );
+    // A body that merely names an id (answered with an error naming it), an
+    // answer not stored, an answer whose id never comes: none is remembered.
+    let hi = r#"{"model":"m","input":"hi""#;
+    for (rest, status, answer) in [
+        (
+            r#","id":"resp_forged"}"#,
+            "404",
+            r#"{"id":"resp_forged","error":{"code":404}}"#,
+        ),
+        (r#","store":false}"#, "200", r#"{"id":"resp_forged"}"#),
+        ("}", "200", r#"{"object":"response"}"#),
+    ] {
+        let body = format!("{hi}{rest}");
+        responses_answered(
+            &mut w,
+            &host,
+            body.as_bytes(),
+            "127.0.0.1:2",
+            status,
+            &[answer],
+        );
+    }
     w.tick(&host);
     assert_eq!(host.metric("warmroute.responses.remembered"), Some(0));
     assert_eq!(host.metric("warmroute.responses.not_remembered"), Some(1));
@@ -1346,14 +1335,9 @@ fn a_holder_out_of_rotation_or_out_of_the_fleet_is_not_pinned() {
     let host = MemoryHost::default();
     let mut w = worker(&host);
     for (upstream, id) in [("127.0.0.1:2", "resp_b"), ("10.0.0.9:8000", "resp_x")] {
-        let mut ex = send(
-            &mut w,
-            &host,
-            &responses_headers(),
-            br#"{"model":"m","input":"hi"}"#,
-        );
         let body = format!(r#"{{"id":"{id}"}}"#);
-        answer_from(&mut w, &host, &mut ex, upstream, "200", &[&body]);
+        let hi = br#"{"model":"m","input":"hi"}"#;
+        responses_answered(&mut w, &host, hi, upstream, "200", &[&body]);
     }
     // b fails two scrapes in a row: out of rotation.
     for _ in 0..2 {
