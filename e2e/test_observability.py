@@ -30,6 +30,10 @@ SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? \S+$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="')
 METRIC = re.compile(r"\bwarmroute_[a-z_]+\b")
 BY = re.compile(r"\bby\s*\(([^)]*)\)")
+# A series selector's label matchers: metric -> the names it matches on.
+SELECTOR = re.compile(r"\b(warmroute_[a-z_]+)\{([^}]*)\}")
+MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
+LABEL_VALUES = re.compile(r"label_values\(\s*(warmroute_[a-z_]+)\s*,\s*(\w+)\s*\)")
 LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
@@ -51,6 +55,16 @@ def values(text: str, metric: str, label: str) -> dict[str, float]:
     """`metric`'s samples by the value of `label`."""
     pat = re.compile(rf'^{metric}\{{(?:[^}}]*,)?{label}="([^"]*)"[^}}]*\}} (\S+)$')
     return {m.group(1): float(m.group(2)) for line in text.splitlines() if (m := pat.match(line))}
+
+
+def totals(text: str, metric: str, label: str) -> dict[str, float]:
+    """`metric`'s samples summed by the value of `label` (over its other labels)."""
+    pat = re.compile(rf'^{metric}\{{(?:[^}}]*,)?{label}="([^"]*)"[^}}]*\}} (\S+)$')
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if m := pat.match(line):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def counted(f: Fleet, n: int) -> None:
@@ -88,7 +102,7 @@ def test_every_shipped_config_labels_the_stats_the_same_way():
     first = next(iter(tags.values()))
     assert all(t == first for t in tags.values()), "the shipped configs' stats_tags differ"
     names = [t["tag_name"] for t in first["stats_tags"]]
-    assert {"pod", "reason", "class"} <= set(names), names
+    assert {"pod", "reason", "class", "model"} <= set(names), names
 
 
 def test_the_dashboard_queries_only_series_a_real_run_exports():
@@ -132,7 +146,16 @@ def test_the_dashboard_queries_only_series_a_real_run_exports():
                     missing = wanted - series[metric]
                     assert not missing, f"panel {panel['title']!r}: {metric} has no label {missing}"
                     checked += 1
+                for metric, matchers in SELECTOR.findall(t["expr"]):
+                    missing = set(MATCHER.findall(matchers)) - series.get(metric, set())
+                    assert not missing, f"panel {panel['title']!r}: {metric} is selected on {missing}, not a label of it"
         assert checked >= 20, checked
+        # The dashboard's variables list the values of labels the run exported.
+        variables = [v for v in dash["templating"]["list"] if v["type"] == "query"]
+        assert variables, "no query variable"
+        for v in variables:
+            for metric, label in LABEL_VALUES.findall(v["definition"]):
+                assert label in series.get(metric, set()), f"variable {v['name']}: {metric} has no label {label}"
 
 
 @pytest.mark.parametrize("platform", sorted(PLATFORM_STATS))
@@ -161,6 +184,43 @@ def test_mesh_targets_label_the_stats_through_a_bootstrap_merge(platform):
         assert set(chosen) == {s.name for s in f.sims} and sum(chosen.values()) == sent, chosen
         assert sum(values(text, "warmroute_decision", "reason").values()) == sent
         assert values(text, "warmroute_requests", "strategy").get("cache_aware") is not None
+        assert totals(text, "warmroute_model_decision", "model") == {"other": sent}, "no model declared: all other"
+
+
+def test_per_model_stats_carry_the_declared_models_and_nothing_a_client_names():
+    """The model a request names becomes the label `model` only when the operator declared it;
+    any other name a client sends (and a body not read) counts under `other`: no client can
+    make Envoy mint a stat."""
+    slashed, minted = "acme/tiny-1.5", "client-minted-7f3a"
+    fleet = Fleet(2, ["--time-scale", "10"])
+    # sim-0 declares both models; sim-1 declares nothing, so it may get any model (a name
+    # neither pod serves is routed there and answered 404 by it, not by the filter).
+    fleet.envoy.backend_fields = {"sim-0": {"models": [MODEL, slashed]}}
+    with fleet as f:
+        sent = {MODEL: 3, slashed: 2, minted: 2}
+        for model, n in sent.items():
+            for i in range(n):
+                body = chat(model, [{"role": "user", "content": words(f"{model}-{i}-", 200)}])
+                post(f.envoy.port, "/v1/chat/completions", body)
+        post(f.envoy.port, "/v1/chat/completions", b"{not json")
+        total = sum(sent.values()) + 1
+        counted(f, total)
+        text = prometheus(f.envoy.admin_port)
+    series = exported(text)
+    for metric in ("warmroute_model_decision", "warmroute_model_prompt_blocks", "warmroute_model_matched_blocks"):
+        assert "model" in series.get(metric, set()), (metric, sorted(series))
+    assert "reason" in series["warmroute_model_decision"]
+    assert not [n for n in series if n.startswith("warmroute_model_") and n not in
+                {"warmroute_model_decision", "warmroute_model_prompt_blocks", "warmroute_model_matched_blocks"}], \
+        sorted(series)
+    by_model = totals(text, "warmroute_model_decision", "model")
+    assert by_model == {MODEL: 3, slashed: 2, "other": 3}, by_model
+    assert sum(totals(text, "warmroute_model_decision", "reason").values()) == total
+    assert minted not in text, "a client's model name reached Envoy's stats"
+    prompt = totals(text, "warmroute_model_prompt_blocks", "model")
+    assert prompt[MODEL] > 0 and prompt[slashed] > 0 and set(prompt) == {MODEL, slashed, "other"}, prompt
+    matched = totals(text, "warmroute_model_matched_blocks", "model")
+    assert all(matched[m] <= prompt[m] for m in prompt), (matched, prompt)
 
 
 ROUTE_LOG = "ACCESS %REQ(X-REQUEST-ID)% %UPSTREAM_HOST% route=%FILTER_STATE(wasm.warmroute:PLAIN)%"

@@ -546,8 +546,8 @@ def mesh_virtual_service(args) -> dict:
 
 
 # The filter's stats as Prometheus labels: Envoy's tag extraction turns the pod, the decision's
-# reason, why a body was unread, the strategy, the outcome and the gate's class in a stat's name
-# into labels (the stats_config.stats_tags of every shipped Envoy config; e2e/test_observability
+# reason, why a body was unread, the strategy, the outcome, the gate's class and the declared
+# model in a stat's name into labels (the stats_config.stats_tags of every shipped Envoy config; e2e/test_observability
 # compares the copies). A ProxyConfig cannot carry them: its extraStatTags only name tags of the
 # form <name>=.=<value>;.; (Istio's tools/packaging/common/envoy_bootstrap.json), which the
 # filter's stat names are not. A bootstrap override can: istio-agent hands the file named by
@@ -556,11 +556,12 @@ def mesh_virtual_service(args) -> dict:
 # wasm* stat (pkg/bootstrap/config.go requiredEnvoyStatsMatcherInclusionPrefixes).
 STATS_TAGS = [
     {"tag_name": "pod", "regex": r"^wasmcustom\.warmroute\.backend\.((.+?)\.)\w+$"},
-    {"tag_name": "reason", "regex": r"^wasmcustom\.warmroute\.decision(\.(\w+))$"},
+    {"tag_name": "reason", "regex": r"^wasmcustom\.warmroute\.(?:model\.)?decision(\.(\w+))(?:\..+)?$"},
     {"tag_name": "unread", "regex": r"^wasmcustom\.warmroute\.fallback(\.(\w+))$"},
     {"tag_name": "strategy", "regex": r"^wasmcustom\.warmroute\.requests\.((\w+)\.)\w+$"},
     {"tag_name": "outcome", "regex": r"^wasmcustom\.warmroute\.(?:requests\.\w+|scrape)(\.(\w+))$"},
     {"tag_name": "class", "regex": r"^wasmcustom\.warmroute\.gate\.((.+?)\.)\w+$"},
+    {"tag_name": "model", "regex": r"^wasmcustom\.warmroute\.model\.(?:decision\.\w+|\w+)(\.(.+))$"},
 ]
 STATS_CONFIGMAP = "warmroute-stats-tags"
 # Where the sidecar and gateway injection templates mount the ConfigMap that the annotation

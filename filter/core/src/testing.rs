@@ -172,6 +172,15 @@ impl MemoryHost {
         std::mem::take(&mut *self.callouts.borrow_mut())
     }
 
+    /// The name of every metric defined.
+    pub fn metric_names(&self) -> Vec<String> {
+        self.metrics
+            .borrow()
+            .iter()
+            .map(|m| m.name.clone())
+            .collect()
+    }
+
     /// A stat's value by its full name (counters: the sum flushed so far).
     pub fn metric(&self, name: &str) -> Option<i64> {
         self.metrics

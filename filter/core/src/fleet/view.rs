@@ -608,7 +608,8 @@ impl FleetView {
         if self.unreleased.iter().all(|d| *d == Delta::default()) {
             return Ok(());
         }
-        self.write_ledger(host, None, self.last_now).map(|_| ())
+        let now = self.last_now;
+        self.account(host, None, now, false, false).map(|_| ())
     }
 
     /// The tick's ledger work at `now_ms`: writes the releases waiting for it,
@@ -625,37 +626,15 @@ impl FleetView {
         if !pending && self.open_requests == 0 && !read.value.has_abandoned(&self.writer(now_ms)) {
             return Ok(read.value.inflight);
         }
-        self.write_ledger(host, Some(read.raw), now_ms)
+        self.account(host, Some(read.raw), now_ms, false, false)
+            .map(|a| a.ledger.inflight)
     }
 
     /// One ledger write of the releases waiting for it (and this VM's
     /// heartbeat), reserving a log slot if `reserve`; `if_unchanged`: only if
-    /// the ledger is still as `seed` read it (one CAS). Returns the slot.
+    /// the ledger is still as `seed` read it (one CAS). This VM's releases
+    /// are in the ledger once it succeeds.
     pub fn account<H: Host>(
-        &mut self,
-        host: &H,
-        seed: Option<Versioned>,
-        now: u64,
-        reserve: bool,
-        if_unchanged: bool,
-    ) -> Result<Option<u64>, HostError> {
-        self.write(host, seed, now, reserve, if_unchanged)
-            .map(|a| a.seq)
-    }
-
-    /// One ledger write of the waiting releases and this VM's heartbeat.
-    fn write_ledger<H: Host>(
-        &mut self,
-        host: &H,
-        seed: Option<Versioned>,
-        now_ms: u64,
-    ) -> Result<Vec<InFlight>, HostError> {
-        self.write(host, seed, now_ms, false, false)
-            .map(|a| a.ledger.inflight)
-    }
-
-    /// The ledger write both make: this VM's releases are in it once it succeeds.
-    fn write<H: Host>(
         &mut self,
         host: &H,
         seed: Option<Versioned>,

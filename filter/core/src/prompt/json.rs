@@ -258,13 +258,8 @@ impl<'a> JsonReader<'a> {
     /// [`JsonReader::key`]; `decoded`: whether the key will be decoded (see
     /// [`JsonReader::scan_string`]; the keys of a skipped object are not).
     fn next_key(&mut self, first: bool, decoded: bool) -> Result<Option<Str<'a>>, Syntax> {
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
-            self.depth = self.depth.saturating_sub(1);
+        if !self.more(first, b'}')? {
             return Ok(None);
-        }
-        if !first {
-            self.eat(b',')?;
         }
         let k = self.scan_string(decoded)?;
         self.eat(b':')?;
@@ -278,7 +273,13 @@ impl<'a> JsonReader<'a> {
 
     /// Whether another element follows (positioned at it), or the array ended.
     pub fn element(&mut self, first: bool) -> Result<bool, Syntax> {
-        if self.peek() == Some(b']') {
+        self.more(first, b']')
+    }
+
+    /// Whether another member of the container follows (positioned at it,
+    /// past its comma unless `first`), or the container ended at `close`.
+    fn more(&mut self, first: bool, close: u8) -> Result<bool, Syntax> {
+        if self.peek() == Some(close) {
             self.pos += 1;
             self.depth = self.depth.saturating_sub(1);
             return Ok(false);

@@ -576,6 +576,7 @@ impl Worker {
         self.stats.decided(
             routed.decision.reason,
             primary,
+            key.and_then(|k| k.model.as_deref()),
             (routed.decision.matched, routed.blocks),
             (routed.host_errors, routed.log_gap, routed.redecided),
         );

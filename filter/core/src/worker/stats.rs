@@ -7,6 +7,19 @@
 //! stops: each host call costs microseconds in Envoy, and per request there
 //! were four of them (decision, chosen pod, match, outcome), as much as the
 //! routing decision itself on a short prompt.
+//!
+//! Per-model stats (`warmroute.model.decision.<reason>.<model>`,
+//! `warmroute.model.{prompt_blocks,matched_blocks}.<model>`) are kept for the
+//! names the operator declared (`backends[].models`/`adapters`,
+//! `pool.models`/`adapters`, `pool.clusters[]`), never for a name a request
+//! brings: a client picks `model`, and a stat per name would let it mint
+//! series without bound. Every other request (an undeclared model, none, a
+//! body not read) counts under `other`. At most [`MAX_MODEL_STATS`] declared
+//! names get series of their own (in the order declared; later ones count as
+//! `other`), and only names that are a Prometheus label value as they stand
+//! (printable ASCII, no `"` or `\`), so the exporter need escape nothing.
+//! Envoy's tag extraction (`stats_config.stats_tags` of the shipped configs)
+//! turns the name into the label `model`.
 
 use crate::config::Config;
 use crate::fleet::health::Outcome;
@@ -65,6 +78,49 @@ const REASONS: [Reason; 10] = [
     Reason::StoredResponse,
     Reason::Fallback,
 ];
+
+/// Most declared models with per-model stats of their own (each one costs
+/// 12 Envoy stats per gateway).
+pub const MAX_MODEL_STATS: usize = 32;
+
+/// The bucket of every model without stats of its own.
+pub const OTHER_MODEL: &str = "other";
+
+/// The declared model and adapter names that get per-model stats, each once,
+/// in the order declared: at most [`MAX_MODEL_STATS`], each a label value
+/// that needs no escaping.
+pub fn stat_models(cfg: &Config) -> Vec<&str> {
+    let declared = cfg
+        .backends
+        .iter()
+        .map(|b| &b.serves)
+        .chain(
+            cfg.pool
+                .iter()
+                .flat_map(|p| p.clusters.iter().map(|c| &c.serves)),
+        )
+        .flat_map(|s| s.models.iter().chain(&s.adapters));
+    let mut out: Vec<&str> = Vec::new();
+    for name in declared {
+        let plain = name
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+        if plain && name != OTHER_MODEL && !out.contains(&name.as_str()) {
+            if out.len() == MAX_MODEL_STATS {
+                break;
+            }
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// One model's stats (or the [`OTHER_MODEL`] bucket's).
+struct ModelStats {
+    decisions: Vec<Counter>,
+    prompt_blocks: Counter,
+    matched_blocks: Counter,
+}
 
 /// Response classes counted per strategy.
 const OUTCOMES: [&str; 4] = ["2xx", "4xx", "5xx", "reset"];
@@ -142,6 +198,10 @@ pub struct Stats {
     peer_dropped: Counter,
     peer_answers: Counter,
     gate: Vec<ClassStats>,
+    /// The names of [`stat_models`], whose stats are `models`' first; the
+    /// last of `models` is [`OTHER_MODEL`]'s.
+    model_names: Vec<String>,
+    models: Vec<ModelStats>,
 }
 
 /// One priority class's stats at the gate ([`crate::gate`]).
@@ -193,7 +253,23 @@ impl Stats {
                 .collect()
         };
         let counter = |name: String| Counter::new(host, name);
+        let model_names: Vec<String> = stat_models(cfg).into_iter().map(String::from).collect();
+        let models = model_names
+            .iter()
+            .map(String::as_str)
+            .chain([OTHER_MODEL])
+            .map(|m| ModelStats {
+                decisions: REASONS
+                    .iter()
+                    .map(|r| counter(format!("warmroute.model.decision.{}.{m}", r.name())))
+                    .collect(),
+                prompt_blocks: counter(format!("warmroute.model.prompt_blocks.{m}")),
+                matched_blocks: counter(format!("warmroute.model.matched_blocks.{m}")),
+            })
+            .collect();
         Stats {
+            model_names,
+            models,
             decisions: REASONS
                 .iter()
                 .map(|r| counter(format!("warmroute.decision.{}", r.name())))
@@ -292,16 +368,29 @@ impl Stats {
         }
     }
 
-    /// One routing decision: `matched` of the prompt's `blocks` were cached on the chosen pod.
+    /// One routing decision for a request of `model` (none: its body was
+    /// not read, or named none): `matched` of the prompt's `blocks` were
+    /// cached on the chosen pod.
     pub fn decided(
         &mut self,
         reason: Reason,
         backend: Option<usize>,
+        model: Option<&str>,
         (matched, blocks): (u32, u32),
         (host_errors, log_gap, redecided): (u32, bool, u32),
     ) {
+        let own = model.and_then(|m| self.model_names.iter().position(|n| n == m));
+        // The last of `models` is the other models' bucket.
+        let per_model = own.unwrap_or(self.model_names.len());
         if let Some(i) = REASONS.iter().position(|r| *r == reason) {
             add_at(&mut self.decisions, i, 1);
+            if let Some(m) = self.models.get_mut(per_model) {
+                add_at(&mut m.decisions, i, 1);
+            }
+        }
+        if let Some(m) = self.models.get_mut(per_model) {
+            m.prompt_blocks.add(blocks.into());
+            m.matched_blocks.add(matched.min(blocks).into());
         }
         if let Some(b) = backend {
             add_at(&mut self.chosen, b, 1);
@@ -462,6 +551,16 @@ impl Stats {
             .flatten()
             .chain(singles)
             .for_each(|c| c.flush(host));
+        for m in &mut self.models {
+            let ModelStats {
+                decisions,
+                prompt_blocks,
+                matched_blocks,
+            } = m;
+            for c in decisions.iter_mut().chain([prompt_blocks, matched_blocks]) {
+                c.flush(host);
+            }
+        }
         for c in &mut self.gate {
             for counter in [
                 &mut c.admitted,

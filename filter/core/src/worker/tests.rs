@@ -890,6 +890,87 @@ fn requests_go_to_pods_that_serve_their_model_and_an_unknown_one_gets_a_404() {
     assert_eq!(inflight(&w, &host), vec![0, 0, 0], "a 404 holds nothing");
 }
 
+/// A model's decisions as its per-model stats count them, over every reason.
+fn model_decisions(host: &MemoryHost, model: &str) -> i64 {
+    [
+        "cache_hit",
+        "placed",
+        "spillover",
+        "replicated",
+        "least_loaded",
+        "round_robin",
+        "random",
+        "sticky",
+        "stored_response",
+        "fallback",
+    ]
+    .iter()
+    .map(|r| {
+        let name = format!("warmroute.model.decision.{r}.{model}");
+        host.metric(&name)
+            .unwrap_or_else(|| panic!("{name} not defined"))
+    })
+    .sum()
+}
+
+#[test]
+fn per_model_stats_count_the_declared_models_and_every_other_under_other() {
+    let host = MemoryHost::default();
+    let mut w = Worker::configure(&host, MODELS.as_bytes()).unwrap();
+    for (model, n) in [("llama", 3), ("sql", 2), ("qwen", 1)] {
+        for i in 0..n {
+            ask(&mut w, &host, model, &format!("{model}{i}"));
+        }
+    }
+    // A model no pod serves is answered 404, no decision; a body not read is `other`.
+    assert_eq!(ask(&mut w, &host, "mistral", "m").0, Step::Replied);
+    let mut ex = send(&mut w, &host, &chat_headers(), b"{not json");
+    w.on_log(&host, &mut ex);
+    w.tick(&host);
+    for (model, n) in [("llama", 3), ("sql", 2), ("qwen", 1), ("other", 1)] {
+        assert_eq!(model_decisions(&host, model), n, "{model}");
+    }
+    let blocks = |what: &str, m: &str| host.metric(&format!("warmroute.model.{what}.{m}"));
+    assert!(blocks("prompt_blocks", "llama") > Some(0));
+    assert!(blocks("matched_blocks", "llama") <= blocks("prompt_blocks", "llama"));
+    assert_eq!(
+        blocks("prompt_blocks", "other"),
+        Some(0),
+        "an unread body has no blocks"
+    );
+    // No stat names a model the operator did not declare.
+    let names = host.metric_names();
+    assert!(!names.iter().any(|n| n.contains("mistral")), "{names:?}");
+}
+
+#[test]
+fn per_model_stats_are_bounded_by_the_configuration() {
+    // 40 declared names, one twice, one with a quote, one named like the bucket.
+    let mut models: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+    models.insert(1, "m0".into());
+    models.insert(2, r#"a\"b"#.into());
+    models.insert(3, "other".into());
+    let cfg = serde_json::json!({
+        "backends": [{"name": "a", "address": "127.0.0.1:1", "models": models},
+                     {"name": "b", "address": "127.0.0.1:2", "adapters": ["m5", "lora/x.1"]}],
+    });
+    let json = cfg.to_string();
+    let cfg = crate::config::Config::parse(json.as_bytes()).unwrap();
+    let kept = crate::worker::stats::stat_models(&cfg);
+    let want: Vec<String> = (0..crate::worker::stats::MAX_MODEL_STATS)
+        .map(|i| format!("m{i}"))
+        .collect();
+    assert_eq!(kept, want, "the first 32 plain names, each once");
+    let host = MemoryHost::default();
+    Worker::configure(&host, json.as_bytes()).unwrap();
+    let per_model = host
+        .metric_names()
+        .into_iter()
+        .filter(|n| n.starts_with("warmroute.model."))
+        .count();
+    assert_eq!(per_model, 12 * (crate::worker::stats::MAX_MODEL_STATS + 1));
+}
+
 #[test]
 fn a_model_with_a_line_break_is_routed_without_the_model_header() {
     // No models declared: any model goes to any pod, so this one is routed, not a 404.
@@ -1242,19 +1323,31 @@ fn answer_from(
     w.on_log(host, ex);
 }
 
+/// A Responses request `body` through `w`, answered by `upstream`.
+fn responses_answered(
+    w: &mut Worker,
+    host: &MemoryHost,
+    body: &[u8],
+    upstream: &str,
+    status: &str,
+    chunks: &[&str],
+) {
+    let mut ex = send(w, host, &responses_headers(), body);
+    answer_from(w, host, &mut ex, upstream, status, chunks);
+}
+
 #[test]
 fn a_stored_responses_follow_up_goes_to_the_pod_that_answered_it_from_any_vm() {
     let host = MemoryHost::default();
     let mut a = worker(&host);
     let mut b = worker(&host);
     let first = br#"{"model":"m","input":"What is the capital of France?"}"#;
-    let mut ex = send(&mut a, &host, &responses_headers(), first);
     // Whichever pod the filter chose, Envoy's last try reached c: c holds the response.
     // Its id arrives split across chunks.
-    answer_from(
+    responses_answered(
         &mut a,
         &host,
-        &mut ex,
+        first,
         "127.0.0.1:3",
         "200",
         &[
@@ -1280,51 +1373,28 @@ fn a_stored_responses_follow_up_goes_to_the_pod_that_answered_it_from_any_vm() {
 fn a_client_cannot_steer_by_an_id_no_pod_answered() {
     let host = MemoryHost::default();
     let mut w = worker(&host);
-    // A body that merely names an id, an error answer naming one, an answer
-    // not stored: none of them is remembered.
-    let mut ex = send(
-        &mut w,
-        &host,
-        &responses_headers(),
-        br#"{"model":"m","input":"hi","id":"resp_forged"}"#,
-    );
-    answer_from(
-        &mut w,
-        &host,
-        &mut ex,
-        "127.0.0.1:2",
-        "404",
-        &[r#"{"id":"resp_forged","error":{"code":404}}"#],
-    );
-    let mut ex = send(
-        &mut w,
-        &host,
-        &responses_headers(),
-        br#"{"model":"m","input":"hi","store":false}"#,
-    );
-    answer_from(
-        &mut w,
-        &host,
-        &mut ex,
-        "127.0.0.1:2",
-        "200",
-        &[r#"{"id":"resp_forged"}"#],
-    );
-    // An answer whose id never comes.
-    let mut ex = send(
-        &mut w,
-        &host,
-        &responses_headers(),
-        br#"{"model":"m","input":"hi"}"#,
-    );
-    answer_from(
-        &mut w,
-        &host,
-        &mut ex,
-        "127.0.0.1:2",
-        "200",
-        &[r#"{"object":"response"}"#],
-    );
+    // A body that merely names an id (answered with an error naming it), an
+    // answer not stored, an answer whose id never comes: none is remembered.
+    let hi = r#"{"model":"m","input":"hi""#;
+    for (rest, status, answer) in [
+        (
+            r#","id":"resp_forged"}"#,
+            "404",
+            r#"{"id":"resp_forged","error":{"code":404}}"#,
+        ),
+        (r#","store":false}"#, "200", r#"{"id":"resp_forged"}"#),
+        ("}", "200", r#"{"object":"response"}"#),
+    ] {
+        let body = format!("{hi}{rest}");
+        responses_answered(
+            &mut w,
+            &host,
+            body.as_bytes(),
+            "127.0.0.1:2",
+            status,
+            &[answer],
+        );
+    }
     w.tick(&host);
     assert_eq!(host.metric("warmroute.responses.remembered"), Some(0));
     assert_eq!(host.metric("warmroute.responses.not_remembered"), Some(1));
@@ -1346,14 +1416,9 @@ fn a_holder_out_of_rotation_or_out_of_the_fleet_is_not_pinned() {
     let host = MemoryHost::default();
     let mut w = worker(&host);
     for (upstream, id) in [("127.0.0.1:2", "resp_b"), ("10.0.0.9:8000", "resp_x")] {
-        let mut ex = send(
-            &mut w,
-            &host,
-            &responses_headers(),
-            br#"{"model":"m","input":"hi"}"#,
-        );
         let body = format!(r#"{{"id":"{id}"}}"#);
-        answer_from(&mut w, &host, &mut ex, upstream, "200", &[&body]);
+        let hi = br#"{"model":"m","input":"hi"}"#;
+        responses_answered(&mut w, &host, hi, upstream, "200", &[&body]);
     }
     // b fails two scrapes in a row: out of rotation.
     for _ in 0..2 {

@@ -217,11 +217,12 @@ fn reports_usage(stream: Option<&[u8]>, options: Option<&[u8]>) -> bool {
         .is_some_and(|o| o.include_usage)
 }
 
-/// Reads an object's fields named in `names`, each once, by its index in
-/// `names` (`read`); others are skipped. Not an object, or a name twice: Shape.
+/// Reads an object's fields named in `names` (one list, or several read as
+/// one), each once, by its index in them (`read`); others are skipped. Not an
+/// object, or a name twice: Shape.
 fn fields<'a>(
     r: &mut JsonReader<'a>,
-    names: &[&str],
+    names: &[&[&str]],
     mut read: impl FnMut(&mut JsonReader<'a>, usize) -> Result<(), ParseError>,
 ) -> Result<(), ParseError> {
     if r.peek() != Some(b'{') {
@@ -233,7 +234,7 @@ fn fields<'a>(
     while let Some(key) = r.key(first)? {
         first = false;
         let name = key.text(r.offsets());
-        match names.iter().position(|n| *n == name) {
+        match names.iter().flat_map(|n| n.iter()).position(|n| *n == name) {
             Some(i) if seen & (1 << i) != 0 => return Err(ParseError::Shape),
             Some(i) => {
                 seen |= 1 << i;
@@ -294,68 +295,40 @@ fn optional_text<'a>(r: &mut JsonReader<'a>) -> Result<Option<Text<'a>>, ParseEr
     text(r).map(Some)
 }
 
-/// One chat message.
+/// One message of a conversation: chat's, or the Messages API's (whose
+/// content is a string or an array of content blocks, and which has no
+/// `tool_calls`).
 struct Message<'a> {
     role: Cow<'a, str>,
     content: Option<Text<'a>>,
     tool_calls: Option<&'a [u8]>,
 }
 
-fn message<'a>(r: &mut JsonReader<'a>) -> Result<Message<'a>, ParseError> {
-    let (mut role, mut content, mut tool_calls) = (None, None, None);
-    fields(r, &["role", "content", "tool_calls"], |r, i| {
-        match i {
-            0 => role = Some(string(r)?),
-            1 => content = optional_text(r)?,
-            _ => tool_calls = optional_raw(r)?,
-        }
-        Ok(())
-    })?;
-    Ok(Message {
-        role: role.ok_or(ParseError::Shape)?.text(r.offsets()),
-        content,
-        tool_calls,
-    })
-}
+/// Chat's message fields; the Messages API reads the first two.
+const MESSAGE: [&str; 3] = ["role", "content", "tool_calls"];
 
-fn messages<'a>(r: &mut JsonReader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
+/// A list of messages, each read by its fields in `names` (a prefix of [`MESSAGE`]).
+fn messages<'a>(r: &mut JsonReader<'a>, names: &[&str]) -> Result<Vec<Message<'a>>, ParseError> {
     if r.peek() != Some(b'[') {
         return Err(ParseError::Shape);
     }
     r.array()?;
     let mut all = Vec::new();
     while r.element(all.is_empty())? {
-        all.push(message(r)?);
-    }
-    Ok(all)
-}
-
-/// One message of the Messages API: a role and its content (a string, or
-/// an array of content blocks).
-fn block_message<'a>(r: &mut JsonReader<'a>) -> Result<Message<'a>, ParseError> {
-    let (mut role, mut content) = (None, None);
-    fields(r, &["role", "content"], |r, i| {
-        match i {
-            0 => role = Some(string(r)?),
-            _ => content = optional_text(r)?,
-        }
-        Ok(())
-    })?;
-    Ok(Message {
-        role: role.ok_or(ParseError::Shape)?.text(r.offsets()),
-        content,
-        tool_calls: None,
-    })
-}
-
-fn block_messages<'a>(r: &mut JsonReader<'a>) -> Result<Vec<Message<'a>>, ParseError> {
-    if r.peek() != Some(b'[') {
-        return Err(ParseError::Shape);
-    }
-    r.array()?;
-    let mut all = Vec::new();
-    while r.element(all.is_empty())? {
-        all.push(block_message(r)?);
+        let (mut role, mut content, mut tool_calls) = (None, None, None);
+        fields(r, &[names], |r, i| {
+            match i {
+                0 => role = Some(string(r)?),
+                1 => content = optional_text(r)?,
+                _ => tool_calls = optional_raw(r)?,
+            }
+            Ok(())
+        })?;
+        all.push(Message {
+            role: role.ok_or(ParseError::Shape)?.text(r.offsets()),
+            content,
+            tool_calls,
+        });
     }
     Ok(all)
 }
@@ -363,7 +336,8 @@ fn block_messages<'a>(r: &mut JsonReader<'a>) -> Result<Vec<Message<'a>>, ParseE
 /// Feeds a conversation's messages (chat's and the Messages API's): each
 /// `0x1e role 0x1f content [0x1d tool_calls]`, the first message that is not
 /// instructions starting the conversation and anchoring it. Returns whether
-/// it carries earlier turns, and where its last message starts.
+/// it carries earlier turns, and if so where its last message starts (the
+/// bytes of its history).
 fn feed_messages(h: &mut PrefixHasher, all: &[Message<'_>], offsets: &[u32]) -> (bool, usize) {
     let (mut continuation, mut last_start) = (false, 0);
     for m in all {
@@ -386,7 +360,7 @@ fn feed_messages(h: &mut PrefixHasher, all: &[Message<'_>], offsets: &[u32]) -> 
             h.mark_anchor();
         }
     }
-    (continuation, last_start)
+    (continuation, if continuation { last_start } else { 0 })
 }
 
 /// The fields every endpoint reads besides its prompt.
@@ -436,9 +410,44 @@ pub fn prompt_key(
     }
 }
 
-/// `Common`'s field `i`: model, cache_salt and the output limit are the first
-/// three names of every endpoint's list; Chat's and Completions' go on with
-/// stream and stream_options, and end with the [`CACHE_READS`] (from 5 on).
+/// [`Common`]'s fields as Chat and Completions name them, in [`common`]'s
+/// order; the Messages API names the first four.
+const STREAMED: [&str; 9] = [
+    "model",
+    "cache_salt",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    CACHE_READS[0],
+    CACHE_READS[1],
+    CACHE_READS[2],
+    CACHE_READS[3],
+];
+
+/// [`Common`]'s fields as the Responses API names them (its output limit is
+/// `max_output_tokens`).
+const RESPONSES: [&str; 3] = ["model", "cache_salt", "max_output_tokens"];
+
+/// Reads a request body to its end: the fields named in `shared` (a prefix
+/// of [`STREAMED`], or [`RESPONSES`]) into `c`, the endpoint's `own` by their
+/// index in `own` (`read`).
+fn request<'a>(
+    r: &mut JsonReader<'a>,
+    c: &mut Common<'a>,
+    shared: &[&str],
+    own: &[&str],
+    mut read: impl FnMut(&mut JsonReader<'a>, usize) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
+    fields(r, &[shared, own], |r, i| {
+        match i.checked_sub(shared.len()) {
+            Some(i) => read(r, i),
+            None => common(c, r, i),
+        }
+    })?;
+    Ok(r.end()?)
+}
+
+/// `Common`'s field `i`, by its place in [`STREAMED`] (or [`RESPONSES`]).
 fn common<'a>(c: &mut Common<'a>, r: &mut JsonReader<'a>, i: usize) -> Result<(), ParseError> {
     match i {
         0 => c.model = optional_string(r)?,
@@ -452,15 +461,27 @@ fn common<'a>(c: &mut Common<'a>, r: &mut JsonReader<'a>, i: usize) -> Result<()
 }
 
 impl<'a> Common<'a> {
+    /// The request's hasher, fed what comes before its turns: `tools` (raw
+    /// JSON), then the instructions given apart from them, as a `system` piece.
     fn hasher(
         &self,
         offsets: &[u32],
-        block: usize,
-        anchor: usize,
+        (block, anchor): (usize, usize),
+        tools: Option<&[u8]>,
+        system: Option<&Text<'_>>,
     ) -> Result<PrefixHasher, ParseError> {
         let model = self.model.map(|m| m.text(offsets));
         let salt = self.cache_salt.map(|s| s.text(offsets));
-        hasher(model.as_deref(), salt.as_deref(), block, anchor)
+        let mut h = hasher(model.as_deref(), salt.as_deref(), block, anchor)?;
+        if let Some(tools) = tools {
+            feed_tag(&mut h, b"tools");
+            h.feed(tools);
+        }
+        if let Some(system) = system {
+            feed_tag(&mut h, b"system");
+            system.feed(&mut h, offsets);
+        }
+        Ok(h)
     }
 
     /// The key's fields read from these.
@@ -484,77 +505,43 @@ fn read(
 ) -> Result<PromptKey, ParseError> {
     let mut r = JsonReader::new(body);
     let mut c = Common::default();
+    let blocks = (block_bytes, anchor_bytes);
     match endpoint {
         Endpoint::Chat => {
             let (mut completion_limit, mut tools, mut all) = (None, None, Vec::new());
-            let names = [
-                "model",
-                "cache_salt",
-                "max_tokens",
-                "stream",
-                "stream_options",
-                CACHE_READS[0],
-                CACHE_READS[1],
-                CACHE_READS[2],
-                CACHE_READS[3],
-                "max_completion_tokens",
-                "tools",
-                "messages",
-            ];
-            fields(&mut r, &names, |r, i| {
+            let own = ["max_completion_tokens", "tools", "messages"];
+            request(&mut r, &mut c, &STREAMED, &own, |r, i| {
                 match i {
-                    9 => completion_limit = optional_raw(r)?,
-                    10 => tools = optional_raw(r)?,
-                    11 => all = messages(r)?,
-                    _ => common(&mut c, r, i)?,
+                    0 => completion_limit = optional_raw(r)?,
+                    1 => tools = optional_raw(r)?,
+                    _ => all = messages(r, &MESSAGE)?,
                 }
                 Ok(())
             })?;
-            r.end()?;
             if all.is_empty() {
                 return Err(ParseError::Shape);
             }
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
-            if let Some(tools) = tools {
-                feed_tag(&mut h, b"tools");
-                h.feed(tools);
-            }
-            let (continuation, last_start) = feed_messages(&mut h, &all, offsets);
+            let mut h = c.hasher(offsets, blocks, tools, None)?;
+            let (continuation, history_bytes) = feed_messages(&mut h, &all, offsets);
             Ok(PromptKey {
                 continuation,
-                history_bytes: if continuation { last_start } else { 0 },
+                history_bytes,
                 ..c.key(offsets, completion_limit, h)
             })
         }
         Endpoint::Completions => {
             let mut prompt = None;
-            let names = [
-                "model",
-                "cache_salt",
-                "max_tokens",
-                "stream",
-                "stream_options",
-                CACHE_READS[0],
-                CACHE_READS[1],
-                CACHE_READS[2],
-                CACHE_READS[3],
-                "prompt",
-            ];
-            fields(&mut r, &names, |r, i| {
-                match i {
-                    9 => prompt = Some(text(r)?),
-                    _ => common(&mut c, r, i)?,
-                }
+            request(&mut r, &mut c, &STREAMED, &["prompt"], |r, _| {
+                prompt = Some(text(r)?);
                 Ok(())
             })?;
-            r.end()?;
             let prompt = prompt.ok_or(ParseError::Shape)?;
             if prompt.is_empty() {
                 return Err(ParseError::Shape);
             }
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
+            let mut h = c.hasher(offsets, blocks, None, None)?;
             h.begin_conversation();
             prompt.feed(&mut h, offsets);
             Ok(c.key(offsets, None, h))
@@ -562,39 +549,26 @@ fn read(
         Endpoint::Responses => {
             let (mut instructions, mut tools, mut input) = (None, None, None);
             let (mut previous, mut store) = (None, None);
-            let names = [
-                "model",
-                "cache_salt",
-                "max_output_tokens",
+            let own = [
                 "instructions",
                 "tools",
                 "input",
                 "previous_response_id",
                 "store",
             ];
-            fields(&mut r, &names, |r, i| {
+            request(&mut r, &mut c, &RESPONSES, &own, |r, i| {
                 match i {
-                    3 => instructions = optional_string(r)?,
-                    4 => tools = optional_raw(r)?,
-                    5 => input = Some(text(r)?),
-                    6 => previous = optional_string(r)?,
-                    7 => store = optional_raw(r)?,
-                    _ => common(&mut c, r, i)?,
+                    0 => instructions = optional_string(r)?.map(Text::Str),
+                    1 => tools = optional_raw(r)?,
+                    2 => input = Some(text(r)?),
+                    3 => previous = optional_string(r)?,
+                    _ => store = optional_raw(r)?,
                 }
                 Ok(())
             })?;
-            r.end()?;
             let input = input.ok_or(ParseError::Shape)?;
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
-            if let Some(tools) = tools {
-                feed_tag(&mut h, b"tools");
-                h.feed(tools);
-            }
-            if let Some(instructions) = instructions {
-                feed_tag(&mut h, b"system");
-                Text::Str(instructions).feed(&mut h, offsets);
-            }
+            let mut h = c.hasher(offsets, blocks, tools, instructions.as_ref())?;
             h.begin_conversation();
             feed_tag(&mut h, b"input");
             input.feed(&mut h, offsets);
@@ -609,42 +583,24 @@ fn read(
         }
         Endpoint::Messages => {
             let (mut system, mut tools, mut all) = (None, None, Vec::new());
-            let names = [
-                "model",
-                "cache_salt",
-                "max_tokens",
-                "stream",
-                "system",
-                "tools",
-                "messages",
-            ];
-            fields(&mut r, &names, |r, i| {
+            let own = ["system", "tools", "messages"];
+            request(&mut r, &mut c, &STREAMED[..4], &own, |r, i| {
                 match i {
-                    4 => system = optional_text(r)?,
-                    5 => tools = optional_raw(r)?,
-                    6 => all = block_messages(r)?,
-                    _ => common(&mut c, r, i)?,
+                    0 => system = optional_text(r)?,
+                    1 => tools = optional_raw(r)?,
+                    _ => all = messages(r, &MESSAGE[..2])?,
                 }
                 Ok(())
             })?;
-            r.end()?;
             if all.is_empty() {
                 return Err(ParseError::Shape);
             }
             let offsets = r.offsets();
-            let mut h = c.hasher(offsets, block_bytes, anchor_bytes)?;
-            if let Some(tools) = tools {
-                feed_tag(&mut h, b"tools");
-                h.feed(tools);
-            }
-            if let Some(system) = system {
-                feed_tag(&mut h, b"system");
-                system.feed(&mut h, offsets);
-            }
-            let (continuation, last_start) = feed_messages(&mut h, &all, offsets);
+            let mut h = c.hasher(offsets, blocks, tools, system.as_ref())?;
+            let (continuation, history_bytes) = feed_messages(&mut h, &all, offsets);
             Ok(PromptKey {
                 continuation,
-                history_bytes: if continuation { last_start } else { 0 },
+                history_bytes,
                 // Streamed or not, vLLM's answer carries usage.
                 reports_usage: true,
                 can_ask_usage: false,

@@ -23,77 +23,57 @@ struct Message<'a> {
     tool_calls: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
-struct Chat<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    max_completion_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream_options: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    prompt_logprobs: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    echo: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    logprob_start_len: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    skip_reading_prefix_cache: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    messages: Vec<Message<'a>>,
+/// A request body's struct: `model` and `cache_salt`, the fields listed
+/// (each optional), then the one it needs. `streamed` adds Chat's and
+/// Completions' common fields: the output limit, the stream and its options,
+/// and the cache reads (`super::CACHE_READS`).
+macro_rules! request {
+    ($name:ident, streamed { $($rest:tt)* }) => {
+        request!($name {
+            max_tokens: &'a RawValue,
+            stream: &'a RawValue,
+            stream_options: &'a RawValue,
+            prompt_logprobs: &'a RawValue,
+            echo: &'a RawValue,
+            logprob_start_len: &'a RawValue,
+            skip_reading_prefix_cache: &'a RawValue,
+            $($rest)*
+        });
+    };
+    ($name:ident { $($(#[$m:meta])* $field:ident: $ty:ty,)* ; $needed:ident: $needed_ty:ty }) => {
+        #[derive(Deserialize)]
+        struct $name<'a> {
+            #[serde(borrow, default)]
+            model: Option<Cow<'a, str>>,
+            #[serde(borrow, default)]
+            cache_salt: Option<Cow<'a, str>>,
+            $(
+                #[serde(borrow, default)]
+                $(#[$m])*
+                $field: Option<$ty>,
+            )*
+            #[serde(borrow)]
+            $needed: $needed_ty,
+        }
+    };
 }
 
-#[derive(Deserialize)]
-struct Completion<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    stream_options: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    prompt_logprobs: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    echo: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    logprob_start_len: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    skip_reading_prefix_cache: Option<&'a RawValue>,
-    #[serde(borrow)]
-    prompt: Text<'a>,
-}
+request!(Chat, streamed {
+    max_completion_tokens: &'a RawValue,
+    tools: &'a RawValue,
+    ; messages: Vec<Message<'a>>
+});
 
-#[derive(Deserialize)]
-struct Responses<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_output_tokens: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    instructions: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    input: Text<'a>,
-    #[serde(borrow, default)]
-    previous_response_id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    store: Option<&'a RawValue>,
-}
+request!(Completion, streamed { ; prompt: Text<'a> });
+
+request!(Responses {
+    max_output_tokens: &'a RawValue,
+    instructions: Cow<'a, str>,
+    tools: &'a RawValue,
+    previous_response_id: Cow<'a, str>,
+    store: &'a RawValue,
+    ; input: Text<'a>
+});
 
 #[derive(Deserialize)]
 struct BlockMessage<'a> {
@@ -103,26 +83,16 @@ struct BlockMessage<'a> {
     content: Option<Text<'a>>,
 }
 
-#[derive(Deserialize)]
-struct Messages<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    max_tokens: Option<&'a RawValue>,
+request!(Messages {
+    max_tokens: &'a RawValue,
     /// Unused (the answer carries usage either way): named so that a body
     /// giving it twice is refused, as the filter's reader refuses it.
-    #[serde(borrow, default)]
     #[allow(dead_code)]
-    stream: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    system: Option<Text<'a>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    messages: Vec<BlockMessage<'a>>,
-}
+    stream: &'a RawValue,
+    system: Text<'a>,
+    tools: &'a RawValue,
+    ; messages: Vec<BlockMessage<'a>>
+});
 
 /// A JSON value as canonical bytes: a string's text, or raw JSON.
 enum Text<'a> {
@@ -199,7 +169,7 @@ fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &Text<'_>) {
 
 /// Each message as `0x1e role 0x1f content [0x1d tool_calls]`, conversation
 /// started and anchored at the first that is not instructions; returns
-/// whether it carries earlier turns and where its last message starts.
+/// whether it carries earlier turns and, if so, where its last message starts.
 fn feed_turns<'m, 'a: 'm>(
     h: &mut PrefixHasher,
     turns: impl Iterator<Item = (&'m Cow<'a, str>, &'m Option<Text<'a>>, Option<&'a RawValue>)>,
@@ -221,22 +191,31 @@ fn feed_turns<'m, 'a: 'm>(
             h.mark_anchor();
         }
     }
-    (continuation, last_start)
+    (continuation, if continuation { last_start } else { 0 })
 }
 
 fn raw(v: Option<&RawValue>) -> Option<&[u8]> {
     v.map(|r| r.get().as_bytes())
 }
 
-/// `super::CACHE_READS`, in its order.
-macro_rules! cache_reads {
-    ($req:expr) => {
-        skips_cache_reads([
-            raw($req.prompt_logprobs),
-            raw($req.echo),
-            raw($req.logprob_start_len),
-            raw($req.skip_reading_prefix_cache),
-        ])
+/// The key of a Chat or Completions request (`request!`'s `streamed`
+/// fields) with output limit `$limit`, its stream hashed in `$h`.
+macro_rules! streamed_key {
+    ($req:expr, $limit:expr, $h:expr) => {
+        PromptKey {
+            model: $req.model.map(Cow::into_owned),
+            max_output_tokens: tokens(raw($limit)),
+            reports_usage: reports_usage(raw($req.stream), raw($req.stream_options)),
+            can_ask_usage: can_ask_usage(raw($req.stream), raw($req.stream_options)),
+            // `super::CACHE_READS`, in its order.
+            skips_cache_reads: skips_cache_reads([
+                raw($req.prompt_logprobs),
+                raw($req.echo),
+                raw($req.logprob_start_len),
+                raw($req.skip_reading_prefix_cache),
+            ]),
+            ..$h.finish()
+        }
     };
 }
 
@@ -254,35 +233,31 @@ pub fn prompt_key(
             ParseError::NotJson
         }
     };
+    // The request's hasher, fed its tools.
+    let start = |model: &Option<Cow<str>>, salt: &Option<Cow<str>>, tools: Option<&RawValue>| {
+        let mut h = hasher(model.as_deref(), salt.as_deref(), block_bytes, anchor_bytes)?;
+        if let Some(tools) = tools {
+            feed_piece(&mut h, b"tools", &Text::Raw(tools));
+        }
+        Ok::<_, ParseError>(h)
+    };
     match endpoint {
         Endpoint::Chat => {
             let req: Chat = serde_json::from_slice(body).map_err(classify)?;
             if req.messages.is_empty() {
                 return Err(ParseError::Shape);
             }
-            let mut h = hasher(
-                req.model.as_deref(),
-                req.cache_salt.as_deref(),
-                block_bytes,
-                anchor_bytes,
-            )?;
-            if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::Raw(tools));
-            }
+            let mut h = start(&req.model, &req.cache_salt, req.tools)?;
             let turns = req
                 .messages
                 .iter()
                 .map(|m| (&m.role, &m.content, m.tool_calls));
-            let (continuation, last_start) = feed_turns(&mut h, turns);
+            let (continuation, history_bytes) = feed_turns(&mut h, turns);
+            let limit = req.max_completion_tokens.or(req.max_tokens);
             Ok(PromptKey {
                 continuation,
-                history_bytes: if continuation { last_start } else { 0 },
-                model: req.model.map(Cow::into_owned),
-                max_output_tokens: tokens(raw(req.max_completion_tokens.or(req.max_tokens))),
-                reports_usage: reports_usage(raw(req.stream), raw(req.stream_options)),
-                can_ask_usage: can_ask_usage(raw(req.stream), raw(req.stream_options)),
-                skips_cache_reads: cache_reads!(req),
-                ..h.finish()
+                history_bytes,
+                ..streamed_key!(req, limit, h)
             })
         }
         Endpoint::Completions => {
@@ -290,34 +265,14 @@ pub fn prompt_key(
             if req.prompt.is_empty() {
                 return Err(ParseError::Shape);
             }
-            let mut h = hasher(
-                req.model.as_deref(),
-                req.cache_salt.as_deref(),
-                block_bytes,
-                anchor_bytes,
-            )?;
+            let mut h = start(&req.model, &req.cache_salt, None)?;
             h.begin_conversation();
             req.prompt.feed(&mut h);
-            Ok(PromptKey {
-                model: req.model.map(Cow::into_owned),
-                max_output_tokens: tokens(raw(req.max_tokens)),
-                reports_usage: reports_usage(raw(req.stream), raw(req.stream_options)),
-                can_ask_usage: can_ask_usage(raw(req.stream), raw(req.stream_options)),
-                skips_cache_reads: cache_reads!(req),
-                ..h.finish()
-            })
+            Ok(streamed_key!(req, req.max_tokens, h))
         }
         Endpoint::Responses => {
             let req: Responses = serde_json::from_slice(body).map_err(classify)?;
-            let mut h = hasher(
-                req.model.as_deref(),
-                req.cache_salt.as_deref(),
-                block_bytes,
-                anchor_bytes,
-            )?;
-            if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::Raw(tools));
-            }
+            let mut h = start(&req.model, &req.cache_salt, req.tools)?;
             if let Some(instr) = req.instructions {
                 feed_piece(&mut h, b"system", &Text::Str(instr));
             }
@@ -336,23 +291,15 @@ pub fn prompt_key(
             if req.messages.is_empty() {
                 return Err(ParseError::Shape);
             }
-            let mut h = hasher(
-                req.model.as_deref(),
-                req.cache_salt.as_deref(),
-                block_bytes,
-                anchor_bytes,
-            )?;
-            if let Some(tools) = req.tools {
-                feed_piece(&mut h, b"tools", &Text::Raw(tools));
-            }
+            let mut h = start(&req.model, &req.cache_salt, req.tools)?;
             if let Some(system) = &req.system {
                 feed_piece(&mut h, b"system", system);
             }
             let turns = req.messages.iter().map(|m| (&m.role, &m.content, None));
-            let (continuation, last_start) = feed_turns(&mut h, turns);
+            let (continuation, history_bytes) = feed_turns(&mut h, turns);
             Ok(PromptKey {
                 continuation,
-                history_bytes: if continuation { last_start } else { 0 },
+                history_bytes,
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(raw(req.max_tokens)),
                 reports_usage: true,

@@ -7,6 +7,16 @@ fn chat(messages: &str) -> PromptKey {
     prompt_key(Endpoint::Chat, body.as_bytes(), 16, 4096).unwrap()
 }
 
+/// A body's key, with blocks of `block` bytes.
+fn endpoint_key(endpoint: Endpoint, body: &[u8], block: usize) -> PromptKey {
+    prompt_key(endpoint, body, block, 64).unwrap()
+}
+
+/// Two chats (their messages) whose keys must differ.
+fn assert_chats_differ(a: &str, b: &str) {
+    assert_ne!(chat(a).blocks, chat(b).blocks, "{a} ~ {b}");
+}
+
 #[test]
 fn a_chat_key_matches_an_independent_implementation() {
     // Canonical bytes RS role US content per message (RS = 0x1e, US = 0x1f),
@@ -80,24 +90,16 @@ fn a_lone_surrogate_routes_where_it_is_not_text() {
 
 #[test]
 fn paths() {
-    assert_eq!(
-        Endpoint::from_path("/v1/chat/completions?x=1"),
-        Some(Endpoint::Chat)
-    );
-    assert_eq!(
-        Endpoint::from_path("/v1/completions"),
-        Some(Endpoint::Completions)
-    );
-    assert_eq!(
-        Endpoint::from_path("/v1/responses/"),
-        Some(Endpoint::Responses)
-    );
-    assert_eq!(
-        Endpoint::from_path("/v1/messages"),
-        Some(Endpoint::Messages)
-    );
-    assert_eq!(Endpoint::from_path("/v1/messages/count_tokens"), None);
-    assert_eq!(Endpoint::from_path("/v1/models"), None);
+    for (path, endpoint) in [
+        ("/v1/chat/completions?x=1", Some(Endpoint::Chat)),
+        ("/v1/completions", Some(Endpoint::Completions)),
+        ("/v1/responses/", Some(Endpoint::Responses)),
+        ("/v1/messages", Some(Endpoint::Messages)),
+        ("/v1/messages/count_tokens", None),
+        ("/v1/models", None),
+    ] {
+        assert_eq!(Endpoint::from_path(path), endpoint, "{path}");
+    }
 }
 
 fn messages_key(body: &serde_json::Value) -> PromptKey {
@@ -324,13 +326,10 @@ fn string_and_escaped_content_hash_by_text() {
 
 #[test]
 fn parts_content_and_tools_count() {
-    let a = chat(
+    assert_chats_differ(
         r#"[{"role":"user","content":[{"type":"text","text":"describe this image please"}]}]"#,
-    );
-    let b = chat(
         r#"[{"role":"user","content":[{"type":"text","text":"describe that image please"}]}]"#,
     );
-    assert_ne!(a.blocks, b.blocks);
     let with_tools = prompt_key(
             Endpoint::Chat,
             br#"{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"describe this image please"}]}"#,
@@ -369,61 +368,45 @@ fn an_extended_message_extends_the_stream() {
 #[test]
 fn separator_bytes_in_content_cannot_forge_a_boundary() {
     // JSON escapes put the record and unit separators into the content itself.
-    let a = chat(r#"[{"role":"user","content":"ab\u001euser\u001fcdefghijklmnopqrstuvwxyz"}]"#);
-    let b = chat(
+    assert_chats_differ(
+        r#"[{"role":"user","content":"ab\u001euser\u001fcdefghijklmnopqrstuvwxyz"}]"#,
         r#"[{"role":"user","content":"ab"},{"role":"user","content":"cdefghijklmnopqrstuvwxyz"}]"#,
     );
-    assert_ne!(a.blocks, b.blocks);
 }
 
 #[test]
 fn role_boundaries_are_unambiguous() {
-    let a = chat(
+    assert_chats_differ(
         r#"[{"role":"user","content":"ab"},{"role":"user","content":"cdefghijklmnopqrstuvwxyz"}]"#,
-    );
-    let b = chat(
         r#"[{"role":"user","content":"abcd"},{"role":"user","content":"efghijklmnopqrstuvwxyz"}]"#,
     );
-    assert_ne!(a.blocks, b.blocks);
 }
 
 #[test]
 fn completions_string_list_and_tokens() {
-    let s = prompt_key(
+    let s = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"m","prompt":"once upon a time there was"}"#,
         8,
-        64,
-    )
-    .unwrap();
+    );
     assert_eq!(s.blocks.len(), 3);
-    let list = prompt_key(
+    let list = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"m","prompt":["a b c d e f g h i"]}"#,
         8,
-        64,
-    )
-    .unwrap();
+    );
     assert!(!list.blocks.is_empty());
-    let ids = prompt_key(
+    let ids = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"m","prompt":[1,2,3,4,5,6,7,8,9]}"#,
         8,
-        64,
-    )
-    .unwrap();
+    );
     assert!(!ids.blocks.is_empty());
 }
 
 #[test]
 fn responses_api() {
-    let k = prompt_key(
-            Endpoint::Responses,
-            br#"{"model":"m","instructions":"be terse and kind","input":[{"role":"user","content":"hi"}]}"#,
-            8,
-            64,
-        )
-        .unwrap();
+    let k = endpoint_key(Endpoint::Responses, br#"{"model":"m","instructions":"be terse and kind","input":[{"role":"user","content":"hi"}]}"#, 8);
     assert!(!k.blocks.is_empty());
 }
 
@@ -456,47 +439,37 @@ fn model_and_output_limit_are_read_whatever_their_form() {
     }
     let huge = chat(r#""max_tokens":1e30,"#);
     assert_eq!(huge.max_output_tokens, Some(u32::MAX));
-    let c = prompt_key(
+    let c = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"m","prompt":"abc","max_tokens":5}"#,
         16,
-        64,
-    )
-    .unwrap();
+    );
     assert_eq!(c.max_output_tokens, Some(5));
-    let r = prompt_key(
+    let r = endpoint_key(
         Endpoint::Responses,
         br#"{"model":"m","input":"abc","max_output_tokens":9}"#,
         16,
-        64,
-    )
-    .unwrap();
+    );
     assert_eq!(r.max_output_tokens, Some(9));
 }
 
 #[test]
 fn models_and_salts_do_not_share() {
-    let a = prompt_key(
+    let a = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"a","prompt":"0123456789abcdef"}"#,
         8,
-        64,
-    )
-    .unwrap();
-    let b = prompt_key(
+    );
+    let b = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"b","prompt":"0123456789abcdef"}"#,
         8,
-        64,
-    )
-    .unwrap();
-    let c = prompt_key(
+    );
+    let c = endpoint_key(
         Endpoint::Completions,
         br#"{"model":"a","cache_salt":"s","prompt":"0123456789abcdef"}"#,
         8,
-        64,
-    )
-    .unwrap();
+    );
     assert_ne!(a.blocks, b.blocks);
     assert_ne!(a.blocks, c.blocks);
 }
@@ -792,6 +765,19 @@ mod properties {
             .blocks
     }
 
+    /// The key of `longer`, checked to start with the blocks of `shorter`'s.
+    fn extending_key(
+        endpoint: Endpoint,
+        shorter: &[u8],
+        longer: &[u8],
+        block: usize,
+    ) -> Result<PromptKey, TestCaseError> {
+        let a = prompt_key(endpoint, shorter, block, 2048).unwrap();
+        let b = prompt_key(endpoint, longer, block, 2048).unwrap();
+        prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+        Ok(b)
+    }
+
     proptest! {
         #![proptest_config(crate::testing::proptest_config())]
 
@@ -800,9 +786,7 @@ mod properties {
             let mut longer = m.clone();
             longer.extend(next);
             for block in [1, 16, 256] {
-                let a = prompt_key(Endpoint::Chat, &body(&m), block, 2048).unwrap();
-                let b = prompt_key(Endpoint::Chat, &body(&longer), block, 2048).unwrap();
-                prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+                extending_key(Endpoint::Chat, &body(&m), &body(&longer), block)?;
             }
         }
 
@@ -820,9 +804,7 @@ mod properties {
             let mut longer = m.clone();
             longer.extend(next);
             for block in [1, 16, 256] {
-                let a = prompt_key(Endpoint::Messages, &body(&m), block, 2048).unwrap();
-                let b = prompt_key(Endpoint::Messages, &body(&longer), block, 2048).unwrap();
-                prop_assert_eq!(&b.blocks[..a.blocks.len()], &a.blocks[..]);
+                let b = extending_key(Endpoint::Messages, &body(&m), &body(&longer), block)?;
                 let serde = reference::prompt_key(Endpoint::Messages, &body(&longer), block, 2048);
                 prop_assert_eq!(Ok(&b), serde.as_ref());
             }

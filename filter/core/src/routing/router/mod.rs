@@ -819,7 +819,7 @@ impl Router {
     ) -> Result<Option<u64>, HostError> {
         let accounted = self.fleet.account(host, seed, now, reserve, if_unchanged);
         self.split.lap(host, Stage::Account);
-        accounted
+        accounted.map(|a| a.seq)
     }
 }
 
