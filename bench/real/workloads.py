@@ -31,6 +31,10 @@ from pathlib import Path
 
 from engine import MODEL_DIR, SERVED
 
+# The text prompts are drawn from: vLLM's model directory's; `run_llama.py` points it at the
+# same corpus beside llama.cpp's GGUF.
+CORPUS = MODEL_DIR / "corpus.txt"
+
 
 class Corpus:
     """The tokenizer's training text, cut into prompts of about `n` tokens."""
@@ -39,8 +43,8 @@ class Corpus:
     # prompts, the engine's own counts are what is measured.
     BYTES_PER_TOKEN = 3.9
 
-    def __init__(self, path: Path = MODEL_DIR / "corpus.txt") -> None:
-        self.paragraphs = [p for p in path.read_text().splitlines() if p]
+    def __init__(self, path: Path | None = None) -> None:
+        self.paragraphs = [p for p in (path or CORPUS).read_text().splitlines() if p]
 
     def text(self, rng: random.Random, tokens: int) -> str:
         want = int(tokens * self.BYTES_PER_TOKEN)

@@ -224,8 +224,58 @@ pub struct MetricNames {
     pub running: Vec<String>,
     /// Queued requests.
     pub waiting: Vec<String>,
-    /// KV cache usage, 0..1.
+    /// KV cache usage, 0..1; empty: the engine publishes none (read as 0).
     pub kv_usage: Vec<String>,
+    /// The info gauge whose `num_gpu_blocks` × `block_size` labels give the KV
+    /// capacity (vLLM's `cache_config_info`); empty: the engine publishes none.
+    pub cache_config: Vec<String>,
+}
+
+/// Which engine's metric names `metrics.names` starts from.
+///
+/// | preset | running | waiting | KV usage | KV capacity |
+/// |---|---|---|---|---|
+/// | `vllm` (default) | `vllm:num_requests_running`, then SGLang's `sglang:num_running_reqs` | `vllm:num_requests_waiting`, `sglang:num_queue_reqs` | `vllm:kv_cache_usage_perc`, `vllm:gpu_cache_usage_perc`, `sglang:token_usage` | `vllm:cache_config_info` |
+/// | `llamacpp` | `llamacpp:requests_processing` (slots busy) | `llamacpp:requests_deferred` (tasks waiting for a slot) | none | none: `metrics.capacity_tokens` |
+///
+/// llama.cpp's server (`--metrics`, `tools/server/server-task.cpp`:
+/// `server_task_result_metrics::to_metrics`) prints unlabelled counters and
+/// gauges and no KV usage or size: its context (`n_ctx`, per slot) and host-RAM
+/// prompt cache (`--cache-ram`) are on `/props` and `/slots`, which the filter
+/// does not scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// vLLM's names (and SGLang's, each after vLLM's).
+    #[default]
+    Vllm,
+    /// llama.cpp's `llama-server --metrics`.
+    Llamacpp,
+}
+
+impl Engine {
+    /// The preset's names.
+    pub fn names(self) -> MetricNames {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect();
+        match self {
+            Engine::Vllm => MetricNames {
+                running: names(&["vllm:num_requests_running", "sglang:num_running_reqs"]),
+                waiting: names(&["vllm:num_requests_waiting", "sglang:num_queue_reqs"]),
+                kv_usage: names(&[
+                    "vllm:kv_cache_usage_perc",
+                    "vllm:gpu_cache_usage_perc",
+                    "sglang:token_usage",
+                ]),
+                cache_config: names(&["vllm:cache_config_info"]),
+            },
+            Engine::Llamacpp => MetricNames {
+                running: names(&["llamacpp:requests_processing"]),
+                waiting: names(&["llamacpp:requests_deferred"]),
+                kv_usage: Vec::new(),
+                cache_config: Vec::new(),
+            },
+        }
+    }
 }
 
 /// The companion tick's scrape settings.
@@ -255,6 +305,9 @@ pub struct MetricsConfig {
     pub model_name: Option<String>,
     /// Metric names per quantity.
     pub names: MetricNames,
+    /// KV capacity in tokens of a pod whose scrape gives none (an engine
+    /// without `cache_config_info`); `None`: such pods size no index share.
+    pub capacity_tokens: Option<u64>,
 }
 
 /// Where the fleet's members come from when no static list is given.

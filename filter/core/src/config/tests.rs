@@ -255,3 +255,66 @@ fn a_pool_is_one_cluster_or_several() {
         assert_eq!(err(json).field, field, "{json}");
     }
 }
+
+#[test]
+fn the_engine_preset_picks_the_metric_names() {
+    let vllm = Config::parse(MIN.as_bytes()).unwrap().metrics;
+    assert_eq!(vllm.names, Engine::Vllm.names());
+    assert_eq!(vllm.names.cache_config, ["vllm:cache_config_info"]);
+    assert_eq!(vllm.capacity_tokens, None);
+    let llama = Config::parse(
+        br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],
+            "metrics":{"engine":"llamacpp","capacity_tokens":12288}}"#,
+    )
+    .unwrap()
+    .metrics;
+    assert_eq!(llama.names.running, ["llamacpp:requests_processing"]);
+    assert_eq!(llama.names.waiting, ["llamacpp:requests_deferred"]);
+    assert!(llama.names.kv_usage.is_empty() && llama.names.cache_config.is_empty());
+    assert_eq!(llama.capacity_tokens, Some(12288));
+    // A list given replaces the preset's for that quantity only.
+    let mixed = Config::parse(
+        br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],
+            "metrics":{"engine":"llamacpp","names":{"kv_usage":["llamacpp:kv_cache_usage_ratio"]}}}"#,
+    )
+    .unwrap()
+    .metrics;
+    assert_eq!(mixed.names.kv_usage, ["llamacpp:kv_cache_usage_ratio"]);
+    assert_eq!(mixed.names.running, ["llamacpp:requests_processing"]);
+}
+
+#[test]
+fn bad_metric_names_and_engines_are_named() {
+    let with = |metrics: &str| {
+        err(&format!(
+            r#"{{"backends":[{{"name":"a","address":"127.0.0.1:1"}}],"metrics":{metrics}}}"#
+        ))
+        .field
+    };
+    assert_eq!(with(r#"{"engine":"sglang"}"#), "metrics.engine");
+    assert_eq!(with(r#"{"engine":3}"#), "metrics.engine");
+    assert_eq!(with(r#"{"names":{"running":[]}}"#), "metrics.names.running");
+    assert_eq!(
+        with(r#"{"engine":"llamacpp","names":{"waiting":[""]}}"#),
+        "metrics.names.waiting"
+    );
+    assert_eq!(
+        with(r#"{"names":{"kv_usage":[""]}}"#),
+        "metrics.names.kv_usage"
+    );
+    assert_eq!(
+        with(r#"{"names":{"cache_config":["a",""]}}"#),
+        "metrics.names.cache_config"
+    );
+    assert_eq!(with(r#"{"names":{"slots":["x"]}}"#), "metrics.names.slots");
+    assert_eq!(with(r#"{"capacity_tokens":0}"#), "metrics.capacity_tokens");
+    assert_eq!(
+        with(r#"{"capacity_tokens":2000000000000}"#),
+        "metrics.capacity_tokens"
+    );
+    // Empty lists are fine where an engine may publish nothing.
+    assert!(Config::parse(
+        br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],"metrics":{"names":{"kv_usage":[],"cache_config":[]}}}"#
+    )
+    .is_ok());
+}

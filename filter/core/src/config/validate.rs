@@ -6,6 +6,9 @@ use super::wire::*;
 use super::*;
 use std::net::SocketAddr;
 
+/// Largest `metrics.capacity_tokens`: 2^40 tokens, far past any pod's KV.
+const MAX_CAPACITY_TOKENS: u64 = 1 << 40;
+
 fn valid_header_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -45,6 +48,14 @@ fn finite_in_range(field: &str, v: f64, lo: f64, hi: f64) -> Result<f64, ConfigE
 fn metric_names(field: &str, names: Vec<String>) -> Result<Vec<String>, ConfigError> {
     if names.is_empty() || names.iter().any(|n| n.is_empty()) {
         return Err(bad(field, "must list at least one non-empty metric name"));
+    }
+    Ok(names)
+}
+
+/// A quantity an engine may not publish (llama.cpp: KV usage and size): the list may be empty.
+fn optional_metric_names(field: &str, names: Vec<String>) -> Result<Vec<String>, ConfigError> {
+    if names.iter().any(|n| n.is_empty()) {
+        return Err(bad(field, "metric names must not be empty"));
     }
     Ok(names)
 }
@@ -456,11 +467,32 @@ fn metrics(m: WireMetrics, path: String) -> Result<MetricsConfig, ConfigError> {
             86_400_000,
         )?,
         model_name: m.model_name,
-        names: MetricNames {
-            running: metric_names("metrics.names.running", m.names.running)?,
-            waiting: metric_names("metrics.names.waiting", m.names.waiting)?,
-            kv_usage: metric_names("metrics.names.kv_usage", m.names.kv_usage)?,
+        names: {
+            let preset = m.engine.names();
+            let n = m.names;
+            MetricNames {
+                running: metric_names(
+                    "metrics.names.running",
+                    n.running.unwrap_or(preset.running),
+                )?,
+                waiting: metric_names(
+                    "metrics.names.waiting",
+                    n.waiting.unwrap_or(preset.waiting),
+                )?,
+                kv_usage: optional_metric_names(
+                    "metrics.names.kv_usage",
+                    n.kv_usage.unwrap_or(preset.kv_usage),
+                )?,
+                cache_config: optional_metric_names(
+                    "metrics.names.cache_config",
+                    n.cache_config.unwrap_or(preset.cache_config),
+                )?,
+            }
         },
+        capacity_tokens: m
+            .capacity_tokens
+            .map(|c| in_range("metrics.capacity_tokens", c, 1, MAX_CAPACITY_TOKENS))
+            .transpose()?,
     })
 }
 

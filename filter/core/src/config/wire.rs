@@ -2,7 +2,7 @@
 //! with its default, and unknown fields refused. Nothing here is checked;
 //! [`super::validate`] turns a [`WireConfig`] into a [`super::Config`].
 
-use super::{RouteMode, Strategy};
+use super::{Engine, RouteMode, Strategy};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -124,27 +124,14 @@ impl Default for WireIndex {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// Each list left out takes the engine preset's ([`super::Engine::names`]).
+#[derive(Debug, Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
 pub(super) struct WireMetricNames {
-    pub(super) running: Vec<String>,
-    pub(super) waiting: Vec<String>,
-    pub(super) kv_usage: Vec<String>,
-}
-
-impl Default for WireMetricNames {
-    fn default() -> Self {
-        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect();
-        WireMetricNames {
-            running: names(&["vllm:num_requests_running", "sglang:num_running_reqs"]),
-            waiting: names(&["vllm:num_requests_waiting", "sglang:num_queue_reqs"]),
-            kv_usage: names(&[
-                "vllm:kv_cache_usage_perc",
-                "vllm:gpu_cache_usage_perc",
-                "sglang:token_usage",
-            ]),
-        }
-    }
+    pub(super) running: Option<Vec<String>>,
+    pub(super) waiting: Option<Vec<String>>,
+    pub(super) kv_usage: Option<Vec<String>>,
+    pub(super) cache_config: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -160,7 +147,9 @@ pub(super) struct WireMetrics {
     pub(super) eject_after_errors: u32,
     pub(super) stale_after_ms: u64,
     pub(super) model_name: Option<String>,
+    pub(super) engine: Engine,
     pub(super) names: WireMetricNames,
+    pub(super) capacity_tokens: Option<u64>,
 }
 
 impl Default for WireMetrics {
@@ -176,7 +165,9 @@ impl Default for WireMetrics {
             eject_after_errors: 3,
             stale_after_ms: 2000,
             model_name: None,
+            engine: Engine::default(),
             names: WireMetricNames::default(),
+            capacity_tokens: None,
         }
     }
 }

@@ -12,6 +12,12 @@
 //! data-parallel pod runs one engine per rank, each with its own cache and
 //! its own series (one series per engine, the first kept); LoRA adapters from
 //! `vllm:lora_requests_info` ([`crate::fleet::lora`]).
+//!
+//! The names are the configured ones, from an engine preset
+//! ([`crate::config::Engine`]). llama.cpp's server publishes no KV usage and
+//! no KV size: its KV usage reads 0 (no pod is full by KV), and its capacity
+//! is `metrics.capacity_tokens`, which the scrape's reader puts in
+//! ([`with_capacity`]).
 
 use crate::config::MetricNames;
 use crate::fleet::lora::Lora;
@@ -71,18 +77,20 @@ pub fn extract_with_lora(
 ) -> (Scrape, Option<Lora>) {
     let mut samples = Vec::new();
     prometheus::parse(text, |s| {
-        if s.name == "vllm:cache_config_info"
-            || s.name == "vllm:lora_requests_info"
-            || names_contain(names, s.name)
-        {
+        if s.name == "vllm:lora_requests_info" || names_contain(names, s.name) {
             samples.push(s)
         }
     });
     let lora = Lora::from_samples(samples.iter());
     let mut engines: Vec<(Option<String>, u64)> = Vec::new();
+    // The first configured info gauge present (as for the other quantities).
+    let info = names
+        .cache_config
+        .iter()
+        .find(|n| samples.iter().any(|s| s.name == n.as_str()));
     for s in samples
         .iter()
-        .filter(|s| s.name == "vllm:cache_config_info")
+        .filter(|s| info.is_some_and(|n| s.name == n.as_str()))
     {
         if engines.len() == MAX_ENGINES {
             break;
@@ -121,10 +129,22 @@ pub fn extract_with_lora(
     (scrape, lora)
 }
 
+/// The configured capacity of a pod whose scrape gave none (an engine that
+/// publishes no KV size); a capacity the engine publishes wins.
+pub fn with_capacity(mut scrape: Scrape, configured: Option<u64>) -> Scrape {
+    scrape.capacity_tokens = scrape.capacity_tokens.or(configured);
+    scrape
+}
+
 fn names_contain(names: &MetricNames, n: &str) -> bool {
-    [&names.running, &names.waiting, &names.kv_usage]
-        .iter()
-        .any(|l| l.iter().any(|x| x == n))
+    [
+        &names.running,
+        &names.waiting,
+        &names.kv_usage,
+        &names.cache_config,
+    ]
+    .iter()
+    .any(|l| l.iter().any(|x| x == n))
 }
 
 #[cfg(test)]
@@ -179,5 +199,55 @@ vllm:cache_config_info{block_size=\"32\",engine=\"1\",num_gpu_blocks=\"999\"} 1.
         let one = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"10\"} 1.0\n";
         assert_eq!(extract(one, &names, None).capacity_tokens, Some(160));
         assert_eq!(extract("", &names, None).capacity_tokens, None);
+    }
+
+    /// llama.cpp's `/metrics` as `llama-server --metrics` printed it (the
+    /// version in docs/real-engine.md), mid-request.
+    const LLAMACPP: &str = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n\
+# TYPE llamacpp:prompt_tokens_total counter\n\
+llamacpp:prompt_tokens_total 5412\n\
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache\n\
+# TYPE llamacpp:prompt_tokens_cached_total counter\n\
+llamacpp:prompt_tokens_cached_total 3270\n\
+# HELP llamacpp:requests_processing Number of requests processing\n\
+# TYPE llamacpp:requests_processing gauge\n\
+llamacpp:requests_processing 2\n\
+# HELP llamacpp:requests_deferred Number of requests deferred\n\
+# TYPE llamacpp:requests_deferred gauge\n\
+llamacpp:requests_deferred 3\n\
+# HELP llamacpp:n_busy_slots_per_decode Average number of busy slots per llama_decode() call\n\
+# TYPE llamacpp:n_busy_slots_per_decode gauge\n\
+llamacpp:n_busy_slots_per_decode 1.23456\n";
+
+    #[test]
+    fn llamacpp_names_read_its_slots_and_deferred_tasks() {
+        let llama = crate::config::Engine::Llamacpp.names();
+        let s = extract(LLAMACPP, &llama, None);
+        assert_eq!((s.running, s.waiting, s.kv_usage), (2.0, 3.0, 0.0));
+        assert_eq!(s.capacity_tokens, None);
+        // vLLM's names find nothing in it: the pod would look idle whatever it did.
+        let vllm = extract(LLAMACPP, &names(), None);
+        assert_eq!((vllm.running, vllm.waiting), (0.0, 0.0));
+    }
+
+    #[test]
+    fn the_configured_info_gauge_sizes_the_pod() {
+        let text = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"10\"} 1.0\n\
+other:cache_info{block_size=\"32\",num_gpu_blocks=\"10\"} 1.0\n";
+        let mut n = names();
+        n.cache_config = vec!["other:cache_info".into(), "vllm:cache_config_info".into()];
+        assert_eq!(extract(text, &n, None).capacity_tokens, Some(320));
+        n.cache_config.clear();
+        assert_eq!(extract(text, &n, None).capacity_tokens, None);
+    }
+
+    #[test]
+    fn a_configured_capacity_fills_in_only_where_the_engine_gave_none() {
+        let llama = crate::config::Engine::Llamacpp.names();
+        let s = with_capacity(extract(LLAMACPP, &llama, None), Some(12_288));
+        assert_eq!(s.capacity_tokens, Some(12_288));
+        let one = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"10\"} 1.0\n";
+        let v = with_capacity(extract(one, &names(), None), Some(12_288));
+        assert_eq!(v.capacity_tokens, Some(160));
     }
 }

@@ -7,7 +7,7 @@ use super::Worker;
 use crate::config::ENDPOINT_HEADER;
 use crate::fleet::health::Outcome;
 use crate::fleet::membership::{admin_path, MAX_REPLY_BYTES};
-use crate::fleet::scrape::extract_with_lora;
+use crate::fleet::scrape::{extract_with_lora, with_capacity};
 use crate::host::{Callout, Host};
 
 impl Worker {
@@ -164,11 +164,12 @@ impl Worker {
             Some("200") => host
                 .callout_body(body_size)
                 .map_or(Outcome::Failed, |body| {
-                    let (mut sc, lora) = extract_with_lora(
+                    let (sc, lora) = extract_with_lora(
                         &String::from_utf8_lossy(&body),
                         &cfg.names,
                         cfg.model_name.as_deref(),
                     );
+                    let mut sc = with_capacity(sc, cfg.capacity_tokens);
                     lora_seen = Some(lora);
                     // What the scrape counts of this gateway's own traffic (see `load`).
                     let inflight = self.router.fleet().inflight(host).unwrap_or_default();

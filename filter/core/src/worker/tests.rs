@@ -1626,3 +1626,28 @@ fn a_worker_that_routes_little_still_serves_its_peers_every_event() {
     let batch = crate::routing::exchange::Batch::decode(&body).unwrap();
     assert_eq!(batch.events.len(), 80, "every event the busy worker routed");
 }
+
+#[test]
+fn a_llamacpp_pod_is_read_by_its_names_and_sized_by_the_config() {
+    let host = MemoryHost::default();
+    host.now.set(1000);
+    let cfg = r#"{"backends":[{"name":"a","address":"127.0.0.1:1"},{"name":"b","address":"127.0.0.1:2"}],
+        "metrics":{"engine":"llamacpp","capacity_tokens":6144}}"#;
+    let mut w = Worker::configure(&host, cfg.as_bytes()).unwrap();
+    w.tick(&host);
+    // What `llama-server --metrics` prints (no labels, no KV usage or size).
+    let llama = "llamacpp:prompt_tokens_cached_total 3270\nllamacpp:requests_processing 2\n\
+llamacpp:requests_deferred 3\n";
+    answer(&mut w, &host, |_| ok(llama));
+    let h = w.router.fleet().health();
+    assert!(h.iter().all(|h| h.scrape.running == 2.0
+        && h.scrape.waiting == 3.0
+        && h.scrape.capacity_tokens == Some(6144)));
+    w.tick(&host);
+    host.now.set(1500);
+    w.tick(&host);
+    assert_eq!(
+        host.metric("warmroute.backend.a.kv_capacity_tokens"),
+        Some(6144)
+    );
+}
