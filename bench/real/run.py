@@ -206,7 +206,11 @@ def index_error(recs: list[Record], start_bpt: float, block_bytes: int) -> dict:
             "true_bpt": statistics.fmean(truth) if truth else float("nan"), "true_from": len(truth)}
 
 
-def win_section(replicas: list[Replica], logdir: Path, out: dict, bpt: float) -> None:
+def win_section(replicas: list, logdir: Path, out: dict, bpt: float, run=None,
+                extra: tuple[str, str] | None = ("preemptions", "preemptions"), note=None) -> bool:
+    """Chat and agent, round robin then warmroute, through `run` (this engine's `run_once`);
+    prints both tables, with `extra` (a header and its row key) as the first's last column and
+    `note(rows)` after the second. True if no request failed."""
     section("2. The win, by the engines' own counters, and the index against the engines' reports")
     rows = []
     for make in (chat_workload, agent_workload):
@@ -214,18 +218,20 @@ def win_section(replicas: list[Replica], logdir: Path, out: dict, bpt: float) ->
             w = make()
             if router == "round robin":
                 print(f"- {w.name}: {w.why}")
-            res = run_once(w, replicas, logdir, router, bpt)
+            res = (run or run_once)(w, replicas, logdir, router, bpt)
             rows.append(res)
             print(f"  {router:11s} requests {res['requests']} errors {res['errors']} hit {res['hit_rate']:.3f} "
                   f"ttft mean {res['ttft_mean_ms']:.0f} ms p95 {res['ttft_p95_ms']:.0f} ms ({res['wall_s']:.0f} s)",
                   flush=True)
     out["runs"] = rows
-    print("\n| workload | router | requests (errors) | hit rate (engines) | TTFT mean / P95 ms | per pod | preemptions |")
-    print("|---|---|---|---|---|---|---|")
+    head, key = extra or ("", "")
+    print("\n| workload | router | requests (errors) | hit rate (engines) | TTFT mean / P95 ms | per pod |"
+          + (f" {head} |" if extra else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if extra else ""))
     for r in rows:
-        share = " / ".join(str(v) for v in r["share"].values())
+        share = " / ".join(str(v) for v in r["share"].values()) or "round robin"
         print(f"| {r['workload']} | {r['router']} | {r['requests']} ({r['errors']}) | {r['hit_rate']:.3f} | "
-              f"{r['ttft_mean_ms']:.0f} / {r['ttft_p95_ms']:.0f} | {share} | {r['preemptions']} |")
+              f"{r['ttft_mean_ms']:.0f} / {r['ttft_p95_ms']:.0f} | {share} |" + (f" {r[key]} |" if extra else ""))
     print("\n| workload | index error, mean / P95 (tokens) | bias | predicted / reported tokens | "
           "bytes per token: learned (reports) / engine's | decisions |")
     print("|---|---|---|---|---|---|")
@@ -236,7 +242,8 @@ def win_section(replicas: list[Replica], logdir: Path, out: dict, bpt: float) ->
               f"{r['predicted_tokens']} / {r['reported_tokens']} | {r['learned_bpt']:.2f} ({r['learned_from']}) / "
               f"{r['true_bpt']:.2f} | {r['decisions']} |")
     print(f"\n(the learned ratio starts at {bpt}; filter feedback counters: "
-          f"{[r['feedback'] for r in rows if r['router'] == 'warmroute']})")
+          f"{[r['feedback'] for r in rows if r['router'] == 'warmroute']}{note(rows) if note else ''})")
+    return all(r["errors"] == 0 for r in rows)
 
 
 def shapes_section(envoy: Envoy, replica: Replica, out: dict, fixtures: Path | None) -> bool:

@@ -27,19 +27,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import workloads
+from engine import Server, start_all, stop_all
+import run
 from run import DEBUG, index_error, labels_of, pct, section
 from shapes import check
-from warmroute_harness import ROOT, Envoy, free_port, get, post, sums_by_name, wait_http
+from warmroute_harness import ROOT, Envoy, free_port, get, post
 
 HERE = Path(__file__).resolve().parent
 LLAMA_PY = ROOT / ".venv-llama" / "bin" / "python"
@@ -59,26 +60,17 @@ def server_binary() -> Path:
     return Path(out.stdout.strip())
 
 
-@dataclass
-class LlamaReplica:
+@dataclass(kw_only=True)
+class LlamaReplica(Server):
     """One `llama-server`: `ctx` tokens of KV shared by `slots` slots (unified KV), a RAM
     prompt cache of `cache_ram_mib`, one thread. Has what the harness's `Envoy` reads of a
     simulated pod (`name`, `port`, `address`)."""
 
-    name: str
-    port: int
     binary: Path
     ctx: int = 8192
     slots: int = 2
     cache_ram_mib: int = 16
-    proc: subprocess.Popen | None = None
-    log_path: Path | None = None
-    started_s: float = 0.0
-    _t0: float = 0.0
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    READY_S: ClassVar[float] = 120
 
     @property
     def capacity_tokens(self) -> int:
@@ -89,62 +81,6 @@ class LlamaReplica:
                 "--port", str(self.port), "--metrics", "--slots", "-c", str(self.ctx), "-np", str(self.slots),
                 "--kv-unified", "--cache-ram", str(self.cache_ram_mib), "-t", "1", "-tb", "1",
                 "--jinja", "--no-ui", "--no-warmup"]
-
-    def spawn(self, logdir: Path) -> "LlamaReplica":
-        self.log_path = logdir / f"{self.name}.log"
-        log = open(self.log_path, "ab")
-        self._t0 = time.time()
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, cwd=logdir,
-                                     start_new_session=True)
-        log.close()
-        return self
-
-    def wait_ready(self, timeout: float = 120) -> "LlamaReplica":
-        try:
-            wait_http(self.port, "/health", timeout=timeout, proc=self.proc)
-        except RuntimeError as e:
-            tail = self.log_path.read_text(errors="replace").splitlines()[-15:] if self.log_path else []
-            raise RuntimeError(f"{self.name}: {e}\n" + "\n".join(tail)) from None
-        self.started_s = time.time() - self._t0
-        return self
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-            except ProcessLookupError:
-                break
-        self.proc = None
-
-    def metrics_text(self) -> str:
-        return get(self.port, "/metrics", timeout=10).decode()
-
-    def metrics(self) -> dict[str, float]:
-        return sums_by_name(self.metrics_text())
-
-
-def start_all(replicas: list[LlamaReplica], logdir: Path) -> float:
-    t0 = time.time()
-    try:
-        for r in replicas:
-            r.spawn(logdir)
-        for r in replicas:
-            r.wait_ready()
-    except BaseException:
-        stop_all(replicas)
-        raise
-    return time.time() - t0
-
-
-def stop_all(replicas: list[LlamaReplica]) -> None:
-    for r in replicas:
-        r.stop()
 
 
 def llama_filter(replicas: list[LlamaReplica]) -> dict:
@@ -258,38 +194,9 @@ def run_once(w, replicas: list[LlamaReplica], logdir: Path, router: str, bpt: fl
 
 
 def win_section(replicas: list[LlamaReplica], logdir: Path, out: dict, bpt: float) -> bool:
-    section("2. The win, by the engines' own counters, and the index against the engines' reports")
-    rows = []
-    for make in (workloads.chat_workload, workloads.agent_workload):
-        for router in ("round robin", "warmroute"):
-            w = make()
-            if router == "round robin":
-                print(f"- {w.name}: {w.why}")
-            res = run_once(w, replicas, logdir, router, bpt)
-            rows.append(res)
-            print(f"  {router:11s} requests {res['requests']} errors {res['errors']} hit {res['hit_rate']:.3f} "
-                  f"ttft mean {res['ttft_mean_ms']:.0f} ms p95 {res['ttft_p95_ms']:.0f} ms ({res['wall_s']:.0f} s)",
-                  flush=True)
-    out["runs"] = rows
-    print("\n| workload | router | requests (errors) | hit rate (engines) | TTFT mean / P95 ms | per pod |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        share = " / ".join(str(v) for v in r["share"].values()) or "round robin"
-        print(f"| {r['workload']} | {r['router']} | {r['requests']} ({r['errors']}) | {r['hit_rate']:.3f} | "
-              f"{r['ttft_mean_ms']:.0f} / {r['ttft_p95_ms']:.0f} | {share} |")
-    print("\n| workload | index error, mean / P95 (tokens) | bias | predicted / reported tokens | "
-          "bytes per token: learned (reports) / engine's | decisions |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        if r["router"] != "warmroute":
-            continue
-        print(f"| {r['workload']} | {r['err_mean_tokens']:.0f} / {r['err_p95_tokens']:.0f} | {r['bias_tokens']:+.0f} | "
-              f"{r['predicted_tokens']} / {r['reported_tokens']} | {r['learned_bpt']:.2f} ({r['learned_from']}) / "
-              f"{r['true_bpt']:.2f} | {r['decisions']} |")
-    print(f"\n(the learned ratio starts at {bpt}; feedback counters: "
-          f"{[r['feedback'] for r in rows if r['router'] == 'warmroute']}; usage cached_tokens summed vs the "
-          f"engines' counter: {[(r['reported_cached'], r['counted_cached']) for r in rows]})")
-    return all(r["errors"] == 0 for r in rows)
+    return run.win_section(replicas, logdir, out, bpt, run=run_once, extra=None,
+                           note=lambda rows: "; usage cached_tokens summed vs the engines' counter: "
+                                             f"{[(r['reported_cached'], r['counted_cached']) for r in rows]}")
 
 
 def shapes_section(envoy: Envoy, replica: LlamaReplica, out: dict) -> bool:
@@ -360,7 +267,7 @@ def main() -> int:
         a.fixtures.mkdir(parents=True, exist_ok=True)
     binary = server_binary()
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
-    replicas = [LlamaReplica(f"llama-{i}", free_port(), binary, ctx=a.ctx, slots=a.slots, cache_ram_mib=a.cache_ram)
+    replicas = [LlamaReplica(name=f"llama-{i}", port=free_port(), binary=binary, ctx=a.ctx, slots=a.slots, cache_ram_mib=a.cache_ram)
                 for i in range(a.replicas)]
     out: dict = {"ctx": a.ctx, "slots": a.slots, "cache_ram_mib": a.cache_ram,
                  "version": (version.stdout + version.stderr).strip().splitlines()[:2]}
