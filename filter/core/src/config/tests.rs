@@ -292,6 +292,10 @@ fn bad_metric_names_and_engines_are_named() {
         .field
     };
     assert_eq!(with(r#"{"engine":"sglang"}"#), "metrics.engine");
+    assert_eq!(
+        with(r#"{"engine":"llamacpp","model_name":"tiny"}"#),
+        "metrics.model_name"
+    );
     assert_eq!(with(r#"{"engine":3}"#), "metrics.engine");
     assert_eq!(with(r#"{"names":{"running":[]}}"#), "metrics.names.running");
     assert_eq!(

@@ -466,7 +466,17 @@ fn metrics(m: WireMetrics, path: String) -> Result<MetricsConfig, ConfigError> {
             2 * period_ms + timeout_ms,
             86_400_000,
         )?,
-        model_name: m.model_name,
+        // llama.cpp's series carry no `model_name` label: selecting one would
+        // read every pod as idle.
+        model_name: match (m.engine, m.model_name) {
+            (Engine::Llamacpp, Some(_)) => {
+                return Err(bad(
+                    "metrics.model_name",
+                    "llama.cpp's metrics carry no model_name label: leave it unset with engine llamacpp",
+                ))
+            }
+            (_, name) => name,
+        },
         names: {
             let preset = m.engine.names();
             let n = m.names;

@@ -26,8 +26,10 @@
 //! ```
 //!
 //! **Trust.** An entry is written only from an answer, for the pod Envoy
-//! reports as that exchange's upstream (`upstream.address`, the last try's):
-//! never from anything a client sends. A client that names an id reaches only
+//! reports as that exchange's upstream (`upstream.address`, the last try's),
+//! or from a peer replica's reply, which arrives only from the peers cluster
+//! on the peer port ([`crate::routing::exchange`]): never from anything a
+//! client sends. A client that names an id reaches only
 //! the pod that answered that id, which is where vLLM would serve it; an id
 //! it made up is unknown and routes as usual. (vLLM lets a client choose its
 //! response's id, `request_id`; the pod that answered still is the pod that
@@ -42,7 +44,7 @@
 //! pod's address, not by a slot. A reload that changes the backend list keeps
 //! the record, so conversations in progress go on; a fleet that finds a pod it
 //! does not have routes as usual. Bounded all the same: 256 keys, each at
-//! most the largest capacity any configuration writes.
+//! most the largest capacity any configuration writes, and the recent ring.
 //!
 //! **Across gateway replicas**: a load balancer in front of several gateways
 //! sends a follow-up to any of them, and only the one that proxied the answer
@@ -66,7 +68,10 @@
 //! | [`RECENT`] | 256 | answers a peer can miss between two pulls (a tick apart): 512 answers a second at the default 500 ms; 6 KB read per pull |
 //!
 //! Cost: a follow-up reads one bucket (one host call); an answer costs one
-//! CAS on its bucket (two host calls, more on a lost CAS).
+//! CAS on its bucket (two host calls, more on a lost CAS), and with peers one
+//! more on the ring (6 KB rewritten, one key every worker writes: answers are
+//! a request's end, not its every chunk). A peer's answer costs a CAS on its
+//! bucket, at the puller's tick.
 
 use crate::codec::{put, Reader};
 use crate::config::MAX_RESPONSES;
@@ -232,6 +237,18 @@ pub fn insert(mut entries: Vec<Entry>, new: Entry, capacity: usize) -> Vec<Entry
     entries
 }
 
+/// [`insert`] of an entry a peer sent, unless the bucket knows better: an
+/// entry of its id at least as new, or `capacity` entries all newer than it
+/// (a peer's old answer must not push out what this gateway learnt since).
+/// `None`: the bucket stays as it is.
+pub fn insert_imported(entries: Vec<Entry>, new: Entry, capacity: usize) -> Option<Vec<Entry>> {
+    let newer = |e: &Entry| e.at_ms >= new.at_ms;
+    let known = entries.iter().any(|e| e.id == new.id && newer(e));
+    let crowded = entries.iter().filter(|e| e.id != new.id).count() >= capacity.max(1)
+        && entries.iter().all(newer);
+    (!known && !crowded).then(|| insert(entries, new, capacity))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,6 +284,29 @@ mod tests {
         assert_eq!(
             insert(vec![e(1, 7, 900)], e(3, 8, 100), 0),
             vec![e(3, 8, 100)]
+        );
+    }
+
+    #[test]
+    fn a_peers_answer_never_displaces_a_newer_one() {
+        let b = vec![e(1, 7, 500), e(2, 7, 600)];
+        // Its id known as newer here: kept as it is.
+        assert_eq!(insert_imported(b.clone(), e(1, 8, 400), 2), None);
+        // Older than every entry of a full bucket: left out.
+        assert_eq!(insert_imported(b.clone(), e(3, 8, 100), 2), None);
+        // Newer than the oldest: in, the oldest out; a newer answer of a known id replaces it.
+        assert_eq!(
+            insert_imported(b.clone(), e(3, 8, 550), 2),
+            Some(vec![e(2, 7, 600), e(3, 8, 550)])
+        );
+        assert_eq!(
+            insert_imported(b.clone(), e(1, 8, 700), 2),
+            Some(vec![e(2, 7, 600), e(1, 8, 700)])
+        );
+        // Room left: in, whatever its age.
+        assert_eq!(
+            insert_imported(b, e(3, 8, 100), 3).map(|b| b.len()),
+            Some(3)
         );
     }
 

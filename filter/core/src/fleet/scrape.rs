@@ -36,7 +36,8 @@ pub struct Scrape {
     pub waiting: f64,
     /// KV cache usage, 0..1.
     pub kv_usage: f64,
-    /// KV capacity in tokens, from `vllm:cache_config_info`.
+    /// KV capacity in tokens, from the info gauge `metrics.names.cache_config`
+    /// names (vLLM's `vllm:cache_config_info`), else `metrics.capacity_tokens`.
     pub capacity_tokens: Option<u64>,
     /// This gateway's in-flight requests on the backend when the scrape answered.
     pub own_inflight: u32,

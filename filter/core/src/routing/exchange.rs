@@ -626,8 +626,10 @@ impl Peers {
 
     /// The reply to pull `token` at `now` (`body`: `None` when it failed): the
     /// batch to import, with the peer's cursor moved past it and its loads
-    /// kept. A peer that restarted (another replica id) is read from its
-    /// reply's start as it is.
+    /// kept. A peer that restarted (another replica id) numbers its events
+    /// and answers from 0 again: this reply may have skipped those below the
+    /// old cursors, so the next pull asks for all it keeps (what comes twice
+    /// is applied twice, which changes nothing).
     pub fn answered(&mut self, token: u32, body: Option<&[u8]>, now: u64) -> Answer {
         let Some(p) = self
             .peers
@@ -644,9 +646,16 @@ impl Peers {
             p.me = true;
             return Answer::Me;
         }
-        p.cursor = Some((batch.replica, batch.next_seq));
-        if let Some(a) = &batch.answers {
-            p.answers = a.next;
+        if p.cursor
+            .is_some_and(|(replica, _)| replica != batch.replica)
+        {
+            p.cursor = Some((batch.replica, 0));
+            p.answers = 0;
+        } else {
+            p.cursor = Some((batch.replica, batch.next_seq));
+            if let Some(a) = &batch.answers {
+                p.answers = a.next;
+            }
         }
         let loads = batch
             .loads
@@ -1032,6 +1041,34 @@ mod tests {
                 format!("{PEER_PATH}?since=30&answers=5"),
                 format!("{PEER_PATH}?since=0&answers=0")
             ]
+        );
+        // The peer restarts (another replica id): whatever this reply skipped, the
+        // next pull asks for everything it keeps; the one after goes on from there.
+        let mut w = BatchWriter::new(10, 40, 1 << 20);
+        assert!(w.open_answers(5));
+        w.answers_to(9);
+        p.dispatched("a:1", 8, 1030);
+        p.dispatched("c:1", 18, 1030);
+        assert!(matches!(
+            p.answered(8, Some(&w.finish()), 1030),
+            Answer::Events(_)
+        ));
+        assert_eq!(
+            p.due(1030, 1000)[0],
+            ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
+        );
+        let mut w = BatchWriter::new(10, 0, 1 << 20);
+        w.skip_to(40);
+        assert!(w.open_answers(0));
+        w.answers_to(9);
+        p.dispatched("a:1", 9, 1030);
+        assert!(matches!(
+            p.answered(9, Some(&w.finish()), 1030),
+            Answer::Events(_)
+        ));
+        assert_eq!(
+            p.due(1030, 1000)[0],
+            ("a:1".to_owned(), format!("{PEER_PATH}?since=40&answers=9"))
         );
     }
 }

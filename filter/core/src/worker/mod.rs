@@ -739,20 +739,20 @@ impl Worker {
         };
         let capacity = bucket_capacity(self.router.config().responses.max_entries);
         let store = self.router.fleet().store(host);
-        let shared = || match self.router.config().peers {
-            // A follow-up may reach another replica of this gateway: its peers pull this.
-            Some(_) => store.share_response(entry),
-            None => Ok(()),
-        };
-        match store
-            .remember_response(entry, capacity)
-            .and_then(|()| shared())
-        {
+        match store.remember_response(entry, capacity) {
             Ok(()) => self.stats.remembered(true),
             Err(e) => {
                 log::debug!("warmroute: a stored response's pod is not remembered: {e:?}");
                 self.stats.host_error();
                 self.stats.remembered(false);
+                return;
+            }
+        }
+        // A follow-up may reach another replica of this gateway: its peers pull this.
+        if self.router.config().peers.is_some() {
+            if let Err(e) = store.share_response(entry) {
+                log::debug!("warmroute: a stored response's pod is not shared with peers: {e:?}");
+                self.stats.host_error();
             }
         }
     }

@@ -502,7 +502,7 @@ impl Stats {
     }
 
     /// A peer's events written to this replica's log, those left out, and
-    /// its stored responses' answers remembered.
+    /// its stored responses' answers written to this Envoy's record.
     pub fn peer_imported(&mut self, i: Imported) {
         self.peer_imported.add(i.events.into());
         self.peer_dropped.add(i.dropped.into());

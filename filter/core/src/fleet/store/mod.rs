@@ -809,6 +809,20 @@ impl<H: Host> Store<'_, H> {
         })
     }
 
+    /// Remembers who answered a stored response, as a peer replica sent it
+    /// ([`responses::insert_imported`]: never over what this Envoy knows newer);
+    /// true if it was written.
+    pub fn remember_imported(&self, entry: Entry, capacity: usize) -> Result<bool, HostError> {
+        let key = responses::key(responses::bucket_of(entry.id));
+        update(self.host, &key, |v| {
+            let all = responses::decode(v.as_deref().unwrap_or_default());
+            match responses::insert_imported(all, entry, capacity) {
+                Some(all) => (Some(responses::encode(&all)), true),
+                None => (None, false),
+            }
+        })
+    }
+
     /// Appends an answer this Envoy proxied to the ring its peers pull
     /// ([`responses::Recent`]).
     pub fn share_response(&self, entry: Entry) -> Result<(), HostError> {

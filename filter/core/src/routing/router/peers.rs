@@ -17,7 +17,8 @@ pub struct Imported {
     pub events: u32,
     /// Events about a pod this replica does not have, or not written (a host error).
     pub dropped: u32,
-    /// Stored responses' answers written to this Envoy's record.
+    /// Stored responses' answers written to this Envoy's record (not those
+    /// it knew newer).
     pub answers: u32,
 }
 
@@ -53,8 +54,19 @@ impl Router {
         max_bytes: usize,
     ) -> Result<Vec<u8>, HostError> {
         let mut w = self.serve_events(host, replica, since, max_bytes)?;
-        if let Some(since) = answers.filter(|&since| w.open_answers(since)) {
-            let ring = self.fleet.store(host).recent_responses()?;
+        // An unread ring costs this reply its answers, not its events: the
+        // section is left out, and the peer asks from the same answer next time.
+        let ring = match answers.map(|_| self.fleet.store(host).recent_responses()) {
+            Some(Err(e)) => {
+                log::debug!("warmroute: the stored responses' ring is unread: {e:?}");
+                None
+            }
+            ring => ring.and_then(Result::ok),
+        };
+        if let Some((since, ring)) = answers
+            .zip(ring)
+            .filter(|&(since, _)| w.open_answers(since))
+        {
             let now = host.now_ms();
             let mut full = false;
             for (n, e) in ring.since(since) {
@@ -215,8 +227,8 @@ impl Router {
                     pod: a.pod,
                     at_ms: now.saturating_sub(u64::from(a.age_ms)),
                 };
-                match self.fleet.store(host).remember_response(entry, capacity) {
-                    Ok(()) => out.answers += 1,
+                match self.fleet.store(host).remember_imported(entry, capacity) {
+                    Ok(written) => out.answers += u32::from(written),
                     Err(e) => {
                         log::debug!("warmroute: a peer's stored response not remembered: {e:?}")
                     }
