@@ -13,8 +13,10 @@ is a slot pointed at another replica. `point` returns once the front serves the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,3 +161,18 @@ def hit_of(recs: list[dict]) -> tuple[float | None, int]:
     ok = [r for r in recs if r["outcome"] == "ok" and r.get("prompt_tokens")]
     prompt = sum(r["prompt_tokens"] for r in ok)
     return ((sum(r.get("cached_tokens") or 0 for r in ok) / prompt) if prompt else None), len(ok)
+
+
+def main(doc: str, workloads: list[str], choices: list[str], name: str, rounds, summary, report) -> int:
+    """The command line of a bench built on the front (scale_midway.py, peer_faults.py):
+    `rounds(n, workloads, logdir, out)` runs, `summary` reduces their rows, `report` prints."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workloads", nargs="+", default=workloads, choices=choices)
+    ap.add_argument("--out", default=f"{name}.jsonl")
+    a = ap.parse_args()
+    t = time.time()
+    logdir = Path(tempfile.mkdtemp(prefix=f"warmroute-{name.replace('_', '-')}-"))
+    report(summary(rounds(a.rounds, a.workloads, logdir, Path(a.out))))
+    print(f"wall time {time.time() - t:.0f} s")
+    return 0

@@ -32,17 +32,16 @@ bounded by the client's --max-seconds (150 s).
 
 from __future__ import annotations
 
-import argparse
 import http.server
 import json
 import os
 import signal
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+import front
 from front import Front, Load
 from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
@@ -233,16 +232,7 @@ def section(logdir: Path, quick: bool) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workloads", nargs="+", default=["conversation", "agent"], choices=list(FAULTS))
-    ap.add_argument("--out", default="peer_faults.jsonl")
-    a = ap.parse_args()
-    t = time.time()
-    s = summary(rounds(a.rounds, a.workloads, Path(tempfile.mkdtemp(prefix="warmroute-peer-faults-")), Path(a.out)))
-    report(s)
-    print(f"wall time {time.time() - t:.0f} s")
-    return 0
+    return front.main(__doc__, ["conversation", "agent"], list(FAULTS), "peer_faults", rounds, summary, report)
 
 
 if __name__ == "__main__":

@@ -31,13 +31,12 @@ beside it. Each run is bounded by the client's --max-seconds (150 s).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
+import front
 from front import Front, Load, hit_of
 from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
@@ -247,16 +246,7 @@ def section(logdir: Path, quick: bool) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workloads", nargs="+", default=["conversation", "agent"], choices=list(MIDWAY))
-    ap.add_argument("--out", default="scale_midway.jsonl")
-    a = ap.parse_args()
-    t = time.time()
-    s = summary(rounds(a.rounds, a.workloads, Path(tempfile.mkdtemp(prefix="warmroute-scale-midway-")), Path(a.out)))
-    report(s)
-    print(f"wall time {time.time() - t:.0f} s")
-    return 0
+    return front.main(__doc__, ["conversation", "agent"], list(MIDWAY), "scale_midway", rounds, summary, report)
 
 
 if __name__ == "__main__":

@@ -50,14 +50,18 @@ async fn start_with_adapters_a_b(max_loras: &str, extra: &[&str]) -> Sim {
 }
 
 impl Sim {
-    async fn post(&self, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
-        let res = self
-            .client
+    /// POSTs `body` as JSON to `path`: the response as it starts.
+    async fn send(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
             .post(format!("{}{path}", self.base))
             .json(body)
             .send()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+        let res = self.send(path, body).await;
         let status = res.status().as_u16();
         let headers = res.headers().clone();
         let text = res.text().await.unwrap();
@@ -102,13 +106,7 @@ impl Sim {
     /// the sequence is running until it is dropped (the engine then aborts it).
     async fn start_stream(&self, model: &str, prefix: &str) -> reqwest::Response {
         let body = json!({"model": model, "prompt": words(prefix, 50), "max_tokens": 100_000, "stream": true});
-        let mut res = self
-            .client
-            .post(format!("{}/v1/completions", self.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let mut res = self.send("/v1/completions", &body).await;
         assert_eq!(res.status().as_u16(), 200);
         let first = res.chunk().await.unwrap().unwrap();
         let first = String::from_utf8_lossy(&first);
@@ -415,13 +413,7 @@ async fn sse_stream_is_valid_and_carries_usage() {
         "stream_options": {"include_usage": true},
     });
     let t0 = Instant::now();
-    let mut res = sim
-        .client
-        .post(format!("{}/v1/chat/completions", sim.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut res = sim.send("/v1/chat/completions", &body).await;
     assert_eq!(res.status().as_u16(), 200);
     assert!(res.headers()["content-type"]
         .to_str()
@@ -716,13 +708,7 @@ async fn default_name_is_sim_port() {
 async fn client_disconnect_aborts_and_frees_kv() {
     let sim = start(&["--time-scale", "1"]).await;
     let body = json!({"prompt": words("d", 100), "max_tokens": 100_000, "stream": true});
-    let mut res = sim
-        .client
-        .post(format!("{}/v1/completions", sim.base))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let mut res = sim.send("/v1/completions", &body).await;
     assert!(res.chunk().await.unwrap().is_some());
     let m = sim.metrics().await;
     assert_eq!(m["vllm:num_requests_running"], 1.0);
@@ -1054,13 +1040,7 @@ async fn models_list_adapters_with_their_parent() {
 async fn adapters_load_and_unload_at_run_time() {
     let sim = start(&["--enable-lora", "--allow-runtime-lora-updating"]).await;
     let post_text = async |path: &str, body: Value| {
-        let res = sim
-            .client
-            .post(format!("{}{path}", sim.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let res = sim.send(path, &body).await;
         (res.status().as_u16(), res.text().await.unwrap())
     };
     let ask = json!({"model": "new", "prompt": "x y", "max_tokens": 1});
@@ -1111,24 +1091,12 @@ async fn adapters_load_and_unload_at_run_time() {
     // Without the flag the routes do not exist; without --enable-lora loading fails.
     let plain = start(&["--enable-lora"]).await;
     let (s, body) = {
-        let res = plain
-            .client
-            .post(format!("{}/v1/load_lora_adapter", plain.base))
-            .json(&load)
-            .send()
-            .await
-            .unwrap();
+        let res = plain.send("/v1/load_lora_adapter", &load).await;
         (res.status().as_u16(), res.text().await.unwrap())
     };
     assert_eq!((s, body.as_str()), (404, r#"{"detail":"Not Found"}"#));
     let no_lora = start(&["--allow-runtime-lora-updating"]).await;
-    let res = no_lora
-        .client
-        .post(format!("{}/v1/load_lora_adapter", no_lora.base))
-        .json(&load)
-        .send()
-        .await
-        .unwrap();
+    let res = no_lora.send("/v1/load_lora_adapter", &load).await;
     assert_eq!(res.status().as_u16(), 500);
     let v: Value = res.json().await.unwrap();
     assert_eq!(
@@ -1194,13 +1162,7 @@ async fn echoes_request_headers_only_when_asked() {
 
 /// The events of a server-sent stream: (event name, data as JSON).
 async fn events(sim: &Sim, path: &str, body: &Value) -> Vec<(String, Value)> {
-    let res = sim
-        .client
-        .post(format!("{}{path}", sim.base))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let res = sim.send(path, body).await;
     assert_eq!(res.status().as_u16(), 200);
     let text = res.text().await.unwrap();
     text.split("\n\n")
@@ -1429,13 +1391,7 @@ async fn a_stalled_response_sends_its_first_byte_then_waits() {
             json!({"model": "sim-llama-8b", "prompt": "hi", "max_tokens": 2, "stream": stream});
         let before = sim.metrics().await["vllm:request_success_total"];
         let sent = Instant::now();
-        let mut res = sim
-            .client
-            .post(format!("{}/v1/completions", sim.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let mut res = sim.send("/v1/completions", &body).await;
         assert_eq!(res.status(), 200);
         let head = res.chunk().await.unwrap().unwrap();
         assert_eq!(&head[..], first, "the first byte alone");

@@ -56,17 +56,16 @@ impl Router {
         let mut w = self.serve_events(host, replica, since, max_bytes)?;
         // An unread ring costs this reply its answers, not its events: the
         // section is left out, and the peer asks from the same answer next time.
-        let ring = match answers.map(|_| self.fleet.store(host).recent_responses()) {
-            Some(Err(e)) => {
-                log::debug!("warmroute: the stored responses' ring is unread: {e:?}");
-                None
-            }
-            ring => ring.and_then(Result::ok),
-        };
-        if let Some((since, ring)) = answers
-            .zip(ring)
-            .filter(|&(since, _)| w.open_answers(since))
-        {
+        let ring = answers.and_then(|_| {
+            self.fleet
+                .store(host)
+                .recent_responses()
+                .inspect_err(|e| {
+                    log::debug!("warmroute: the stored responses' ring is unread: {e:?}")
+                })
+                .ok()
+        });
+        if let Some((since, ring)) = answers.zip(ring).filter(|&(n, _)| w.open_answers(n)) {
             let now = host.now_ms();
             let mut full = false;
             for (n, e) in ring.since(since) {
