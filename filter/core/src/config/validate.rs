@@ -478,23 +478,17 @@ fn metrics(m: WireMetrics, path: String) -> Result<MetricsConfig, ConfigError> {
             (_, name) => name,
         },
         names: {
-            let preset = m.engine.names();
-            let n = m.names;
+            let (n, preset) = (m.names, m.engine.names());
+            let field = |name| format!("metrics.names.{name}");
             MetricNames {
-                running: metric_names(
-                    "metrics.names.running",
-                    n.running.unwrap_or(preset.running),
-                )?,
-                waiting: metric_names(
-                    "metrics.names.waiting",
-                    n.waiting.unwrap_or(preset.waiting),
-                )?,
+                running: metric_names(&field("running"), n.running.unwrap_or(preset.running))?,
+                waiting: metric_names(&field("waiting"), n.waiting.unwrap_or(preset.waiting))?,
                 kv_usage: optional_metric_names(
-                    "metrics.names.kv_usage",
+                    &field("kv_usage"),
                     n.kv_usage.unwrap_or(preset.kv_usage),
                 )?,
                 cache_config: optional_metric_names(
-                    "metrics.names.cache_config",
+                    &field("cache_config"),
                     n.cache_config.unwrap_or(preset.cache_config),
                 )?,
             }

@@ -168,21 +168,22 @@ impl Event {
             1 => Kind::Evicted,
             _ => return None,
         };
-        let (seq, origin, backend, time_ms, prefill, len) =
-            (r.get()?, r.get()?, r.get()?, r.get()?, r.get()?, r.get()?);
+        // A struct literal evaluates its fields in the order written: the wire order.
+        let head = Head {
+            kind,
+            seq: r.get()?,
+            origin: r.get()?,
+            backend: r.get()?,
+            time_ms: r.get()?,
+            prefill: r.get()?,
+        };
+        let len = r.get()?;
         let n = r.get::<u32>()? as usize;
         if r.rest().len() != n.checked_mul(8)? {
             return None;
         }
         Some(Event {
-            head: Head {
-                kind,
-                seq,
-                origin,
-                backend,
-                time_ms,
-                prefill,
-            },
+            head,
             len,
             blocks: (0..n).map_while(|_| r.get()).collect(),
         })

@@ -200,7 +200,9 @@ impl Worker {
         self.stats.scraped(&outcome);
         // This VM holds the scrape lease, so its own view is the last health written.
         let was_down = self.router.fleet().health().get(b).map(|x| x.down);
-        let result = self.router.record_scrape(host, b, outcome, now);
+        let result = self
+            .router
+            .update_fleet(|f| f.record_scrape(host, b, outcome, now));
         let name = self
             .router
             .fleet()

@@ -63,7 +63,7 @@ impl Worker {
             Ok(changed) => changed.into_iter().for_each(|b| self.scheduler.forget(b)),
             Err(e) => log::debug!("warmroute: slot table not refreshed: {e:?}"),
         }
-        if let Err(e) = self.router.refresh_health(host) {
+        if let Err(e) = self.router.update_fleet(|f| f.refresh_health(host)) {
             log::debug!("warmroute: health not refreshed: {e:?}");
         }
         if let Err(e) = self.router.fleet_mut().refresh_lora(host) {

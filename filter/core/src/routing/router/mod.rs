@@ -33,7 +33,6 @@
 //! pod's share of the index follows the KV capacity its scrape reports.
 
 use crate::config::{Config, PolicyConfig, Strategy};
-use crate::fleet::health::{Health, Outcome};
 use crate::fleet::inflight::Delta;
 use crate::fleet::membership::{Changes, ReplyError};
 use crate::fleet::view::{FleetView, Snapshot};
@@ -283,7 +282,7 @@ impl Router {
     /// This VM's view of the fleet, for what changes nothing the index keeps:
     /// releases, answers, LoRA state, the tick's ledger work. What changes
     /// members or health goes through the router ([`Router::refresh_members`],
-    /// [`Router::members_reply`], [`Router::refresh_health`], [`Router::record_scrape`]).
+    /// [`Router::members_reply`], [`Router::update_fleet`]).
     pub fn fleet_mut(&mut self) -> &mut FleetView {
         &mut self.fleet
     }
@@ -321,26 +320,18 @@ impl Router {
         Ok(Ok(changes))
     }
 
-    /// Re-reads every backend's health (from the tick); on a failed read the
-    /// last known health stays.
-    pub fn refresh_health<H: Host>(&mut self, host: &H) -> Result<(), HostError> {
-        self.fleet.refresh_health(host)?;
-        self.resize_index();
-        Ok(())
-    }
-
-    /// Records one scrape of `backend` ([`FleetView::record_scrape`]) and
-    /// sizes the index to the capacity it reported.
-    pub fn record_scrape<H: Host>(
+    /// Changes the fleet's health or capacity through `change` (a scrape's
+    /// outcome, the tick's re-read of every backend's health), then sizes the
+    /// index to the capacity the fleet now reports: the one door for such
+    /// changes, so the index never keeps blocks a pod no longer has room for.
+    /// A failed host read changes nothing, so the index stays as sized.
+    pub fn update_fleet<T>(
         &mut self,
-        host: &H,
-        backend: usize,
-        outcome: Outcome,
-        now: u64,
-    ) -> Result<Health, HostError> {
-        let health = self.fleet.record_scrape(host, backend, outcome, now)?;
+        change: impl FnOnce(&mut FleetView) -> Result<T, HostError>,
+    ) -> Result<T, HostError> {
+        let out = change(&mut self.fleet)?;
         self.resize_index();
-        Ok(health)
+        Ok(out)
     }
 
     /// Routes one request; never fails (host errors degrade to less information).

@@ -1,4 +1,5 @@
 use super::*;
+use crate::fleet::health::Outcome;
 use crate::fleet::inflight::InFlight;
 use crate::fleet::responses::Entry;
 use crate::fleet::scrape::Scrape;
@@ -461,15 +462,15 @@ fn index_sizes_to_backend_capacity() {
         capacity_tokens: Some(tokens),
         ..Scrape::default()
     };
-    a.record_scrape(&host, 0, Outcome::Answered(scrape(6400)), 1)
+    a.update_fleet(|f| f.record_scrape(&host, 0, Outcome::Answered(scrape(6400)), 1))
         .unwrap();
     assert_eq!(a.index.capacity(0), 100);
     // Another VM's scrape reaches this one at its tick.
     let mut b = Router::new(cfg("cache_aware"), &host);
-    b.record_scrape(&host, 1, Outcome::Answered(scrape(12_800)), 1)
+    b.update_fleet(|f| f.record_scrape(&host, 1, Outcome::Answered(scrape(12_800)), 1))
         .unwrap();
     assert_eq!(a.index.capacity(1), a.index.capacity(2));
-    a.refresh_health(&host).unwrap();
+    a.update_fleet(|f| f.refresh_health(&host)).unwrap();
     assert_eq!(a.index.capacity(1), 200);
     assert_eq!(a.fleet().health()[0].scrape.capacity_tokens, Some(6400));
 }
@@ -482,7 +483,7 @@ fn the_index_follows_the_ratio_the_pods_report() {
         capacity_tokens: Some(6400),
         ..Scrape::default()
     };
-    a.record_scrape(&host, 0, Outcome::Answered(scrape), 1)
+    a.update_fleet(|f| f.record_scrape(&host, 0, Outcome::Answered(scrape), 1))
         .unwrap();
     assert_eq!(a.index.capacity(0), 100);
     // The pods count 32 tokens per 256-byte block: 8 bytes per token, twice the default.
@@ -564,7 +565,8 @@ fn a_follow_up_whose_holder_is_unknown_gone_or_down_routes_as_usual() {
     // Pod b fails its scrapes until it is out of rotation.
     let pod_b = crate::hash::address_id("127.0.0.1:2");
     for now in 1..=3 {
-        a.record_scrape(&host, 1, Outcome::Failed, now).unwrap();
+        a.update_fleet(|f| f.record_scrape(&host, 1, Outcome::Failed, now))
+            .unwrap();
     }
     let down = a.route(&host, &follow_up(&key, Previous::Answered(pod_b)));
     assert_eq!(down.continued, Some(Continued::HolderDown));
