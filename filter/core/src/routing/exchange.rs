@@ -15,8 +15,9 @@
 //! import(event) = pod address → this replica's slot (unknown pod: dropped);
 //!                 time = max(now − age, slot joined);  one log event of origin IMPORTED
 //! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
-//! answers       = asked with `answers=M`: the serving Envoy's stored responses' answers numbered
-//!                 M on ([`crate::fleet::responses::Recent`]), each (id, pod address id, age);
+//! answers       = asked with `answers=M` by an Envoy that keeps stored responses: the serving
+//!                 Envoy's stored responses' answers numbered M on
+//!                 ([`crate::fleet::responses::Recent`]), each (id, pod address id, age);
 //!                 imported into this Envoy's record, at = now − age
 //! ```
 //! | parameter | default | why |
@@ -589,8 +590,14 @@ impl Peers {
 
     /// The peers to pull now, with the path to ask: every peer but this
     /// replica without a pull under way (one lost past `lost_after_ms` is
-    /// given up).
-    pub fn due(&mut self, now: u64, lost_after_ms: u64) -> Vec<(String, String)> {
+    /// given up). Stored responses' answers are asked for only when this
+    /// Envoy keeps a record to put them in (`with_answers`).
+    pub fn due(
+        &mut self,
+        now: u64,
+        lost_after_ms: u64,
+        with_answers: bool,
+    ) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for p in &mut self.peers {
             if p.call
@@ -602,10 +609,11 @@ impl Peers {
                 continue;
             }
             let since = p.cursor.map_or(0, |(_, next)| next);
-            out.push((
-                p.address.clone(),
-                format!("{PEER_PATH}?since={since}&answers={}", p.answers),
-            ));
+            let path = match with_answers {
+                true => format!("{PEER_PATH}?since={since}&answers={}", p.answers),
+                false => format!("{PEER_PATH}?since={since}"),
+            };
+            out.push((p.address.clone(), path));
         }
         out
     }
@@ -965,7 +973,7 @@ mod tests {
     fn the_puller_follows_each_peer_and_leaves_itself_out() {
         let mut p = Peers::new(7);
         p.set_members(vec!["b:1".into(), "a:1".into(), "a:1".into()]);
-        let due = p.due(0, 1000);
+        let due = p.due(0, 1000, true);
         assert_eq!(
             due,
             [
@@ -975,24 +983,27 @@ mod tests {
         );
         p.dispatched("a:1", 1, 0);
         p.dispatched("b:1", 2, 0);
-        assert!(p.due(10, 1000).is_empty(), "one pull per peer at a time");
+        assert!(
+            p.due(10, 1000, true).is_empty(),
+            "one pull per peer at a time"
+        );
         let theirs = BatchWriter::new(9, 30, 1 << 20).finish();
         let mine = BatchWriter::new(7, 0, 1 << 20).finish();
         assert!(matches!(p.answered(1, Some(&theirs), 0), Answer::Events(b) if b.next_seq == 30));
         assert_eq!(p.answered(2, Some(&mine), 0), Answer::Me);
         assert_eq!(p.count(), 1);
         assert_eq!(
-            p.due(20, 1000),
+            p.due(20, 1000, true),
             [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
         );
         // A lost pull is given up; garbage moves no cursor.
         p.dispatched("a:1", 3, 20);
-        assert!(p.due(500, 1000).is_empty());
-        assert_eq!(p.due(1021, 1000).len(), 1);
+        assert!(p.due(500, 1000, true).is_empty());
+        assert_eq!(p.due(1021, 1000, true).len(), 1);
         p.dispatched("a:1", 4, 1021);
         assert_eq!(p.answered(4, Some(b"garbage"), 1021), Answer::Failed);
         assert_eq!(
-            p.due(1030, 1000),
+            p.due(1030, 1000, true),
             [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
         );
         // A reply with answers moves the answers' cursor; one without keeps it.
@@ -1011,8 +1022,13 @@ mod tests {
             Answer::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000),
+            p.due(1030, 1000, true),
             [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=5"))]
+        );
+        // An Envoy that keeps no stored responses asks for none.
+        assert_eq!(
+            p.due(1030, 1000, false),
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
         );
         // Members change: the cursor of a peer that stays is kept.
         // Loads: the latest of each peer that answered lately, summed per pod.
@@ -1031,7 +1047,7 @@ mod tests {
         assert!(p.loads(1131, 100).is_empty(), "a silent peer's load lapses");
         p.set_members(vec!["a:1".into(), "c:1".into()]);
         let since: Vec<String> = p
-            .due(1040, 1000)
+            .due(1040, 1000, true)
             .into_iter()
             .map(|(_, path)| path)
             .collect();
@@ -1054,7 +1070,7 @@ mod tests {
             Answer::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000)[0],
+            p.due(1030, 1000, true)[0],
             ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
         );
         let mut w = BatchWriter::new(10, 0, 1 << 20);
@@ -1067,7 +1083,7 @@ mod tests {
             Answer::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000)[0],
+            p.due(1030, 1000, true)[0],
             ("a:1".to_owned(), format!("{PEER_PATH}?since=40&answers=9"))
         );
     }

@@ -77,7 +77,8 @@ impl Worker {
             };
             peers.members_call = host.dispatch(&call).ok().map(|t| (t, now));
         }
-        for (address, path) in peers.due(now, lost_after) {
+        let with_answers = bucket_capacity(self.router.config().responses.max_entries) > 0;
+        for (address, path) in peers.due(now, lost_after, with_answers) {
             let call = Callout {
                 cluster: &p.cluster,
                 headers: vec![
