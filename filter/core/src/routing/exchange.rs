@@ -60,9 +60,12 @@
 //! to a puller that asks for it (`answers=M` in the query): a replica of an
 //! earlier release neither asks nor sends one, and reads every reply it gets
 //! as before, so replicas of both releases exchange events during a rollout.
+//! The events leave room for a whole ring of answers ([`ANSWERS_ROOM`], at
+//! most half the reply), so a catch-up reply that events fill still carries them.
 
 use crate::codec::{put, Reader};
 use crate::fleet::inflight::InFlight;
+use crate::fleet::responses::RECENT;
 use crate::routing::index::kept_positions;
 use crate::routing::index_log::{Event, Kind};
 use std::collections::VecDeque;
@@ -77,6 +80,8 @@ const LOAD_BYTES: usize = 2 + 4 + 4 + 4;
 const EVENT_HEADER: usize = 1 + 2 + 4 + 4 + 4;
 const ANSWERS_HEADER: usize = 8 + 2;
 const ANSWER_BYTES: usize = 8 + 8 + 4;
+/// The answers section of a whole ring of recent answers.
+pub const ANSWERS_ROOM: usize = ANSWERS_HEADER + RECENT * ANSWER_BYTES;
 /// Longest pod address a reply may carry (an IPv6 address with port is ~47 bytes).
 const MAX_ADDRESS_BYTES: usize = 255;
 
@@ -250,6 +255,12 @@ impl BatchWriter {
         answers.entries.push(a);
         answers.next = n + 1;
         true
+    }
+
+    /// Lets what is added next use up to `max_bytes`: the room kept for the
+    /// answers section while the events filled the rest.
+    pub fn widen(&mut self, max_bytes: usize) {
+        self.max_bytes = self.max_bytes.max(max_bytes);
     }
 
     /// Every answer before `n` is served: ask from `n` next.

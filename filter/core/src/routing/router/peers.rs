@@ -7,7 +7,9 @@ use crate::fleet::inflight::{InFlight, Sparse};
 use crate::fleet::responses::Entry;
 use crate::fleet::store::Writer;
 use crate::host::{Host, HostError};
-use crate::routing::exchange::{Batch, BatchWriter, Outbox, PeerAnswer, PeerEventRef};
+use crate::routing::exchange::{
+    Batch, BatchWriter, Outbox, PeerAnswer, PeerEventRef, ANSWERS_ROOM,
+};
 use crate::routing::index_log::{Event, Head, IMPORTED};
 
 /// What a peer's batch came to.
@@ -53,7 +55,12 @@ impl Router {
         (since, answers): (u64, Option<u64>),
         max_bytes: usize,
     ) -> Result<Vec<u8>, HostError> {
-        let mut w = self.serve_events(host, replica, since, max_bytes)?;
+        // Room for the answers is kept before the events fill the reply: a
+        // catch-up reply full of events would carry none, and the ring would
+        // lap the answers it left out before the events were caught up.
+        let room = answers.map_or(0, |_| ANSWERS_ROOM.min(max_bytes / 2));
+        let mut w = self.serve_events(host, replica, since, max_bytes - room)?;
+        w.widen(max_bytes);
         // An unread ring costs this reply its answers, not its events: the
         // section is left out, and the peer asks from the same answer next time.
         let ring = answers.and_then(|_| {

@@ -683,6 +683,37 @@ fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
 }
 
 #[test]
+fn a_catch_up_reply_full_of_events_still_carries_the_answers() {
+    let here = MemoryHost::default();
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    for i in 0..40 {
+        a.route(
+            &here,
+            &prompt(&chat(&[("user", &format!("{i}").repeat(3000))])),
+        );
+    }
+    let pod = address_id("127.0.0.1:2");
+    for id in 0..20 {
+        let e = Entry {
+            id,
+            pod,
+            at_ms: here.now.get(),
+        };
+        a.fleet().store(&here).share_response(e).unwrap();
+    }
+    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, Some(0)), 4096).unwrap()).unwrap();
+    assert!(
+        !batch.events.is_empty() && batch.next_seq < 40,
+        "the events fill the reply: {} served",
+        batch.events.len()
+    );
+    assert_eq!(
+        batch.answers.map(|a| (a.entries.len(), a.next)),
+        Some((20, 20))
+    );
+}
+
+#[test]
 fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
     let (here, there) = (MemoryHost::default(), MemoryHost::default());
     let mut a = Router::new(with_peers("cache_aware", ABC), &here);
