@@ -557,7 +557,7 @@ pub const MEMBERS_EVERY_MS: u64 = 2_000;
 
 /// What a pull's reply was.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Answer {
+pub enum Pulled {
     /// Events to import.
     Events(Batch),
     /// The reply came from this replica itself: it is not pulled again.
@@ -649,21 +649,21 @@ impl Peers {
     /// and answers from 0 again: this reply may have skipped those below the
     /// old cursors, so the next pull asks for all it keeps (what comes twice
     /// is applied twice, which changes nothing).
-    pub fn answered(&mut self, token: u32, body: Option<&[u8]>, now: u64) -> Answer {
+    pub fn answered(&mut self, token: u32, body: Option<&[u8]>, now: u64) -> Pulled {
         let Some(p) = self
             .peers
             .iter_mut()
             .find(|p| p.call.is_some_and(|(t, _)| t == token))
         else {
-            return Answer::Failed;
+            return Pulled::Failed;
         };
         p.call = None;
         let Some(batch) = body.and_then(|b| Batch::decode(b).ok()) else {
-            return Answer::Failed;
+            return Pulled::Failed;
         };
         if batch.replica == self.replica {
             p.me = true;
-            return Answer::Me;
+            return Pulled::Me;
         }
         if p.cursor
             .is_some_and(|(replica, _)| replica != batch.replica)
@@ -682,7 +682,7 @@ impl Peers {
             .filter_map(|&(pod, held)| Some((batch.pods.get(usize::from(pod))?.clone(), held)))
             .collect();
         p.loads = Some((now, loads));
-        Answer::Events(batch)
+        Pulled::Events(batch)
     }
 
     /// What the peers' own requests hold, per pod address, summed over the
@@ -1000,8 +1000,8 @@ mod tests {
         );
         let theirs = BatchWriter::new(9, 30, 1 << 20).finish();
         let mine = BatchWriter::new(7, 0, 1 << 20).finish();
-        assert!(matches!(p.answered(1, Some(&theirs), 0), Answer::Events(b) if b.next_seq == 30));
-        assert_eq!(p.answered(2, Some(&mine), 0), Answer::Me);
+        assert!(matches!(p.answered(1, Some(&theirs), 0), Pulled::Events(b) if b.next_seq == 30));
+        assert_eq!(p.answered(2, Some(&mine), 0), Pulled::Me);
         assert_eq!(p.count(), 1);
         assert_eq!(
             p.due(20, 1000, true),
@@ -1012,7 +1012,7 @@ mod tests {
         assert!(p.due(500, 1000, true).is_empty());
         assert_eq!(p.due(1021, 1000, true).len(), 1);
         p.dispatched("a:1", 4, 1021);
-        assert_eq!(p.answered(4, Some(b"garbage"), 1021), Answer::Failed);
+        assert_eq!(p.answered(4, Some(b"garbage"), 1021), Pulled::Failed);
         assert_eq!(
             p.due(1030, 1000, true),
             [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
@@ -1024,13 +1024,13 @@ mod tests {
         p.dispatched("a:1", 6, 1030);
         assert!(matches!(
             p.answered(6, Some(&w.finish()), 1030),
-            Answer::Events(_)
+            Pulled::Events(_)
         ));
         p.dispatched("a:1", 7, 1030);
         let without = BatchWriter::new(9, 30, 1 << 20).finish();
         assert!(matches!(
             p.answered(7, Some(&without), 1030),
-            Answer::Events(_)
+            Pulled::Events(_)
         ));
         assert_eq!(
             p.due(1030, 1000, true),
@@ -1052,7 +1052,7 @@ mod tests {
         p.dispatched("a:1", 5, 1030);
         assert!(matches!(
             p.answered(5, Some(&w.finish()), 1030),
-            Answer::Events(_)
+            Pulled::Events(_)
         ));
         assert_eq!(p.loads(1030, 100), [("pod:1".to_owned(), two)]);
         assert!(p.loads(1131, 100).is_empty(), "a silent peer's load lapses");
@@ -1078,7 +1078,7 @@ mod tests {
         p.dispatched("c:1", 18, 1030);
         assert!(matches!(
             p.answered(8, Some(&w.finish()), 1030),
-            Answer::Events(_)
+            Pulled::Events(_)
         ));
         assert_eq!(
             p.due(1030, 1000, true)[0],
@@ -1091,7 +1091,7 @@ mod tests {
         p.dispatched("a:1", 9, 1030);
         assert!(matches!(
             p.answered(9, Some(&w.finish()), 1030),
-            Answer::Events(_)
+            Pulled::Events(_)
         ));
         assert_eq!(
             p.due(1030, 1000, true)[0],

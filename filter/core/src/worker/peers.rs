@@ -8,7 +8,7 @@ use crate::config::ENDPOINT_HEADER;
 use crate::fleet::membership::{admin_path, parse_endpoints};
 use crate::fleet::responses::bucket_capacity;
 use crate::host::{Callout, Host};
-use crate::routing::exchange::{answers_of, since_of, Answer, MEMBERS_EVERY_MS};
+use crate::routing::exchange::{answers_of, since_of, Pulled, MEMBERS_EVERY_MS};
 use crate::worker::Step;
 
 const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
@@ -143,7 +143,7 @@ impl Worker {
             .flatten();
         let now = host.now_ms();
         match peers.answered(token, body.as_deref(), now) {
-            Answer::Events(batch) => {
+            Pulled::Events(batch) => {
                 let capacity = bucket_capacity(self.router.config().responses.max_entries);
                 let imported = self.router.import_peer(host, &batch, now, capacity);
                 self.stats.peer_pulled(true);
@@ -153,8 +153,8 @@ impl Worker {
                     log::debug!("warmroute: the peers' load not shared: {e:?}");
                 }
             }
-            Answer::Me => {}
-            Answer::Failed => self.stats.peer_pulled(false),
+            Pulled::Me => {}
+            Pulled::Failed => self.stats.peer_pulled(false),
         }
         true
     }
