@@ -66,6 +66,28 @@ def test_a_responses_conversation_follows_its_stored_response_every_turn():
         assert f.envoy.counter("warmroute.decision.stored_response") == 9
         assert f.envoy.counter("warmroute.responses.holder") == 9
         assert f.envoy.counter("warmroute.responses.remembered") == 10
+        # A follow-up's usage counts the stored conversation its key does not: not read.
+        assert f.envoy.counter("warmroute.feedback.reports") == 0
+
+
+def test_responses_that_carry_their_whole_prompt_are_checked_against_the_pods_report():
+    # Requests without previous_response_id sharing their instructions, streamed and not: each
+    # after the first is a predicted hit, checked against the usage the pod reports.
+    instructions = words("policy", 300)
+    with Fleet(3, ["--time-scale", "20"], filter_overrides=DEBUG) as f:
+        pods, cached = set(), []
+        for i in range(6):
+            body = {"model": MODEL, "instructions": instructions, "input": words(f"ask{i}x", 40),
+                    "max_output_tokens": 8, "store": False, "stream": i % 2 == 1}
+            reply, done = respond(f.envoy.port, body)
+            assert reply.status == 200, (i, reply.body[:300])
+            pods.add(reply.replica)
+            if i:
+                assert int(note(reply)["match"].split("/")[0]) > 0, reply.headers
+                cached.append(done["usage"]["input_tokens_details"]["cached_tokens"])
+        assert len(pods) == 1 and all(c > 0 for c in cached), (pods, cached)
+        assert f.envoy.counter("warmroute.feedback.reports") == 5
+        assert f.envoy.counter("warmroute.feedback.evictions") == 0
 
 
 def test_without_the_filter_the_first_follow_up_reaches_another_pod_and_fails():

@@ -253,9 +253,29 @@ pub fn report(text: &[u8]) -> Option<Report> {
 /// A streamed answer carries it in its last `message_delta` event (and a
 /// first, partial one in `message_start`, with the same prompt counts once
 /// vLLM has them).
+///
+/// On `/v1/responses` (a request without `previous_response_id`: a
+/// follow-up's report counts the stored conversation its key does not), the
+/// Responses API's usage (vLLM's `ResponseUsage`, always sent, streamed in
+/// the closing `response.completed` event):
+/// ```text
+/// prompt_tokens = input_tokens      cached_tokens = input_tokens_details.cached_tokens
+/// ```
+/// vLLM fills `cached_tokens` from the engine's own prefill count whatever
+/// its flags (`SimpleContext.append_output`), unlike chat's
+/// `prompt_tokens_details`. An answer that took several engine turns (built-in
+/// tools) sums both over its turns, and later turns read what earlier ones
+/// wrote, so its share only overstates what the pod had: never an eviction.
 pub fn report_for(endpoint: Option<Endpoint>, text: &[u8]) -> Option<Report> {
-    if endpoint != Some(Endpoint::Messages) {
-        return report(text);
+    match endpoint {
+        Some(Endpoint::Messages) => {}
+        Some(Endpoint::Responses) => {
+            return Some(Report {
+                prompt_tokens: number(text, b"\"input_tokens\"")?,
+                cached_tokens: number(text, b"\"cached_tokens\"")?,
+            })
+        }
+        _ => return report(text),
     }
     let cached = number(text, b"\"cache_read_input_tokens\"")?;
     let written = number(text, b"\"cache_creation_input_tokens\"").unwrap_or(0);
@@ -373,6 +393,23 @@ mod tests {
         // Its first event counts the prompt without saying what was cached: no report.
         let start = &stream[..stream.iter().position(|&b| b == b'}').unwrap_or(0) + 200];
         assert_eq!(report_for(Some(Endpoint::Messages), start), None);
+    }
+
+    #[test]
+    fn vllms_own_responses_reports() {
+        // vLLM 0.32's /v1/responses answers as `make real` captured them: a first turn
+        // (217 prompt tokens, none cached) and a streamed follow-up whose closing
+        // `response.completed` event says 224 of its 243 were read from the cache.
+        let answer = include_bytes!("../../../../bench/real/fixtures/vllm-responses.json");
+        let r = report_for(Some(Endpoint::Responses), answer).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (217, 0));
+        let stream = include_bytes!("../../../../bench/real/fixtures/vllm-responses-stream.sse");
+        let tail = &stream[stream.len().saturating_sub(TAIL_BYTES)..];
+        let r = report_for(Some(Endpoint::Responses), tail).unwrap();
+        assert_eq!((r.prompt_tokens, r.cached_tokens), (243, 224));
+        // The per-turn lists' keys are not the totals'.
+        let turns = br#"{"input_tokens_per_turn":[5],"cached_tokens_per_turn":[4]}"#;
+        assert_eq!(report_for(Some(Endpoint::Responses), turns), None);
     }
 
     #[test]

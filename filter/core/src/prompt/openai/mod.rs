@@ -572,9 +572,12 @@ fn read(
             h.begin_conversation();
             feed_tag(&mut h, b"input");
             input.feed(&mut h, offsets);
-            // Feedback reads `prompt_tokens`; the Responses API reports `input_tokens`.
+            // Every answer carries its usage, streamed or not: nothing to ask for. A
+            // follow-up's counts the whole stored conversation against a key of its new
+            // input alone, a surplus every time that would hold off its pod's evictions
+            // (`crate::routing::feedback`): only a request that carries its whole prompt is read.
             Ok(PromptKey {
-                reports_usage: false,
+                reports_usage: previous.is_none(),
                 can_ask_usage: false,
                 previous_response: previous.map(|p| response_id(p.text(offsets).as_bytes())),
                 stores_response: stores(store),

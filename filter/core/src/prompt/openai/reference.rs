@@ -281,6 +281,7 @@ pub fn prompt_key(
             Ok(PromptKey {
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(raw(req.max_output_tokens)),
+                reports_usage: req.previous_response_id.is_none(),
                 previous_response: req.previous_response_id.map(|p| response_id(p.as_bytes())),
                 stores_response: stores(raw(req.store)),
                 ..h.finish()

@@ -255,13 +255,16 @@ fn a_responses_follow_up_names_its_predecessor_hashed() {
     );
     // Escaped, it is the same id.
     assert_eq!(
-        key(r#","previous_response_id":"resp_1""#).previous_response,
+        key(r#","previous_response_id":"resp\u005f1""#).previous_response,
         next.previous_response
     );
     assert_eq!(
         key(r#","previous_response_id":null"#).previous_response,
         None
     );
+    // The pod's usage report is read for a request that carries its whole prompt only.
+    assert!(first.reports_usage && !next.reports_usage);
+    assert!(key(r#","previous_response_id":null"#).reports_usage);
     assert!(!key(r#","store":false"#).stores_response);
     assert!(key(r#","store":true"#).stores_response);
     assert!(key(r#","store":null"#).stores_response);
