@@ -154,6 +154,7 @@ docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with
 	cargo build -q --release -p warmroute-core --bin warmroute-check-config
 	WARMROUTE_CHECK_CONFIG=$${CARGO_TARGET_DIR:-target}/release/warmroute-check-config $(PY) docs/check_config_examples.py
 	$(PY) docs/check_deploy_pages.py
+	$(PY) bench/readme_results.py --check
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(DOCS_SITE)
 	@echo "make docs: $(DOCS_SITE)/index.html"
 

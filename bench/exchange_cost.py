@@ -10,7 +10,8 @@ CPU summed, per answered request; the bytes the peers' pulls carried (Envoy's
 `cluster.warmroute-peers.upstream_cx_rx_bytes_total`, summed over replicas), per request; and
 each replica's resident memory at the end (its median over replicas). Ratios to one replica
 are taken within a round. The machine has 2 cores: 8 Envoys share them, so CPU per request
-there includes what 8 idle Envoys cost (their ticks, scrapes and pulls) at this load.
+there includes what 8 idle Envoys cost (their ticks, scrapes and pulls) at this load. Also the
+`exchange_cost` section of `bench/run.py`.
 
 So the CPU is also split in two: each setup first idles for IDLE_S seconds (the replicas' fixed
 cost in cores, what a replica costs with no traffic), and the CPU per request less that idle
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 
 from measure import loadgen, proc_cpu_s
+from report import print_targets
 from scenarios import SCALED_METRICS, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
 
@@ -60,43 +62,103 @@ def run(n: int, exchange: bool, logdir: Path) -> dict:
             "rss_mib": rss / 2**20, "imported": imported, "hit_rate": rep.get("hit_rate")}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--replicas", nargs="+", type=int, default=[1, 3, 8])
-    a = ap.parse_args()
-    logdir = Path(tempfile.mkdtemp(prefix="warmroute-exchange-cost-"))
+SETUPS_REPLICAS = [1, 3, 8]
+CPU_TARGET, RSS_TARGET = 1.15, 1.10
+
+
+def rounds(n_rounds: int, replicas: list[int], logdir: Path) -> list[dict]:
+    """Every setup (each replica count with the exchange on, and above one also off) per round,
+    in an order that rotates each round."""
     rows: list[dict] = []
-    setups = [(n, True) for n in a.replicas] + [(n, False) for n in a.replicas if n > 1]
-    for i in range(a.rounds):
+    setups = [(n, True) for n in replicas] + [(n, False) for n in replicas if n > 1]
+    for i in range(n_rounds):
         order = setups[i % len(setups):] + setups[:i % len(setups)]
         for n, exchange in order:
             rdir = logdir / f"{i}-{n}-{'on' if exchange else 'off'}"
-            rdir.mkdir()
+            rdir.mkdir(parents=True)
             row = {**run(n, exchange, rdir), "round": i}
             rows.append(row)
             print(f"  round {i} {n} replicas, exchange {'on ' if exchange else 'off'}: {row['ok']} requests, "
                   f"Envoy CPU {row['cpu_ms_per_req']:.2f} ms/req (idle {row['idle_cores']:.3f} cores, "
                   f"marginal {row['marginal_ms_per_req']:.2f} ms/req), peer bytes {row['peer_bytes_per_req']:.0f}/req, "
                   f"RSS {row['rss_mib']:.1f} MiB per replica, imported {row['imported']}", flush=True)
-    print(f"\nmedians over {a.rounds} rounds; ratios within each round to 1 replica, and (exchange on) to "
-          "the same replicas without it:")
-    ones = {r["round"]: r for r in rows if r["replicas"] == a.replicas[0] and r["exchange"]}
-    for n, exchange in setups:
-        mine = [r for r in rows if r["replicas"] == n and r["exchange"] == exchange]
-        cpu_ratio = statistics.median(r["cpu_ms_per_req"] / ones[r["round"]]["cpu_ms_per_req"] for r in mine)
-        rss_ratio = statistics.median(r["rss_mib"] / ones[r["round"]]["rss_mib"] for r in mine)
-        marginal = statistics.median(r["marginal_ms_per_req"] / ones[r["round"]]["marginal_ms_per_req"] for r in mine)
-        idle = statistics.median(r["idle_cores"] / n for r in mine)
-        line = (f"  {n} replicas, exchange {'on ' if exchange else 'off'}: CPU/req {cpu_ratio:.2f}x one replica "
-                f"(of which per request {marginal:.2f}x; idle {idle:.3f} cores per replica), "
-                f"RSS per replica {rss_ratio:.2f}x, peer bytes/req "
-                f"{statistics.median(r['peer_bytes_per_req'] for r in mine):.0f}")
+    return rows
+
+
+def summary(rows: list[dict]) -> dict:
+    """Medians over rounds of the within-round ratios to one replica (and, with the exchange on,
+    to the same replicas without it)."""
+    ones = {r["round"]: r for r in rows if r["replicas"] == 1 and r["exchange"]}
+    out: dict = {"rounds": len({r["round"] for r in rows}), "setups": []}
+    for n, exchange in dict.fromkeys((r["replicas"], r["exchange"]) for r in rows):
+        mine = [r for r in rows if r["replicas"] == n and r["exchange"] == exchange and r["round"] in ones]
+        if not mine:
+            continue
+
+        def ratio(key: str) -> float:
+            return statistics.median(r[key] / max(ones[r["round"]][key], 1e-9) for r in mine)
+
+        s = {"replicas": n, "exchange": exchange, "runs": len(mine), "cpu_ratio": ratio("cpu_ms_per_req"),
+             "marginal_ratio": ratio("marginal_ms_per_req"), "rss_ratio": ratio("rss_mib"),
+             "idle_cores_per_replica": statistics.median(r["idle_cores"] / n for r in mine),
+             "peer_bytes_per_req": statistics.median(r["peer_bytes_per_req"] for r in mine)}
         off = {r["round"]: r for r in rows if r["replicas"] == n and not r["exchange"]}
-        if exchange and n > 1 and off:
-            own = statistics.median(r["cpu_ms_per_req"] / off[r["round"]]["cpu_ms_per_req"] for r in mine)
-            line += f"; CPU/req {own:.2f}x the same replicas without the exchange"
+        both = [r for r in mine if r["round"] in off]
+        if exchange and n > 1 and both:
+            s["cpu_vs_off"] = statistics.median(r["cpu_ms_per_req"] / off[r["round"]]["cpu_ms_per_req"] for r in both)
+        out["setups"].append(s)
+    return out
+
+
+def report(s: dict) -> None:
+    print(f"\nmedians over {s['rounds']} rounds; ratios within each round to 1 replica, and (exchange on) to "
+          "the same replicas without it:")
+    for m in s["setups"]:
+        line = (f"  {m['replicas']} replicas, exchange {'on ' if m['exchange'] else 'off'}: CPU/req "
+                f"{m['cpu_ratio']:.2f}x one replica (of which per request {m['marginal_ratio']:.2f}x; idle "
+                f"{m['idle_cores_per_replica']:.3f} cores per replica), RSS per replica {m['rss_ratio']:.2f}x, "
+                f"peer bytes/req {m['peer_bytes_per_req']:.0f}")
+        if "cpu_vs_off" in m:
+            line += f"; CPU/req {m['cpu_vs_off']:.2f}x the same replicas without the exchange"
         print(line)
+
+
+def targets(s: dict | None) -> list[dict]:
+    if not s:
+        return []
+    out = []
+    for m in (m for m in s["setups"] if m["exchange"] and m["replicas"] > 1):
+        n, runs = m["replicas"], f"median of {m['runs']} round(s)"
+        vs_off = f"; {m['cpu_vs_off']:.2f}x the same replicas without the exchange" if "cpu_vs_off" in m else ""
+        out.append({"target": f"exchange cost, {n} replicas: Envoy CPU per request vs 1 gateway",
+                    "measured": f"{m['cpu_ratio']:.2f}x ({runs}; per request apart from idle "
+                                f"{m['marginal_ratio']:.2f}x, idle {m['idle_cores_per_replica']:.3f} cores per "
+                                f"replica{vs_off}; {n} Envoys on this machine's 2 cores)",
+                    "limit": f"<= {CPU_TARGET:.2f}x", "result": "PASS" if m["cpu_ratio"] <= CPU_TARGET else "FAIL"})
+        out.append({"target": f"exchange cost, {n} replicas: memory per replica vs 1 gateway (flat in N)",
+                    "measured": f"{m['rss_ratio']:.2f}x ({runs})", "limit": f"<= {RSS_TARGET:.2f}x",
+                    "result": "PASS" if m["rss_ratio"] <= RSS_TARGET else "FAIL"})
+        out.append({"target": f"exchange cost, {n} replicas: peer bytes per request (information)",
+                    "measured": f"{m['peer_bytes_per_req']:.0f} B ({runs})", "limit": "none", "result": "n/a"})
+    return out
+
+
+def section(logdir: Path, quick: bool) -> dict:
+    """`make bench`'s section: one round of 1, 3 and 8 replicas (3 only when quick)."""
+    print("== exchange cost (1, 3, 8 replicas)", flush=True)
+    s = summary(rounds(1, [1, 3] if quick else SETUPS_REPLICAS, logdir / "exchange-cost"))
+    report(s)
+    return s
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--replicas", nargs="+", type=int, default=SETUPS_REPLICAS)
+    a = ap.parse_args()
+    s = summary(rounds(a.rounds, a.replicas, Path(tempfile.mkdtemp(prefix="warmroute-exchange-cost-"))))
+    report(s)
+    print_targets(targets(s))
     return 0
 
 

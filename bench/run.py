@@ -20,7 +20,11 @@ warmroute on every routing-quality workload, paired rounds, bench/peers.py; `mak
 installs them; about 11 minutes a round), scale_midway (a gateway of one replica gains two
 mid-run, with and without the exchange between replicas, 2 paired rounds, bench/scale_midway.py),
 peer_faults (3 replicas with the exchange: a peer killed, one answering garbage, one too slow,
-against no fault and no exchange, 2 rounds, bench/peer_faults.py). A full run takes about 85
+against no fault and no exchange, 2 rounds, bench/peer_faults.py), scale_out (1 gateway, 3, 3
+with the exchange on every workload, 2 paired rounds, bench/scale_out.py), exchange_cost (1, 3
+and 8 replicas with and without the exchange at one load, bench/exchange_cost.py), tail (the
+conversation trace's TTFT P95 against the single-replica reference, 5 paired rounds pooled,
+bench/tail_vs_reference.py). A full run takes about 85
 minutes on 2 cores (the independent section about 15, eviction about 14, peers about 11,
 peer_faults about 8, fleet about 6, scale_midway about 5).
 
@@ -48,12 +52,16 @@ from pathlib import Path
 import fleet
 import independent
 import peers
+import readme_results
+import exchange_cost
 import peer_faults
 import scale_midway
+import scale_out
+import tail_vs_reference
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
 from quality import Bench
-from report import decision_plot, markdown, mixed_targets, plot, row_key, targets
+from report import decision_plot, markdown, mixed_targets, plot, print_targets, row_key, targets
 from scenarios import WORKLOADS, lru_hit_rate
 from warmroute_harness import LOADGEN_BIN, SIM_BIN, WASM, envoy_binary
 
@@ -64,7 +72,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
-            "overhead", "memory", "decision", "mixed", "fleet", "peers", "scale_midway", "peer_faults"]
+            "overhead", "memory", "decision", "mixed", "fleet", "peers", "scale_midway", "peer_faults",
+            "scale_out", "exchange_cost", "tail"]
 
 
 def write_results(res: dict, out: Path) -> None:
@@ -73,9 +82,14 @@ def write_results(res: dict, out: Path) -> None:
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
                       + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet"))
                       + peers.targets(res.get("peers"))
-                      + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults")))
+                      + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults"))
+                      + scale_out.targets(res.get("scale_out")) + exchange_cost.targets(res.get("exchange_cost"))
+                      + tail_vs_reference.targets(res.get("tail")))
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
     (out / "latest.md").write_text(markdown(res))
+    if out.resolve() == RESULTS:
+        readme_results.README.write_text(readme_results.replaced(readme_results.README.read_text(),
+                                                                 readme_results.render(res)))
 
 
 def main() -> int:
@@ -150,6 +164,12 @@ def main() -> int:
                 res["scale_midway"] = scale_midway.section(logdir, a.quick)
             elif s == "peer_faults":
                 res["peer_faults"] = peer_faults.section(logdir, a.quick)
+            elif s == "scale_out":
+                res["scale_out"] = scale_out.section(b, a.quick)
+            elif s == "exchange_cost":
+                res["exchange_cost"] = exchange_cost.section(logdir, a.quick)
+            elif s == "tail":
+                res["tail"] = tail_vs_reference.section(b, a.quick)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "independent": ind, "wall_s": time.time() - t0})
@@ -171,7 +191,7 @@ def main() -> int:
                 merged.pop()
             res["reruns"] = merged
             for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "peers",
-                      "scale_midway", "peer_faults"):
+                      "scale_midway", "peer_faults", "scale_out", "exchange_cost", "tail"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]
@@ -188,8 +208,7 @@ def main() -> int:
             except Exception as e:  # a plot failure must not lose the measurements
                 print(f"{name} failed: {e!r}", file=sys.stderr)
         print(f"\nwrote {out / 'latest.json'}, latest.md, latest.png, decision.png ({time.time() - t0:.0f} s)")
-        for t in res["targets"]:
-            print(f"  [{t['result']}] {t['target']}: {t['measured']} (limit {t['limit']})")
+        print_targets(res["targets"])
     return 0
 
 
