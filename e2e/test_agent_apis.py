@@ -71,22 +71,22 @@ def test_a_responses_conversation_follows_its_stored_response_every_turn():
 
 
 def test_responses_that_carry_their_whole_prompt_are_checked_against_the_pods_report():
-    # Requests without previous_response_id sharing their instructions, streamed and not: each
-    # after the first is a predicted hit, checked against the usage the pod reports.
+    # Requests without previous_response_id sharing their instructions, streamed and not. The
+    # shared prefix is copied to every pod as the policy spreads it (a placement each: at most
+    # 3, whatever the timing), and every other request is a predicted hit, whose answer's usage
+    # is checked against the prediction.
     instructions = words("policy", 300)
     with Fleet(3, ["--time-scale", "20"], filter_overrides=DEBUG) as f:
-        pods, cached = set(), []
-        for i in range(6):
+        hits = []
+        for i in range(8):
             body = {"model": MODEL, "instructions": instructions, "input": words(f"ask{i}x", 40),
                     "max_output_tokens": 8, "store": False, "stream": i % 2 == 1}
             reply, done = respond(f.envoy.port, body)
             assert reply.status == 200, (i, reply.body[:300])
-            pods.add(reply.replica)
-            if i:
-                assert int(note(reply)["match"].split("/")[0]) > 0, reply.headers
-                cached.append(done["usage"]["input_tokens_details"]["cached_tokens"])
-        assert len(pods) == 1 and all(c > 0 for c in cached), (pods, cached)
-        assert f.envoy.counter("warmroute.feedback.reports") == 5
+            if int(note(reply)["match"].split("/")[0]) > 0:
+                hits.append(done["usage"]["input_tokens_details"]["cached_tokens"])
+        assert len(hits) >= 5 and all(c > 0 for c in hits), hits
+        assert f.envoy.counter("warmroute.feedback.reports") == len(hits)
         assert f.envoy.counter("warmroute.feedback.evictions") == 0
 
 
