@@ -1,0 +1,71 @@
+"""The bench's profiles: which sections run and how many rounds each takes.
+
+`full` (`make bench-full`) is every section at its own defaults: every router on every workload,
+8 replicas, 15 eviction rounds, the re-runs, 3 guidellm runs, 3 peer rounds with the tuned
+peers, the memory fill and the decision curve; about two hours on 2 cores, and its results go
+to bench/results/full/.
+
+`fast` (`make bench`) prints every target row of the full run in about 22 minutes on 2 cores
+and writes bench/results/ (what the docs render). Its rule: a workload stays the size it is in
+the full run, so each run of it is a draw from the same distribution as the full run's; what
+goes is rounds, and the rows no target reads. One workload is sized down: the guidellm shapes'
+output (checked against the full run's three runs, docs/decisions/0024-bench-fast-profile.md).
+Per section (measured on 2 cores, 2026-11-27: the first fast run took 26.9 min, before the last
+three cuts):
+
+| section | fast | full | s (fast) |
+|---|---|---|---|
+| agent, conversation | the reference, Envoy round robin, cache_aware | 9 routers | 22, 89 |
+| chat | cache_aware (the 3-gateway target's 1-gateway row) | 9 routers | 26 |
+| uniform | Envoy least request, cache_aware | 9 routers | 24 |
+| gateways | as full: 3 rows | | 75 |
+| eviction | 3 paired rounds | 15 | 181 |
+| reruns | none: each ratio is one run's | 2 more runs of 10 pairs | |
+| independent | 1 paired run, 32 output tokens | 3, 128 tokens | 308 at 128 |
+| overhead | 4 paired rounds of the full run's per-round size | 8 | 51 |
+| mixed | 1 paired round | 3 | 40 |
+| fleet | 1 paired round of 15 s, no worker-scaling table | 4, and the table | 86 at 2 rounds |
+| peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 313 before the reuse |
+| scale_midway, peer_faults | 1 round of both workloads | 2 | 141, 249 |
+| scale8, memory, decision | not run: no target reads them | | |
+
+What fewer rounds cost, per target: a target pooled over n paired runs in the full run is one
+run's ratio here, and one run scatters as the full run's per-run values in latest.md show
+(conversation TTFT P95 vs round robin 0.48-0.68, round robin's own P95 moving most). The
+eviction verdict (no loss: the median's interval on the losing side) at 3 rounds is min-max
+(75% coverage): it fails when all three rounds lose, which with no true difference happens
+with probability p^3 per figure, p the share of losing rounds in the full run (hit rate 6/15,
+TTFT mean 7/15, P95 4/15): 6%, 10%, 2%, so about one fast run in six fails one of the three
+spuriously; `make bench-full`'s 15 rounds settle it.
+
+A section not named here (one added later) runs at its own defaults in both profiles: give it
+a cheaper setting here when it has one.
+"""
+
+from __future__ import annotations
+
+from scenarios import PEER_DEFAULTS
+
+# Per section: keyword arguments for the section's function in run.py; a section absent from
+# `skip` and from the dict runs at its defaults.
+PROFILES: dict[str, dict] = {
+    "full": {"out": "full", "skip": [], "sections": {}},
+    "fast": {
+        "out": ".",
+        "skip": ["scale8", "memory", "decision", "reruns"],
+        "sections": {
+            "agent": {"routers": ["envoy_round_robin", "warmroute_cache_aware"]},
+            "conversation": {"routers": ["envoy_round_robin", "warmroute_cache_aware"]},
+            "chat": {"routers": ["warmroute_cache_aware"], "reference": False},
+            "uniform": {"routers": ["envoy_least_request", "warmroute_cache_aware"], "reference": False},
+            "eviction": {"rounds": 3},
+            "independent": {"runs": 1, "output_tokens": 32},
+            "overhead": {"rounds": 4},
+            "mixed": {"rounds": 1},
+            "fleet": {"rounds": 1, "workers": False},
+            "peers": {"rounds": 1, "routers": PEER_DEFAULTS, "reuse_warmroute": True},
+            "scale_midway": {"n": 1},
+            "peer_faults": {"n": 1},
+        },
+    },
+}
