@@ -25,12 +25,12 @@ warmroute on every routing-quality workload, paired rounds, bench/peers.py; `mak
 installs them; about 11 minutes a round), scale_midway (a gateway of one replica gains two
 mid-run, with and without the exchange between replicas, 2 paired rounds, bench/scale_midway.py),
 peer_faults (3 replicas with the exchange: a peer killed, one answering garbage, one too slow,
-against no fault and no exchange, 2 rounds, bench/peer_faults.py). A full run takes about 85
-minutes on 2 cores (the independent section about 15, eviction about 14, peers about 11,
-peer_faults about 8, fleet about 6, scale_midway about 5).
+against no fault and no exchange, 2 rounds, bench/peer_faults.py). A full run takes about two
+hours on 2 cores (the peers about 30 minutes at 3 rounds, the independent section about 15,
+eviction about 14, peer_faults about 8, fleet about 6, scale_midway about 5).
 
-Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
-curves, for the docs' results page). Every server binds 127.0.0.1,
+Writes latest.json, latest.md, latest.png, and decision.png (the decision-time curves, for the
+docs' results page) into the profile's folder. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
 
 The pieces: scenarios.py (workloads, routers, time scale), quality.py (routing-quality runs),
