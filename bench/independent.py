@@ -158,20 +158,21 @@ def run_shape(name: str, router: str, rdir: Path, tokenizer: Path, max_s: float 
     return row
 
 
-def section(logdir: Path, quick: bool, runs: int = 3, output_tokens: int = OUTPUT_TOKENS) -> dict:
+def section(logdir: Path, quick: bool, runs: int = 3, output_tokens: dict[str, int] | None = None) -> dict:
     """Both shapes through both routers, `runs` times (1 when quick), the routers' order
     alternating between runs; targets are medians of the paired ratios (see report.py).
-    `output_tokens` replaces the shapes' 128."""
+    `output_tokens` replaces a shape's 128 output tokens (shape -> tokens)."""
+    tokens = {name: (output_tokens or {}).get(name, OUTPUT_TOKENS) for name in SHAPES}
     print(f"== independent client (guidellm), {runs if not quick else 1} paired run(s) per shape", flush=True)
     tokenizer = word_tokenizer(logdir / "word-tokenizer")
     out: dict = {"client": "guidellm 0.3.1", "concurrency": CONCURRENCY, "kv_capacity_tokens": CAPACITY,
                  "time_scale": SCALE, "shapes": {k: v["why"] for k, v in SHAPES.items()}, "runs": [],
-                 "output_tokens": output_tokens}
+                 "output_tokens": tokens}
     for i in range(1 if quick else runs):
         rows = []
         for name in SHAPES:
             for router in (ROUTER_PAIR if i % 2 == 0 else ROUTER_PAIR[::-1]):
                 rows.append(run_shape(name, router, logdir / f"guidellm-{i + 1}-{name}-{router}", tokenizer,
-                                      output_tokens=output_tokens))
+                                      output_tokens=tokens[name]))
         out["runs"].append(rows)
     return out

@@ -5,13 +5,13 @@
 peers, the memory fill and the decision curve; about two hours on 2 cores, and its results go
 to bench/results/full/.
 
-`fast` (`make bench`) prints every target row of the full run in about 22 minutes on 2 cores
+`fast` (`make bench`) prints every target row of the full run in about 24 minutes on 2 cores
 and writes bench/results/ (what the docs render). Its rule: a workload stays the size it is in
 the full run, so each run of it is a draw from the same distribution as the full run's; what
-goes is rounds, and the rows no target reads. One workload is sized down: the guidellm shapes'
-output (checked against the full run's three runs, docs/decisions/0024-bench-fast-profile.md).
-Per section (measured on 2 cores, 2026-11-27: the first fast run took 26.9 min, before the last
-three cuts):
+goes is rounds, and the rows no target reads. One workload is sized down: guidellm's 40-prefix
+shape answers 32 tokens instead of 128 (three runs of it against the full run's three:
+docs/decisions/0024-bench-fast-profile.md); the hot-prefix shape keeps 128, because at 32 its
+TTFT P95 ratio left the full run's range in all three runs. Per section (s, 2 cores, 2026-11-27):
 
 | section | fast | full | s (fast) |
 |---|---|---|---|
@@ -21,8 +21,8 @@ three cuts):
 | gateways | as full: 3 rows | | 75 |
 | eviction | 3 paired rounds | 15 | 181 |
 | reruns | none: each ratio is one run's | 2 more runs of 10 pairs | |
-| independent | 1 paired run, 32 output tokens | 3, 128 tokens | 308 at 128 |
-| overhead | 4 paired rounds of the full run's per-round size | 8 | 51 |
+| independent | 1 paired run, 40 prefixes at 32 output tokens | 3, 128 tokens | 308 at 128, 125 all at 32 |
+| overhead | as full: 8 paired rounds (at 4, two runs' CPU ratios at 128 KB differed by 0.3-0.45) | | 40-51 at 4 |
 | mixed | 1 paired round | 3 | 40 |
 | fleet | 1 paired round of 15 s, no worker-scaling table | 4, and the table | 86 at 2 rounds |
 | peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 313 before the reuse |
@@ -59,8 +59,7 @@ PROFILES: dict[str, dict] = {
             "chat": {"routers": ["warmroute_cache_aware"], "reference": False},
             "uniform": {"routers": ["envoy_least_request", "warmroute_cache_aware"], "reference": False},
             "eviction": {"rounds": 3},
-            "independent": {"runs": 1, "output_tokens": 32},
-            "overhead": {"rounds": 4},
+            "independent": {"runs": 1, "output_tokens": {"prefixes40": 32}},
             "mixed": {"rounds": 1},
             "fleet": {"rounds": 1, "workers": False},
             "peers": {"rounds": 1, "routers": PEER_DEFAULTS, "reuse_warmroute": True},

@@ -492,8 +492,9 @@ def markdown(res: dict) -> str:
                  "A word-level tokenizer built offline from guidellm's source text counts tokens as the sims do. "
                  "TTFT from guidellm's report; hit rate and requests per pod from the replicas' counters "
                  "(they include guidellm's warm-up calls)."
-                 + (f" **{ind['output_tokens']} output tokens per request here**, not the 128 the shapes name "
-                    "(the fast profile: bench/profiles.py)." if ind.get("output_tokens", 128) != 128 else "") + "\n")
+                 + "".join(f" **{name}: {n} output tokens per request here**, not the 128 its description names "
+                           "(the fast profile: bench/profiles.py)." for name, n in (ind.get("output_tokens") or {}).items()
+                           if n != 128) + "\n")
         for name, why in ind["shapes"].items():
             L.append(f"- **{name}**: {why}")
         L.append("\n| run | shape | router | hit rate | requests per pod | TTFT mean | p50 | p95 | p99 | e2e mean | "
