@@ -348,6 +348,13 @@ def fmt(v, nd=0):
     return str(v)
 
 
+def output_tokens(ind: dict) -> dict[str, int]:
+    """guidellm's output tokens per shape in an independent section (one number for every shape
+    in older results, none before the fast profile: 128)."""
+    ot = ind.get("output_tokens", 128)
+    return ot if isinstance(ot, dict) else {name: ot for name in ind["shapes"]}
+
+
 def profile_name(res: dict) -> str:
     """quick, fast or full: what the run was (results from before the profiles are full runs)."""
     return "quick" if res["quick"] else res.get("profile", "full")
@@ -493,7 +500,7 @@ def markdown(res: dict) -> str:
                  "TTFT from guidellm's report; hit rate and requests per pod from the replicas' counters "
                  "(they include guidellm's warm-up calls)."
                  + "".join(f" **{name}: {n} output tokens per request here**, not the 128 its description names "
-                           "(the fast profile: bench/profiles.py)." for name, n in (ind.get("output_tokens") or {}).items()
+                           "(the fast profile: bench/profiles.py)." for name, n in output_tokens(ind).items()
                            if n != 128) + "\n")
         for name, why in ind["shapes"].items():
             L.append(f"- **{name}**: {why}")
