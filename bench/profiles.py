@@ -5,7 +5,8 @@
 peers, the memory fill and the decision curve; about two hours on 2 cores, and its results go
 to bench/results/full/.
 
-`fast` (`make bench`) prints every target row of the full run in about 24 minutes on 2 cores
+`fast` (`make bench`) prints every target row of the full run in about 24 minutes on 2 cores (estimated from
+the per-section times below; the last measured run, with two settings since taken back, 21.2)
 and writes bench/results/ (what the docs render). Its rule: a workload stays the size it is in
 the full run, so each run of it is a draw from the same distribution as the full run's; what
 goes is rounds, and the rows no target reads. One workload is sized down: guidellm's 40-prefix
@@ -21,11 +22,11 @@ TTFT P95 ratio left the full run's range in all three runs. Per section (s, 2 co
 | gateways | as full: 3 rows | | 75 |
 | eviction | 3 paired rounds | 15 | 181 |
 | reruns | none: each ratio is one run's | 2 more runs of 10 pairs | |
-| independent | 1 paired run, 40 prefixes at 32 output tokens | 3, 128 tokens | 308 at 128, 125 all at 32 |
-| overhead | as full: 8 paired rounds (at 4, two runs' CPU ratios at 128 KB differed by 0.3-0.45) | | 40-51 at 4 |
+| independent | 1 paired run, 40 prefixes at 32 output tokens | 3, 128 tokens | ~225 (308 both at 128, 125 both at 32) |
+| overhead | as full: 8 paired rounds (at 4, two runs' CPU ratios at 128 KB differed by 0.3-0.45) | | ~90 (40-51 at 4) |
 | mixed | 1 paired round | 3 | 40 |
-| fleet | 1 paired round of 15 s, no worker-scaling table | 4, and the table | 86 at 2 rounds |
-| peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 313 before the reuse |
+| fleet | 1 paired round of 15 s, no worker-scaling table | 4, and the table | 53 (86 at 2 rounds) |
+| peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 238 (313 without the reuse) |
 | scale_midway, peer_faults | 1 round of both workloads | 2 | 141, 249 |
 | scale8, memory, decision | not run: no target reads them | | |
 
