@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real real-llama-setup real-llama
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-full bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real real-llama-setup real-llama
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -106,15 +106,19 @@ $(PEERS_VENV)/.installed: bench/peers-requirements.txt
 
 peers-setup: $(PEERS_VENV)/.installed ## The peer routers the bench compares with (sglang-router, vllm-router from PyPI) into .venv-peers (cached)
 
-bench: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Routing quality and filter cost, the peers beside warmroute (minutes; not part of `make test`)
+bench: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Every target of the bench in fewer rounds (the fast profile, bench/profiles.py; ~24 min on 2 cores) into bench/results/, what `make docs` renders (not part of `make test`)
 	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_peers.py
-	cd bench && ../$(PY) run.py
+	cd bench && ../$(PY) run.py --profile fast
 
-bench-peers: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The peers alone: each starts in front of the sims and routes (test_peers.py), then their paired rounds beside warmroute on every workload, merged into bench/results (PEER_ARGS=, e.g. --peer-rounds 3; ~11 min a round)
+bench-full: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Everything: every router and section, all rounds (~2 h on 2 cores) into bench/results/full/
+	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_peers.py
+	cd bench && ../$(PY) run.py --profile full
+
+bench-peers: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## The peers alone: each starts in front of the sims and routes (test_peers.py), then their paired rounds beside warmroute on every workload, merged into bench/results/full (PEER_ARGS=, e.g. --peer-rounds 3; ~11 min a round)
 	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_peers.py
 	cd bench && ../$(PY) run.py --only peers --merge $(PEER_ARGS)
 
-bench-cost: build ## The cost of routing: warmroute beside no filter, the floor filter and the no-op ext_proc picker (the Inference Extension's architecture), paired rounds at 1 KB and 128 KB; first the ext_proc hop's e2e (~2 min once built, the picker's crate ~70 s from nothing; results merged into bench/results; not part of `make test`)
+bench-cost: build ## The cost of routing: warmroute beside no filter, the floor filter and the no-op ext_proc picker (the Inference Extension's architecture), paired rounds at 1 KB and 128 KB; first the ext_proc hop's e2e (~2 min once built, the picker's crate ~70 s from nothing; results merged into bench/results/full; not part of `make test`)
 	cargo build --release -p warmroute-extproc-floor
 	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_extproc_floor.py
 	cd bench && ../$(PY) run.py --only overhead --merge
@@ -150,7 +154,8 @@ $(VENV)/.docs-installed: docs/requirements.txt
 docs: $(VENV)/.docs-installed ## The docs site into site/ (mkdocs --strict) with the bench's latest report; every marked config example through warmroute-check-config; the deploy pages' commands name only files make release writes or make validate checks
 	@mkdir -p docs/results
 	sed 's#](../../docs/#](../#g' bench/results/latest.md > docs/results/latest.md
-	cp bench/results/latest.png bench/results/decision.png docs/results/
+	cp bench/results/latest.png docs/results/
+	cp bench/results/full/decision.png docs/results/  # the decision-time curves: only the full profile runs them
 	cargo build -q --release -p warmroute-core --bin warmroute-check-config
 	WARMROUTE_CHECK_CONFIG=$${CARGO_TARGET_DIR:-target}/release/warmroute-check-config $(PY) docs/check_config_examples.py
 	$(PY) docs/check_deploy_pages.py

@@ -143,10 +143,10 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(logdir: Path, quick: bool) -> dict:
-    """`make bench`'s section: one round of 1, 3 and 8 replicas (3 only when quick)."""
+def section(logdir: Path, quick: bool, replicas: list[int] | None = None) -> dict:
+    """`make bench`'s section: one round of 1, 3 and 8 replicas (`replicas`; 1 and 3 when quick)."""
     print("== exchange cost (1, 3, 8 replicas)", flush=True)
-    s = summary(rounds(1, [1, 3] if quick else SETUPS_REPLICAS, logdir / "exchange-cost"))
+    s = summary(rounds(1, [1, 3] if quick else (replicas or SETUPS_REPLICAS), logdir / "exchange-cost"))
     report(s)
     return s
 

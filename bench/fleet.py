@@ -152,9 +152,11 @@ def routed(e: Envoy) -> dict:
                                      "log_gaps", "host_errors"))}
 
 
-def fleet_section(logdir: Path, quick: bool) -> dict:
-    """100 pods at 100 requests/s: warmroute against a no-filter Envoy, paired rounds."""
-    rounds, seconds, workers = (2, 8.0, 2) if quick else (4, 15.0, 2)
+def fleet_section(logdir: Path, quick: bool, rounds: int | None = None) -> dict:
+    """100 pods at 100 requests/s: warmroute against a no-filter Envoy, paired rounds (`rounds`
+    of the full run's length when given)."""
+    n, seconds, workers = (2, 8.0, 2) if quick else (4, 15.0, 2)
+    rounds = rounds or n
     print(f"== fleet: {PODS} pods, {RATE:.0f} req/s open loop, {rounds} paired rounds of {seconds:.0f} s, "
           f"{workers} workers", flush=True)
     rdir = logdir / "fleet"
@@ -270,8 +272,12 @@ def workers_section(logdir: Path, quick: bool) -> dict:
             "fill_words": FILL_WORDS, "rows": rows}
 
 
-def section(logdir: Path, quick: bool) -> dict:
-    return {"fleet": fleet_section(logdir, quick), "workers": workers_section(logdir, quick)}
+def section(logdir: Path, quick: bool, rounds: int | None = None, workers: bool = True) -> dict:
+    """The fleet's paired rounds, then (unless `workers` is False) the worker-scaling table."""
+    out = {"fleet": fleet_section(logdir, quick, rounds)}
+    if workers:
+        out["workers"] = workers_section(logdir, quick)
+    return out
 
 
 def targets(fl: dict | None) -> list[dict]:

@@ -41,6 +41,8 @@ GUIDELLM = Path(sys.executable).parent / "guidellm"
 CAPACITY = 100_000
 SCALE = 1.0
 CONCURRENCY = 8
+# Output tokens per request; the fast profile may ask for fewer (bench/profiles.py says why).
+OUTPUT_TOKENS = 128
 SHAPES = {
     "hot": {"requests": 320,
             "why": "guidellm synthetic data prefix_tokens=1000,prompt_tokens=500, 128 output tokens, "
@@ -85,7 +87,7 @@ def word_tokenizer(out: Path) -> Path:
     return out
 
 
-def prefixes_dataset(out: Path, shape: dict, seed: int = 17) -> Path:
+def prefixes_dataset(out: Path, shape: dict, seed: int = 17, output_tokens: int = OUTPUT_TOKENS) -> Path:
     """The 40-prefix shape as a JSONL file guidellm reads (`prompt`, token counts)."""
     words = guidellm_text().split()
     rng = random.Random(seed)
@@ -99,7 +101,7 @@ def prefixes_dataset(out: Path, shape: dict, seed: int = 17) -> Path:
         for i in range(shape["requests"]):
             prompt = f"{rng.choice(prefixes)}\n\nRequest {i}: {text(shape['suffix_words'])}"
             fh.write(json.dumps({"prompt": prompt, "prompt_tokens_count": shape["prefix_words"] +
-                                 shape["suffix_words"], "output_tokens_count": 128}) + "\n")
+                                 shape["suffix_words"], "output_tokens_count": output_tokens}) + "\n")
     return out
 
 
@@ -121,14 +123,15 @@ def guidellm_figures(report: Path) -> dict:
             "ok": rt["requests_made"]["successful"], "errors": rt["requests_made"]["errored"]}
 
 
-def run_shape(name: str, router: str, rdir: Path, tokenizer: Path, max_s: float = 300.0) -> dict:
+def run_shape(name: str, router: str, rdir: Path, tokenizer: Path, max_s: float = 300.0,
+              output_tokens: int = OUTPUT_TOKENS) -> dict:
     """One guidellm run of shape `name` through `router` on a fresh 3-replica fleet."""
     shape = SHAPES[name]
     rdir.mkdir(parents=True, exist_ok=True)
     if name == "hot":
-        data = f"prefix_tokens=1000,prompt_tokens=500,output_tokens=128,samples={shape['requests']}"
+        data = f"prefix_tokens=1000,prompt_tokens=500,output_tokens={output_tokens},samples={shape['requests']}"
     else:
-        data = str(prefixes_dataset(rdir / "prefixes40.jsonl", shape))
+        data = str(prefixes_dataset(rdir / "prefixes40.jsonl", shape, output_tokens=output_tokens))
     sim = ["--time-scale", str(SCALE), "--kv-capacity-tokens", str(CAPACITY)]
     t0 = time.time()
     with Fleet(3, sim, logdir=rdir, **ROUTER_KWARGS[router]) as f:
@@ -146,6 +149,7 @@ def run_shape(name: str, router: str, rdir: Path, tokenizer: Path, max_s: float 
         dec = counters(f.envoys) if router != "envoy_round_robin" else {}
     row = {"workload": f"guidellm_{name}", "router": router, "replicas": 3, "gateways": 1,
            "kv_capacity_tokens": CAPACITY, "time_scale": SCALE, "client": "guidellm 0.3.1",
+           "output_tokens": output_tokens,
            "hit_rate": hits / queries if queries else None, "per_pod_requests": per_pod, "decisions": dec,
            **guidellm_figures(report), "runtime_s": round(time.time() - t0, 1)}
     print(f"  guidellm {name:10s} {router:24s} hit {row['hit_rate']:.3f}  pods {per_pod}  ttft mean "
@@ -154,17 +158,21 @@ def run_shape(name: str, router: str, rdir: Path, tokenizer: Path, max_s: float 
     return row
 
 
-def section(logdir: Path, quick: bool, runs: int = 3) -> dict:
+def section(logdir: Path, quick: bool, runs: int = 3, output_tokens: dict[str, int] | None = None) -> dict:
     """Both shapes through both routers, `runs` times (1 when quick), the routers' order
-    alternating between runs; targets are medians of the paired ratios (see report.py)."""
+    alternating between runs; targets are medians of the paired ratios (see report.py).
+    `output_tokens` replaces a shape's 128 output tokens (shape -> tokens)."""
+    tokens = {name: (output_tokens or {}).get(name, OUTPUT_TOKENS) for name in SHAPES}
     print(f"== independent client (guidellm), {runs if not quick else 1} paired run(s) per shape", flush=True)
     tokenizer = word_tokenizer(logdir / "word-tokenizer")
     out: dict = {"client": "guidellm 0.3.1", "concurrency": CONCURRENCY, "kv_capacity_tokens": CAPACITY,
-                 "time_scale": SCALE, "shapes": {k: v["why"] for k, v in SHAPES.items()}, "runs": []}
+                 "time_scale": SCALE, "shapes": {k: v["why"] for k, v in SHAPES.items()}, "runs": [],
+                 "output_tokens": tokens}
     for i in range(1 if quick else runs):
         rows = []
         for name in SHAPES:
             for router in (ROUTER_PAIR if i % 2 == 0 else ROUTER_PAIR[::-1]):
-                rows.append(run_shape(name, router, logdir / f"guidellm-{i + 1}-{name}-{router}", tokenizer))
+                rows.append(run_shape(name, router, logdir / f"guidellm-{i + 1}-{name}-{router}", tokenizer,
+                                      output_tokens=tokens[name]))
         out["runs"].append(rows)
     return out

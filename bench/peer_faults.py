@@ -223,10 +223,10 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(logdir: Path, quick: bool) -> dict:
-    """`make bench`'s section: 2 rounds of both workloads (1 of agent when quick), ~8 min."""
+def section(logdir: Path, quick: bool, n: int = 2) -> dict:
+    """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~4 min a round."""
     print("== peer faults (kill, garbage, slow)", flush=True)
-    s = summary(rounds(1 if quick else 2, ["agent"] if quick else ["conversation", "agent"], logdir / "peer-faults"))
+    s = summary(rounds(1 if quick else n, ["agent"] if quick else ["conversation", "agent"], logdir / "peer-faults"))
     report(s)
     return s
 

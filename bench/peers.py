@@ -105,24 +105,36 @@ class PeerRouter:
         self.stop()
 
 
-def routers_for(workload: str) -> list[str]:
-    return [WARMROUTE] + [r for r, s in PEER_ROUTERS.items() if workload in s.get("workloads", PEER_WORKLOADS)]
+def routers_for(workload: str, peers: list[str] | None = None) -> list[str]:
+    """warmroute and the peers (`peers`, all by default) documented for the workload."""
+    return [WARMROUTE] + [r for r, s in PEER_ROUTERS.items() if workload in s.get("workloads", PEER_WORKLOADS)
+                          and (peers is None or r in peers)]
 
 
 def section(b, rounds: int = PEER_ROUNDS, workloads: list[str] | None = None,
-            out: list[list[dict]] | None = None) -> list[list[dict]]:
+            out: list[list[dict]] | None = None, routers: list[str] | None = None,
+            reuse_warmroute: bool = False) -> list[list[dict]]:
     """`rounds` paired rounds: per workload, warmroute and each peer row on fresh fleets, the order
     reversed every other round. Appends one list of rows per round to `out` as it goes (so a run
-    stopped midway keeps what it measured) and returns it."""
+    stopped midway keeps what it measured) and returns it. With `reuse_warmroute` (the fast
+    profile), the first round takes warmroute's row of a workload from the main rows this run
+    measured (the same router, fleet and workload, minutes earlier) instead of running it again;
+    such a row is marked `reused`."""
     out = [] if out is None else out
     for i in range(rounds):
         print(f"== peers, round {i + 1} of {rounds}", flush=True)
         rows: list[dict] = []
         out.append(rows)
         for w in workloads or PEER_WORKLOADS:
-            order = routers_for(w)
+            order = routers_for(w, routers)
             for r in (order if i % 2 == 0 else order[::-1]):
-                row = b.quality(w, r, sink=rows)
+                have = next((x for x in b.rows if x["workload"] == w and x["router"] == r and x["replicas"] == 3
+                             and x["gateways"] == 1), None) if reuse_warmroute and i == 0 and r == WARMROUTE else None
+                if have:
+                    rows.append(row := {**have, "reused": True})
+                    print(f"  {w:12s} {r:28s} the row measured above", flush=True)
+                else:
+                    row = b.quality(w, r, sink=rows)
                 row["round"] = i + 1
     return out
 
@@ -211,7 +223,12 @@ def markdown(rounds: list[list[dict]] | None) -> list[str]:
              f"fleet (3 replicas, each workload's KV capacity), against warmroute (cache_aware, one Envoy), "
              f"{n} paired rounds, the order reversed every other round. Each figure is the median over the rounds "
              "without errors (`runs`); hit rate as in the main table, latencies in ms of wall time at time scale "
-             f"10. `evicting` runs through one gateway here. Settings (`bench/scenarios.py`, PEER_ROUTERS):\n")
+             f"10. `evicting` runs through one gateway here."
+             + (" warmroute's rows on " + ", ".join(sorted({r["workload"] for rs in rounds or [] for r in rs
+                                                             if r.get("reused")}))
+                + " are the main table's (the fast profile measures them once)." if any(
+                    r.get("reused") for rs in rounds or [] for r in rs) else "")
+             + " Settings (`bench/scenarios.py`, PEER_ROUTERS):\n")
     for name, s in PEER_ROUTERS.items():
         flags = " ".join(s["args"]) or "(none)"
         L.append(f"- `{name}`: `{flags}`. {s['why']}")

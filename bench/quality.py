@@ -122,12 +122,16 @@ class Bench:
         return self.quality(workload, "reference", replicas=1, capacity=3 * cap, scale=3 * TIME_SCALE,
                             label="reference_1_replica_3x", rerun=rerun)
 
-    def workload_section(self, workload: str) -> None:
+    def workload_section(self, workload: str, routers: list[str] | None = None, reference: bool = True) -> None:
+        """The single-replica reference (unless `reference` is False) and each router of
+        `routers` (all by default, QUICK_ROUTERS when quick) on the workload."""
         print(f"== {workload}", flush=True)
-        routers = QUICK_ROUTERS if self.quick else list(ROUTERS)
-        if workload == "chat" and self.quick:
-            routers = routers + ["warmroute_sticky_session"]
-        self.reference(workload)
+        if routers is None:
+            routers = QUICK_ROUTERS if self.quick else list(ROUTERS)
+            if workload == "chat" and self.quick:
+                routers = routers + ["warmroute_sticky_session"]
+        if reference:
+            self.reference(workload)
         for r in routers:
             self.quality(workload, r)
 

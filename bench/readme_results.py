@@ -49,9 +49,11 @@ def render(res: dict) -> str:
     agent = [find(rows, "agent", r, replicas=1 if r.startswith("reference") else 3) for r in routers]
     conv = [find(rows, "conversation", r, replicas=1 if r.startswith("reference") else 3) for r in routers]
     L = [BEGIN, "",
-         f"From the bench's latest run ({res.get('started', '?')}; 3 simulated vLLM replicas through the real "
-         "Envoy 1.40, the replicas 10x faster than the modelled GPU; every table is in "
-         "[`bench/results/latest.md`](bench/results/latest.md), and on the site's results page):", "",
+         f"From the bench's latest run (`make bench`, {res.get('profile', 'full')} profile, "
+         f"{res.get('started', '?')}, {res.get('wall_s', 0) / 60:.0f} min; 3 simulated vLLM replicas through the "
+         "real Envoy 1.40, the replicas 10x faster than the modelled GPU; every table is in "
+         "[`bench/results/latest.md`](bench/results/latest.md), and on the site's results page; the last "
+         "`make bench-full` in [`bench/results/full/latest.md`](bench/results/full/latest.md)):", "",
          "| workload | Envoy round robin | warmroute `cache_aware` | one replica with the fleet's whole memory |",
          "|---|---|---|---|",
          "| agents: fleet prefix-cache hit rate | " + " | ".join(_pct(g(r, "hit_rate")) for r in agent) + " |",

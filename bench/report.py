@@ -350,12 +350,31 @@ def fmt(v, nd=0):
     return str(v)
 
 
+def output_tokens(ind: dict) -> dict[str, int]:
+    """guidellm's output tokens per shape in an independent section (one number for every shape
+    in older results, none before the fast profile: 128)."""
+    ot = ind.get("output_tokens", 128)
+    return ot if isinstance(ot, dict) else {name: ot for name in ind["shapes"]}
+
+
+def profile_name(res: dict) -> str:
+    """quick, fast or full: what the run was (results from before the profiles are full runs)."""
+    return "quick" if res["quick"] else res.get("profile", "full")
+
+
 def markdown(res: dict) -> str:
     rows, L = res["quality"], []
-    L.append(f"# warmroute benchmark ({'quick' if res['quick'] else 'full'} run, {res['started']})\n")
+    L.append(f"# warmroute benchmark ({profile_name(res)} run, {res['started']})\n")
     L.append(f"Machine: {res['machine']}. Real Envoy {res['envoy_version']}, dist/warmroute.wasm, simulated vLLM "
              f"replicas (`warmroute-sim --time-scale {TIME_SCALE:g}`), client `warmroute-loadgen`. "
-             f"Total bench wall time {res['wall_s']:.0f} s.\n")
+             f"Total bench wall time {res['wall_s']:.0f} s"
+             + (" (" + ", ".join(f"{k} {v} s" for k, v in res["section_s"].items()) + ")" if res.get("section_s") else "")
+             + ".\n")
+    if res.get("profile") == "fast" and not res["quick"]:
+        L.append("The fast profile (`make bench`, bench/profiles.py): every target, in fewer rounds and with only the "
+                 "rows the targets read; each target says how many runs it pools. Every router, the 8-replica rows, "
+                 "the re-runs and the memory and decision-time sections are the full run's (`make bench-full`): "
+                 "`bench/results/full/latest.md`.\n")
     if res["targets"]:
         L.append("## Targets\n")
         L.append("| target | measured | limit | result |\n|---|---|---|---|")
@@ -481,7 +500,10 @@ def markdown(res: dict) -> str:
                  "(real-GPU-equivalent ms: guidellm's own per-request overhead would blur a faster sim). "
                  "A word-level tokenizer built offline from guidellm's source text counts tokens as the sims do. "
                  "TTFT from guidellm's report; hit rate and requests per pod from the replicas' counters "
-                 "(they include guidellm's warm-up calls).\n")
+                 "(they include guidellm's warm-up calls)."
+                 + "".join(f" **{name}: {n} output tokens per request here**, not the 128 its description names "
+                           "(the fast profile: bench/profiles.py)." for name, n in output_tokens(ind).items()
+                           if n != 128) + "\n")
         for name, why in ind["shapes"].items():
             L.append(f"- **{name}**: {why}")
         L.append("\n| run | shape | router | hit rate | requests per pod | TTFT mean | p50 | p95 | p99 | e2e mean | "
@@ -643,7 +665,7 @@ def plot(res: dict, path: Path) -> None:
     if decision_series(res.get("decision"), "pods"):
         decision_panel(ax, res["decision"], "pods")
         ax.set_title(ax.get_title() + "\n(the prompt axis: decision.png)", fontsize=10)
-    fig.suptitle(f"warmroute benchmark ({'quick' if res['quick'] else 'full'}), {res['started']}")
+    fig.suptitle(f"warmroute benchmark ({profile_name(res)}), {res['started']}")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 

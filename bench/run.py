@@ -1,6 +1,11 @@
 """`make bench`: routing quality on real traces and the cost of the filter, through the real Envoy.
 
-    cd bench && ../.venv/bin/python run.py [--quick] [--only SECTION ...]
+    cd bench && ../.venv/bin/python run.py [--profile fast|full] [--quick] [--only SECTION ...]
+
+Profiles (bench/profiles.py): `fast` (`make bench`, about 24 minutes) runs every section that
+feeds a target with fewer rounds and only the rows the targets read, and writes bench/results/;
+`full` (`make bench-full`, the default of run.py) runs everything below and writes
+bench/results/full/. --merge merges into the profile's own results only.
 
 Sections (all by default): agent conversation chat uniform (routing quality, 3 replicas, every
 router + the single-replica reference), independent (guidellm, installed from
@@ -24,12 +29,12 @@ against no fault and no exchange, 2 rounds, bench/peer_faults.py), scale_out (1 
 with the exchange on every workload, 2 paired rounds, bench/scale_out.py), exchange_cost (1, 3
 and 8 replicas with and without the exchange at one load, bench/exchange_cost.py), tail (the
 conversation trace's TTFT P95 against the single-replica reference, 5 paired rounds pooled,
-bench/tail_vs_reference.py). A full run takes about 85
-minutes on 2 cores (the independent section about 15, eviction about 14, peers about 11,
-peer_faults about 8, fleet about 6, scale_midway about 5).
+bench/tail_vs_reference.py). A full run takes about two and a half hours on 2 cores (the peers
+about 30 minutes at 3 rounds, the independent section about 15, eviction about 14, scale_out
+about 10, peer_faults about 8, tail about 6, fleet about 6, scale_midway about 5).
 
-Writes bench/results/latest.json, latest.md, latest.png, and decision.png (the decision-time
-curves, for the docs' results page). Every server binds 127.0.0.1,
+Writes latest.json, latest.md, latest.png, and decision.png (the decision-time curves, for the
+docs' results page) into the profile's folder. Every server binds 127.0.0.1,
 every load run is bounded by --max-requests/--max-seconds.
 
 The pieces: scenarios.py (workloads, routers, time scale), quality.py (routing-quality runs),
@@ -50,6 +55,7 @@ import time
 from pathlib import Path
 
 import fleet
+import profiles
 import independent
 import peers
 import readme_results
@@ -96,17 +102,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run (< 3 min): fewer routers and requests")
     ap.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
-    ap.add_argument("--out", default=str(RESULTS), help="results directory")
+    ap.add_argument("--profile", choices=sorted(profiles.PROFILES), default="full",
+                    help="fast: every target in fewer rounds, into bench/results/; full: everything, into "
+                         "bench/results/full/ (bench/profiles.py)")
+    ap.add_argument("--out", help="results directory (default: the profile's)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows/sections of the existing latest.json that this run does not redo")
-    ap.add_argument("--peer-rounds", type=int, default=peers.PEER_ROUNDS,
-                    help=f"paired rounds of the peers section (default {peers.PEER_ROUNDS})")
+    ap.add_argument("--peer-rounds", type=int,
+                    help=f"paired rounds of the peers section (default {peers.PEER_ROUNDS}, the profile's in fast)")
     ap.add_argument("--peer-workloads", nargs="+", choices=peers.PEER_WORKLOADS,
                     help="the peers section's workloads (default: all)")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render latest.md, latest.png, decision.png (and targets) from latest.json, "
                          "run nothing")
     a = ap.parse_args()
+    prof = profiles.PROFILES[a.profile]
+    # A quick run has a folder of its own: it must never stand in for either profile's results.
+    a.out = a.out or str(RESULTS / ("quick" if a.quick else prof["out"]))
     if a.report_only:
         out = Path(a.out)
         res = json.loads((out / "latest.json").read_text())
@@ -122,54 +134,67 @@ def main() -> int:
                           if a.quick else SECTIONS)
     if a.quick and not a.only:
         sections = ["agent", "conversation", "uniform", "gateways", "overhead", "decision"]
+    if not a.only:
+        sections = [s for s in sections if s not in prof["skip"]]
+    # Each section's settings in this profile (none in `full`: the sections' own defaults).
+    kw = {} if a.quick else prof["sections"]
+    if a.merge and (Path(a.out) / "latest.json").exists():
+        was = json.loads((Path(a.out) / "latest.json").read_text()).get("profile", "full")
+        if was != a.profile:
+            print(f"{a.out}/latest.json is a {was} run: not merging a {a.profile} run into it", file=sys.stderr)
+            return 1
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     logdir = Path(tempfile.mkdtemp(prefix="warmroute-bench-"))
     print(f"logs: {logdir}", flush=True)
     b = Bench(a.quick, logdir)
     t0 = time.time()
-    res: dict = {"quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": sections,
+    res: dict = {"quick": a.quick, "profile": a.profile, "section_s": {}, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "sections": sections,
                  "machine": f"{os.cpu_count()} cores, {os.uname().machine}, Linux {os.uname().release}",
                  "envoy_version": subprocess.run([envoy_binary(), "--version"], capture_output=True,
                                                  text=True).stdout.strip().split("version:")[-1].strip()[:60]}
     ov = mem = dc = ind = None
     try:
         for s in sections:
+            t_s, k = time.time(), kw.get(s, {})
             if s in WORKLOADS:
-                b.workload_section(s)
+                b.workload_section(s, **k)
             elif s == "scale8":
                 b.scale8()
             elif s == "gateways":
                 b.gateways()
             elif s == "eviction":
-                b.eviction()
+                b.eviction(**k)
             elif s == "reruns":
                 b.reruns_section()
             elif s == "overhead":
-                ov = overhead(b)
+                ov = overhead(b, **k)
             elif s == "memory":
                 mem = memory(b)
             elif s == "decision":
                 dc = decision_curve(b)
             elif s == "mixed":
-                res["mixed"] = mixed(b)
+                res["mixed"] = mixed(b, **k)
             elif s == "independent":
-                ind = independent.section(logdir, a.quick)
+                ind = independent.section(logdir, a.quick, **k)
             elif s == "fleet":
-                res["fleet"] = fleet.section(logdir, a.quick)
+                res["fleet"] = fleet.section(logdir, a.quick, **k)
             elif s == "peers":
                 res["peers"] = []
-                res["peers"] = peers.section(b, a.peer_rounds, a.peer_workloads, res["peers"])
+                k = {"rounds": peers.PEER_ROUNDS, **k}
+                res["peers"] = peers.section(b, a.peer_rounds or k.pop("rounds"), a.peer_workloads, res["peers"], **k)
             elif s == "scale_midway":
-                res["scale_midway"] = scale_midway.section(logdir, a.quick)
+                res["scale_midway"] = scale_midway.section(logdir, a.quick, **k)
             elif s == "peer_faults":
-                res["peer_faults"] = peer_faults.section(logdir, a.quick)
+                res["peer_faults"] = peer_faults.section(logdir, a.quick, **k)
             elif s == "scale_out":
-                res["scale_out"] = scale_out.section(b, a.quick)
+                res["scale_out"] = scale_out.section(b, a.quick, **k)
             elif s == "exchange_cost":
-                res["exchange_cost"] = exchange_cost.section(logdir, a.quick)
+                res["exchange_cost"] = exchange_cost.section(logdir, a.quick, **k)
             elif s == "tail":
-                res["tail"] = tail_vs_reference.section(b, a.quick)
+                res["tail"] = tail_vs_reference.section(b, a.quick, **k)
+            res["section_s"][s] = round(time.time() - t_s)
+            print(f"== {s}: {res['section_s'][s]} s", flush=True)
     finally:
         res.update({"quality": b.rows, "reruns": b.reruns, "overhead": ov, "memory": mem, "decision": dc,
                     "independent": ind, "wall_s": time.time() - t0})
@@ -195,6 +220,7 @@ def main() -> int:
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]
+            res["section_s"] = {**old.get("section_s", {}), **res["section_s"]}
             res["sections"] = sorted(set(old.get("sections", [])) | set(sections))
             res["quick"] = old.get("quick", a.quick)
         if "conversation" in sections:
@@ -207,7 +233,9 @@ def main() -> int:
                 draw(res, out / name)
             except Exception as e:  # a plot failure must not lose the measurements
                 print(f"{name} failed: {e!r}", file=sys.stderr)
-        print(f"\nwrote {out / 'latest.json'}, latest.md, latest.png, decision.png ({time.time() - t0:.0f} s)")
+        wall = time.time() - t0
+        print(f"\nwrote {out / 'latest.json'}, latest.md and the figures; {a.profile} profile, wall time "
+              f"{wall:.0f} s ({wall / 60:.1f} min)")
         print_targets(res["targets"])
     return 0
 

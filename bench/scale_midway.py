@@ -236,10 +236,10 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(logdir: Path, quick: bool) -> dict:
-    """`make bench`'s section: 2 rounds of both workloads (1 of agent when quick), ~5 min."""
+def section(logdir: Path, quick: bool, n: int = 2) -> dict:
+    """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~2.3 min a round."""
     print("== scale-out midway (1 -> 3 replicas)", flush=True)
-    s = summary(rounds(1 if quick else 2, ["agent"] if quick else ["conversation", "agent"],
+    s = summary(rounds(1 if quick else n, ["agent"] if quick else ["conversation", "agent"],
                        logdir / "scale-midway"))
     report(s)
     return s

@@ -30,11 +30,14 @@ WORKLOADS = ["agent", "chat", "conversation", "evicting"]
 HIT_TARGET, P95_TARGET = 0.97, 1.05
 
 
-def rounds(bench: Bench, n: int, workloads: list[str], out: Path | None = None) -> list[dict]:
-    """`n` paired rounds: every setup of `ROWS` on each workload, the setups' order rotating."""
+def rounds(bench: Bench, n: int, workloads: list[str], out: Path | None = None,
+           setups: list[str] | None = None) -> list[dict]:
+    """`n` paired rounds: every setup of `ROWS` (or those labelled in `setups`) on each
+    workload, the setups' order rotating."""
     rows: list[dict] = []
+    mine = [r for r in ROWS if setups is None or r[0] in setups]
     for i in range(n):
-        order = ROWS[i % len(ROWS):] + ROWS[:i % len(ROWS)]
+        order = mine[i % len(mine):] + mine[:i % len(mine)]
         for w in workloads:
             for label, router, gateways in order:
                 row = bench.quality(w, router, gateways=gateways, label=f"{router}/{label}", sink=[])
@@ -56,6 +59,8 @@ def summary(rows: list[dict]) -> dict:
         one, per = of("1g"), {}
         for setup in ("1g", "3g", "3g+peers"):
             mine = of(setup)
+            if not mine:
+                continue
             s = {"hit": [r["hit_rate"] or 0 for r in mine],
                  "p95": [(r["ttft_ms"] or {}).get("p95", 0) for r in mine],
                  "cpu_ms_per_req": [r["envoy_cpu_s"] / max(r["ok"] or 1, 1) * 1e3 for r in mine],
@@ -86,7 +91,7 @@ def report(s: dict) -> None:
                 line += (f"  | median ratio to 1g: hit {m['hit_ratio']:.3f}  ttft p95 {m['p95_ratio']:.3f}"
                          f"  cpu/req {m['cpu_ratio']:.2f}")
             print(line)
-        print(f"  {w:12s} exchange: " + " | ".join(json.dumps(d) for d in per["3g+peers"].get("exchange", [])))
+        print(f"  {w:12s} exchange: " + " | ".join(json.dumps(d) for d in per.get("3g+peers", {}).get("exchange", [])))
 
 
 def targets(s: dict | None) -> list[dict]:
@@ -106,10 +111,11 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(bench: Bench, quick: bool) -> dict:
-    """`make bench`'s section: paired rounds of 1, 3 and 3 exchanging gateways on every workload."""
+def section(bench: Bench, quick: bool, n: int = 2, setups: list[str] | None = None) -> dict:
+    """`make bench`'s section: `n` paired rounds of 1, 3 and 3 exchanging gateways (`setups`, by
+    label: the fast profile leaves out 3 without the exchange) on every workload."""
     print("== scale-out (1 gateway, 3, 3 with the exchange)", flush=True)
-    s = summary(rounds(bench, 1 if quick else 2, ["agent"] if quick else WORKLOADS))
+    s = summary(rounds(bench, 1 if quick else n, ["agent"] if quick else WORKLOADS, setups=setups))
     report(s)
     return s
 
