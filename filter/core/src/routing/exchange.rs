@@ -13,7 +13,11 @@
 //!                 one request per peer, since the peer's last `next` (first contact: since 0,
 //!                 all its outbox: a joining replica copies it)
 //! import(event) = pod address → this replica's slot (unknown pod: dropped);
-//!                 time = max(now − age, slot joined);  one log event of origin IMPORTED
+//!                 time = max(now − age, slot joined);  of origin IMPORTED, packed many to a log
+//!                 slot ([`crate::routing::index_log`])
+//! ring share    = per pull: slots_p = max(3, slots / (2 × peers)) of the log, reply asked
+//!                 `bytes=` slots_p × slot_bytes / 3 (a packed event takes at most ~2.2× its
+//!                 bytes in the reply); the peer cuts its reply there, the rest comes next tick
 //! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
 //! answers       = asked with `answers=M`: the serving Envoy's stored responses' answers numbered
 //!                 M on ([`crate::fleet::responses::Recent`]), each (id, pod address id, age);
@@ -27,6 +31,7 @@
 //! | `peers.timeout_ms` | 500 | a slow peer costs one callout slot for this long, never a request |
 //! | `peers.max_reply_bytes` | 1 MiB | a reply past it is not read (a lying or broken peer); a serving replica cuts its reply to fit |
 //! | [`MEMBERS_EVERY_MS`] | 2000 | the peers cluster's endpoints read this often: a replica that joins is pulled, and pulls, within about 2 s plus a tick |
+//! | ring share | half the log's slots per tick, over the peers | imported events reach every VM through the shared log's ring, which a VM reads at its requests and at least once a tick: a tick's imports past the ring lap it, and a VM keeps only the last `slots` (a joining replica's copy of a peer's outbox would come down to its last 64 events). Packed ~100 conversation events to a slot, a copy of 300 events takes 3 slots; a full 1 MiB outbox at 3 replicas ~12 ticks |
 //! | `peers.outbox_bytes` | 1 MiB | per worker: thousands of recent placements, where the shared log's ring (64 events by default) laps within a second at a busy gateway's rate |
 //!
 //! **Why pull, through Envoy.** A gateway replica needs nothing beside the
@@ -62,6 +67,7 @@
 
 use crate::codec::{put, Reader};
 use crate::fleet::inflight::InFlight;
+use crate::fleet::store::LogShape;
 use crate::routing::index::kept_positions;
 use crate::routing::index_log::{Event, Kind};
 use std::collections::VecDeque;
@@ -505,6 +511,26 @@ pub fn answers_of(path: &str) -> Option<u64> {
         .map(|v| v.parse().unwrap_or(0))
 }
 
+/// The reply size a peer asks for (`bytes=N` in the query); `None`: as the
+/// serving replica's `peers.max_reply_bytes` allows (a replica of an earlier
+/// release does not ask).
+pub fn bytes_of(path: &str) -> Option<usize> {
+    path.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("bytes="))
+        .and_then(|v| v.parse().ok())
+}
+
+/// What one pull may bring into a log of `shape` when `peers` are pulled each
+/// tick: at most this many slots written, and the reply size to ask for.
+pub fn ring_share(shape: LogShape, peers: usize) -> (usize, usize) {
+    let slots = usize::try_from(shape.slots).unwrap_or(usize::MAX);
+    let per_pull = (slots / (2 * peers.max(1))).max(3);
+    (per_pull, per_pull.saturating_mul(shape.slot_bytes) / 3)
+}
+
 /// Whether `path` asks for peer events (query string aside).
 pub fn is_peer_path(path: &str) -> bool {
     path.split(['?', '#']).next() == Some(PEER_PATH)
@@ -590,7 +616,7 @@ impl Peers {
     /// The peers to pull now, with the path to ask: every peer but this
     /// replica without a pull under way (one lost past `lost_after_ms` is
     /// given up).
-    pub fn due(&mut self, now: u64, lost_after_ms: u64) -> Vec<(String, String)> {
+    pub fn due(&mut self, now: u64, lost_after_ms: u64, bytes: usize) -> Vec<(String, String)> {
         let mut out = Vec::new();
         for p in &mut self.peers {
             if p.call
@@ -604,7 +630,10 @@ impl Peers {
             let since = p.cursor.map_or(0, |(_, next)| next);
             out.push((
                 p.address.clone(),
-                format!("{PEER_PATH}?since={since}&answers={}", p.answers),
+                format!(
+                    "{PEER_PATH}?since={since}&answers={}&bytes={bytes}",
+                    p.answers
+                ),
             ));
         }
         out
@@ -903,6 +932,35 @@ mod tests {
             Some(0)
         );
         assert_eq!(answers_of("/warmroute/peer/v1/events?since=1"), None);
+        assert_eq!(
+            bytes_of("/warmroute/peer/v1/events?since=1&bytes=4096"),
+            Some(4096)
+        );
+        assert_eq!(bytes_of("/warmroute/peer/v1/events?since=1&bytes=x"), None);
+        assert_eq!(bytes_of("/warmroute/peer/v1/events?since=1"), None);
+    }
+
+    #[test]
+    fn a_tick_of_pulls_writes_at_most_half_the_ring() {
+        let shape = |slots: u64| LogShape {
+            slots,
+            slot_bytes: 16 << 10,
+        };
+        // The default 1 MiB log: 64 slots; two peers, then seven.
+        assert_eq!(ring_share(shape(64), 2), (16, 16 * (16 << 10) / 3));
+        assert_eq!(ring_share(shape(64), 7).0, 4);
+        for (slots, peers) in [(64, 1), (64, 2), (64, 7), (1024, 31), (32, 5)] {
+            let (per_pull, bytes) = ring_share(shape(slots), peers);
+            assert!(
+                per_pull * peers <= slots as usize / 2,
+                "{slots} slots, {peers} peers"
+            );
+            // A reply of that size packs into those slots (a packed event takes at
+            // most ~2.2 times its bytes in the reply).
+            assert!(bytes * 22 / 10 <= per_pull * (16 << 10));
+        }
+        // However many peers, one pull still brings a slot's worth or more.
+        assert_eq!(ring_share(shape(16), 40), (3, 16 << 10));
     }
 
     #[test]
@@ -965,35 +1023,50 @@ mod tests {
     fn the_puller_follows_each_peer_and_leaves_itself_out() {
         let mut p = Peers::new(7);
         p.set_members(vec!["b:1".into(), "a:1".into(), "a:1".into()]);
-        let due = p.due(0, 1000);
+        let due = p.due(0, 1000, 4096);
         assert_eq!(
             due,
             [
-                ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0")),
-                ("b:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
+                (
+                    "a:1".to_owned(),
+                    format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
+                ),
+                (
+                    "b:1".to_owned(),
+                    format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
+                )
             ]
         );
         p.dispatched("a:1", 1, 0);
         p.dispatched("b:1", 2, 0);
-        assert!(p.due(10, 1000).is_empty(), "one pull per peer at a time");
+        assert!(
+            p.due(10, 1000, 4096).is_empty(),
+            "one pull per peer at a time"
+        );
         let theirs = BatchWriter::new(9, 30, 1 << 20).finish();
         let mine = BatchWriter::new(7, 0, 1 << 20).finish();
         assert!(matches!(p.answered(1, Some(&theirs), 0), Answer::Events(b) if b.next_seq == 30));
         assert_eq!(p.answered(2, Some(&mine), 0), Answer::Me);
         assert_eq!(p.count(), 1);
         assert_eq!(
-            p.due(20, 1000),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
+            p.due(20, 1000, 4096),
+            [(
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=30&answers=0&bytes=4096")
+            )]
         );
         // A lost pull is given up; garbage moves no cursor.
         p.dispatched("a:1", 3, 20);
-        assert!(p.due(500, 1000).is_empty());
-        assert_eq!(p.due(1021, 1000).len(), 1);
+        assert!(p.due(500, 1000, 4096).is_empty());
+        assert_eq!(p.due(1021, 1000, 4096).len(), 1);
         p.dispatched("a:1", 4, 1021);
         assert_eq!(p.answered(4, Some(b"garbage"), 1021), Answer::Failed);
         assert_eq!(
-            p.due(1030, 1000),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
+            p.due(1030, 1000, 4096),
+            [(
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=30&answers=0&bytes=4096")
+            )]
         );
         // A reply with answers moves the answers' cursor; one without keeps it.
         let mut w = BatchWriter::new(9, 30, 1 << 20);
@@ -1011,8 +1084,11 @@ mod tests {
             Answer::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=5"))]
+            p.due(1030, 1000, 4096),
+            [(
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=30&answers=5&bytes=4096")
+            )]
         );
         // Members change: the cursor of a peer that stays is kept.
         // Loads: the latest of each peer that answered lately, summed per pod.
@@ -1031,15 +1107,15 @@ mod tests {
         assert!(p.loads(1131, 100).is_empty(), "a silent peer's load lapses");
         p.set_members(vec!["a:1".into(), "c:1".into()]);
         let since: Vec<String> = p
-            .due(1040, 1000)
+            .due(1040, 1000, 4096)
             .into_iter()
             .map(|(_, path)| path)
             .collect();
         assert_eq!(
             since,
             [
-                format!("{PEER_PATH}?since=30&answers=5"),
-                format!("{PEER_PATH}?since=0&answers=0")
+                format!("{PEER_PATH}?since=30&answers=5&bytes=4096"),
+                format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
             ]
         );
         // The peer restarts (another replica id): whatever this reply skipped, the
@@ -1054,8 +1130,11 @@ mod tests {
             Answer::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000)[0],
-            ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
+            p.due(1030, 1000, 4096)[0],
+            (
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
+            )
         );
         let mut w = BatchWriter::new(10, 0, 1 << 20);
         w.skip_to(40);
@@ -1067,8 +1146,11 @@ mod tests {
             Answer::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000)[0],
-            ("a:1".to_owned(), format!("{PEER_PATH}?since=40&answers=9"))
+            p.due(1030, 1000, 4096)[0],
+            (
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=40&answers=9&bytes=4096")
+            )
         );
     }
 }

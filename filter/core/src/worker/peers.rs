@@ -8,7 +8,9 @@ use crate::config::ENDPOINT_HEADER;
 use crate::fleet::membership::{admin_path, parse_endpoints};
 use crate::fleet::responses::bucket_capacity;
 use crate::host::{Callout, Host};
-use crate::routing::exchange::{answers_of, since_of, Answer, MEMBERS_EVERY_MS};
+use crate::routing::exchange::{
+    answers_of, bytes_of, ring_share, since_of, Answer, MEMBERS_EVERY_MS,
+};
 use crate::worker::Step;
 
 const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
@@ -28,7 +30,7 @@ impl Worker {
                 host,
                 replica,
                 (since_of(path), answers_of(path)),
-                p.max_reply_bytes,
+                bytes_of(path).map_or(p.max_reply_bytes, |b| b.min(p.max_reply_bytes)),
             ) {
                 Ok(body) => {
                     self.stats.peer_served();
@@ -77,7 +79,9 @@ impl Worker {
             };
             peers.members_call = host.dispatch(&call).ok().map(|t| (t, now));
         }
-        for (address, path) in peers.due(now, lost_after) {
+        let shape = self.router.fleet().store(host).keys.log_shape();
+        let (_, bytes) = ring_share(shape, peers.count());
+        for (address, path) in peers.due(now, lost_after, bytes.min(p.max_reply_bytes)) {
             let call = Callout {
                 cluster: &p.cluster,
                 headers: vec![
@@ -144,7 +148,11 @@ impl Worker {
         match peers.answered(token, body.as_deref(), now) {
             Answer::Events(batch) => {
                 let capacity = bucket_capacity(self.router.config().responses.max_entries);
-                let imported = self.router.import_peer(host, &batch, now, capacity);
+                let shape = self.router.fleet().store(host).keys.log_shape();
+                let (slots, _) = ring_share(shape, peers.count());
+                let imported = self
+                    .router
+                    .import_peer(host, &batch, now, (capacity, slots));
                 self.stats.peer_pulled(true);
                 self.stats.peer_imported(imported);
                 let loads = peers.loads(now, self.router.fleet().lease_ms());

@@ -8,7 +8,7 @@ use crate::fleet::responses::Entry;
 use crate::fleet::store::Writer;
 use crate::host::{Host, HostError};
 use crate::routing::exchange::{Batch, BatchWriter, Outbox, PeerAnswer, PeerEventRef};
-use crate::routing::index_log::{Event, Head, IMPORTED};
+use crate::routing::index_log::{pack_groups, Event, Head, IMPORTED};
 
 /// What a peer's batch came to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -172,7 +172,11 @@ impl Router {
 
     /// Writes a peer's events to this replica's log (every VM applies them
     /// from there, this one included): each pod by its address, each time
-    /// by its age on this clock, never before the pod joined its slot here.
+    /// by its age on this clock, never before the pod joined its slot here;
+    /// packed many to a slot, in at most `max_slots` slots
+    /// ([`crate::routing::exchange::ring_share`]: what the ring carries before
+    /// a VM that reads it once a tick would lose some); what does not fit
+    /// (a peer that ignored the asked size) is dropped.
     /// Its stored responses' answers go into this Envoy's record (buckets of
     /// `capacity`; 0: the record is off), not into the ring peers read.
     pub fn import_peer<H: Host>(
@@ -180,43 +184,46 @@ impl Router {
         host: &H,
         batch: &Batch,
         now: u64,
-        capacity: usize,
+        (capacity, max_slots): (usize, usize),
     ) -> Imported {
-        let slots: Vec<Option<usize>> = batch
-            .pods
-            .iter()
-            .map(|a| self.fleet.backend_at(a))
-            .collect();
         let mut out = Imported::default();
+        let mut heads = Vec::with_capacity(batch.events.len());
         for e in &batch.events {
-            let Some(b) = slots.get(usize::from(e.pod)).copied().flatten() else {
+            let Some(b) = batch
+                .pods
+                .get(usize::from(e.pod))
+                .and_then(|a| self.fleet.backend_at(a))
+            else {
                 out.dropped += 1;
                 continue;
             };
             let time_ms = now
                 .saturating_sub(u64::from(e.age_ms))
                 .max(self.fleet.joined_ms(b));
-            let written = match self.account(host, None, now, true, false) {
-                Ok(Some(seq)) => {
-                    let head = Head {
-                        kind: e.kind,
-                        seq,
-                        origin: IMPORTED,
-                        backend: b as u16,
-                        time_ms,
-                        prefill: 0,
-                    };
-                    self.fleet
-                        .store(host)
-                        .write_kept(head, e.len, &e.blocks)
-                        .is_ok()
-                }
-                _ => false,
+            let head = Head {
+                kind: e.kind,
+                seq: 0,
+                origin: IMPORTED,
+                backend: b as u16,
+                time_ms,
+                prefill: 0,
             };
+            heads.push((head, e.len, e.blocks.as_slice()));
+        }
+        let slot_bytes = self.fleet.store(host).keys.log_shape().slot_bytes;
+        let kept: Vec<usize> = heads.iter().map(|(_, _, k)| k.len()).collect();
+        for (i, group) in pack_groups(&kept, slot_bytes).into_iter().enumerate() {
+            let events = heads.get(group).unwrap_or_default();
+            let written = i < max_slots
+                && match self.account(host, None, now, true, false) {
+                    Ok(Some(seq)) => self.fleet.store(host).write_pack(seq, events).is_ok(),
+                    _ => false,
+                };
+            let n = events.len() as u32;
             if written {
-                out.events += 1;
+                out.events += n;
             } else {
-                out.dropped += 1;
+                out.dropped += n;
             }
         }
         if capacity > 0 {

@@ -599,7 +599,7 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     let batch = Batch::decode(&reply).unwrap();
     assert_eq!((batch.replica, batch.events.len()), (7, 1));
     assert_eq!(batch.events[0].age_ms, 40);
-    let imported = b.import_peer(&there, &batch, there.now.get(), 64);
+    let imported = b.import_peer(&there, &batch, there.now.get(), (64, 32));
     assert_eq!(
         imported,
         Imported {
@@ -661,7 +661,8 @@ fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
     );
     there.now.set(1_000);
     assert_eq!(
-        b.import_peer(&there, &batch, there.now.get(), 64).answers,
+        b.import_peer(&there, &batch, there.now.get(), (64, 32))
+            .answers,
         1
     );
     let found = b.fleet().store(&there).response_holder(12).unwrap();
@@ -677,7 +678,11 @@ fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
     let back = Batch::decode(&b.serve_peer(&there, 8, (0, Some(0)), 1 << 20).unwrap()).unwrap();
     assert_eq!(back.answers.map(|a| a.entries.len()), Some(0));
     // With the record off, a peer's answers are not written.
-    assert_eq!(b.import_peer(&there, &batch, there.now.get(), 0).answers, 0);
+    assert_eq!(
+        b.import_peer(&there, &batch, there.now.get(), (0, 32))
+            .answers,
+        0
+    );
 }
 
 #[test]
@@ -691,7 +696,7 @@ fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
     a.route(&here, &prompt(&chat(&[("user", &"q".repeat(3000))])));
     let batch = Batch::decode(&a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap()).unwrap();
     assert_eq!(
-        b.import_peer(&there, &batch, 0, 64),
+        b.import_peer(&there, &batch, 0, (64, 32)),
         Imported {
             events: 0,
             dropped: 1,
@@ -699,4 +704,51 @@ fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
         }
     );
     assert_eq!(b.fleet().store(&there).log_next_seq(), Ok(0));
+}
+
+#[test]
+fn a_joining_replica_keeps_a_peer_outbox_longer_than_the_log_ring() {
+    // Replica a routed more conversations than its log has slots (64 at the
+    // default 1 MiB); replica b joins and copies them all in one pull. Every
+    // VM of b, the importer and another, then matches the first one's next
+    // turn where a put it: one slot per event would lap b's ring, and its VMs
+    // would keep only the last 64.
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    let mut b = Router::new(with_peers("cache_aware", ABC), &there);
+    let mut other = Router::new(with_peers("cache_aware", ABC), &there);
+    let slots = a.fleet().store(&here).keys.log_shape().slots as usize;
+    let turns: Vec<(PromptKey, PromptKey)> = (0..slots + 36)
+        .map(|i| {
+            let q1 = format!("{i:04}").repeat(1000);
+            (
+                chat(&[("system", "s"), ("user", &q1)]),
+                chat(&[
+                    ("system", "s"),
+                    ("user", &q1),
+                    ("assistant", "a1"),
+                    ("user", "q2"),
+                ]),
+            )
+        })
+        .collect();
+    let first = a.route(&here, &prompt(&turns[0].0)).decision.order[0];
+    for (t, _) in &turns[1..] {
+        a.route(&here, &prompt(t));
+    }
+    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap()).unwrap();
+    assert_eq!(batch.events.len(), turns.len());
+    let imported = b.import_peer(&there, &batch, there.now.get(), (64, slots / 2));
+    assert_eq!((imported.events, imported.dropped), (turns.len() as u32, 0));
+    for vm in [&mut b, &mut other] {
+        let next = vm.route(&there, &prompt(&turns[0].1));
+        // Placement alone may pick the same pod (rendezvous on the prefix): the reason tells.
+        assert_eq!(
+            (next.decision.order[0], next.decision.reason),
+            (first, crate::routing::policy::Reason::CacheHit),
+            "{:?}",
+            next.decision
+        );
+        assert!(!next.log_gap, "the import lapped the ring");
+    }
 }
