@@ -154,6 +154,8 @@ pub struct BatchWriter {
     batch: Batch,
     bytes: usize,
     max_bytes: usize,
+    /// The size the puller asked for: past it no event is added but the first.
+    asked: usize,
 }
 
 impl BatchWriter {
@@ -167,7 +169,15 @@ impl BatchWriter {
             },
             bytes: REPLY_HEADER,
             max_bytes,
+            asked: max_bytes,
         }
+    }
+
+    /// Keeps the reply within `bytes` (the puller's ask), but for its first
+    /// event, which fits within the writer's own limit: a cursor always moves.
+    pub fn asked(mut self, bytes: usize) -> BatchWriter {
+        self.asked = bytes.min(self.max_bytes);
+        self
     }
 
     /// The index of the pod at `address` in the reply's table, adding it if
@@ -179,8 +189,13 @@ impl BatchWriter {
         } else {
             1 + address.len()
         };
+        let limit = if self.batch.events.is_empty() {
+            self.max_bytes
+        } else {
+            self.asked
+        };
         if address.len() > MAX_ADDRESS_BYTES
-            || self.bytes + cost + entry > self.max_bytes
+            || self.bytes + cost + entry > limit
             || (known.is_none() && self.batch.pods.len() >= usize::from(u16::MAX))
         {
             return None;
@@ -228,7 +243,7 @@ impl BatchWriter {
     /// Opens the answers section (the puller asked from answer `since`);
     /// false if not even its header fits.
     pub fn open_answers(&mut self, since: u64) -> bool {
-        if self.bytes + ANSWERS_HEADER > self.max_bytes {
+        if self.bytes + ANSWERS_HEADER > self.asked {
             return false;
         }
         self.bytes += ANSWERS_HEADER;
@@ -242,7 +257,7 @@ impl BatchWriter {
     /// Adds answer number `n`; false (and nothing added) once the reply is
     /// full or no section is open: the puller asks from `n` next time.
     pub fn answer(&mut self, n: u64, a: PeerAnswer) -> bool {
-        let fits = self.bytes + ANSWER_BYTES <= self.max_bytes;
+        let fits = self.bytes + ANSWER_BYTES <= self.asked;
         let Some(answers) = self
             .batch
             .answers
@@ -527,9 +542,12 @@ pub fn bytes_of(path: &str) -> Option<usize> {
 /// tick: at most this many slots written, and the reply size to ask for.
 pub fn ring_share(shape: LogShape, peers: usize) -> (usize, usize) {
     let slots = usize::try_from(shape.slots).unwrap_or(usize::MAX);
-    let per_pull = (slots / (2 * peers.max(1))).max(3);
+    let per_pull = (slots / (2 * peers.max(1))).max(MIN_SLOTS_PER_PULL);
     (per_pull, per_pull.saturating_mul(shape.slot_bytes) / 3)
 }
+
+/// The fewest slots one pull may write: a reply of a slot's bytes packs into them.
+const MIN_SLOTS_PER_PULL: usize = 3;
 
 /// Whether `path` asks for peer events (query string aside).
 pub fn is_peer_path(path: &str) -> bool {
@@ -959,7 +977,7 @@ mod tests {
             // most ~2.2 times its bytes in the reply).
             assert!(bytes * 22 / 10 <= per_pull * (16 << 10));
         }
-        // However many peers, one pull still brings a slot's worth or more.
+        // However many peers, one pull still brings a slot's worth.
         assert_eq!(ring_share(shape(16), 40), (3, 16 << 10));
     }
 

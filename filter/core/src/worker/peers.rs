@@ -30,7 +30,7 @@ impl Worker {
                 host,
                 replica,
                 (since_of(path), answers_of(path)),
-                bytes_of(path).map_or(p.max_reply_bytes, |b| b.min(p.max_reply_bytes)),
+                (bytes_of(path), p.max_reply_bytes),
             ) {
                 Ok(body) => {
                     self.stats.peer_served();

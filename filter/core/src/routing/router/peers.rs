@@ -41,7 +41,8 @@ impl Router {
         self.sync_index(host, next)
     }
 
-    /// The reply to a peer asking for this replica's events from `since`:
+    /// The reply to a peer asking for this replica's events from `since`,
+    /// within the size it `asked` for (but for one event) and `max_bytes`:
     /// those this VM applied, with their pods by address and their ages;
     /// and, if it asks from answer `answers`, the stored responses' answers
     /// this Envoy proxied from there. Reads the log first, so a peer sees
@@ -51,9 +52,9 @@ impl Router {
         host: &H,
         replica: u64,
         (since, answers): (u64, Option<u64>),
-        max_bytes: usize,
+        (asked, max_bytes): (Option<usize>, usize),
     ) -> Result<Vec<u8>, HostError> {
-        let mut w = self.serve_events(host, replica, since, max_bytes)?;
+        let mut w = self.serve_events(host, replica, since, (asked, max_bytes))?;
         // An unread ring costs this reply its answers, not its events: the
         // section is left out, and the peer asks from the same answer next time.
         let ring = answers.and_then(|_| {
@@ -91,7 +92,7 @@ impl Router {
         host: &H,
         replica: u64,
         since: u64,
-        max_bytes: usize,
+        (asked, max_bytes): (Option<usize>, usize),
     ) -> Result<BatchWriter, HostError> {
         let ledger = self.fleet.store(host).read_ledger()?.value;
         self.sync_index(host, ledger.next_seq)?;
@@ -111,7 +112,7 @@ impl Router {
         // A cursor past this log is a peer's of an earlier life of this replica.
         let since = if since > until { 0 } else { since };
         let start = since.max(outbox.oldest().unwrap_or(until));
-        let mut w = BatchWriter::new(replica, start, max_bytes);
+        let mut w = BatchWriter::new(replica, start, max_bytes).asked(asked.unwrap_or(max_bytes));
         for (b, held) in own.into_iter().enumerate() {
             if let Some(pod) = self
                 .fleet
