@@ -13,7 +13,11 @@
 //!                 one request per peer, since the peer's last `next` (first contact: since 0,
 //!                 all its outbox: a joining replica copies it)
 //! import(event) = pod address → this replica's slot (unknown pod: dropped);
-//!                 time = max(now − age, slot joined);  one log event of origin IMPORTED
+//!                 time = max(now − age, slot joined);  of origin IMPORTED, packed many to a log
+//!                 slot ([`crate::routing::index_log`])
+//! ring share    = per pull: slots_p = max(3, slots / (2 × peers)) of the log, reply asked
+//!                 `bytes=` slots_p × slot_bytes / 3 (a packed event takes at most ~2.2× its
+//!                 bytes in the reply); the peer cuts its reply there, the rest comes next tick
 //! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
 //! answers       = asked with `answers=M` by an Envoy that keeps stored responses: the serving
 //!                 Envoy's stored responses' answers numbered M on
@@ -28,6 +32,7 @@
 //! | `peers.timeout_ms` | 500 | a slow peer costs one callout slot for this long, never a request |
 //! | `peers.max_reply_bytes` | 1 MiB | a reply past it is not read (a lying or broken peer); a serving replica cuts its reply to fit |
 //! | [`MEMBERS_EVERY_MS`] | 2000 | the peers cluster's endpoints read this often: a replica that joins is pulled, and pulls, within about 2 s plus a tick |
+//! | ring share | half the log's slots per tick, over the peers | imported events reach every VM through the shared log's ring, which a VM reads at its requests and at least once a tick: a tick's imports past the ring lap it, and a VM keeps only the last `slots` (a joining replica's copy of a peer's outbox would come down to its last 64 events). Packed ~100 conversation events to a slot, a copy of 300 events takes 3 slots; a full 1 MiB outbox at 3 replicas ~12 ticks |
 //! | `peers.outbox_bytes` | 1 MiB | per worker: thousands of recent placements, where the shared log's ring (64 events by default) laps within a second at a busy gateway's rate |
 //!
 //! **Why pull, through Envoy.** A gateway replica needs nothing beside the
@@ -66,6 +71,7 @@
 use crate::codec::{put, Reader};
 use crate::fleet::inflight::InFlight;
 use crate::fleet::responses::RECENT;
+use crate::fleet::store::LogShape;
 use crate::routing::index::kept_positions;
 use crate::routing::index_log::{Event, Kind};
 use std::collections::VecDeque;
@@ -154,6 +160,8 @@ pub struct BatchWriter {
     batch: Batch,
     bytes: usize,
     max_bytes: usize,
+    /// The size the puller asked for: past it no event is added but the first.
+    asked: usize,
 }
 
 impl BatchWriter {
@@ -167,7 +175,15 @@ impl BatchWriter {
             },
             bytes: REPLY_HEADER,
             max_bytes,
+            asked: max_bytes,
         }
+    }
+
+    /// Keeps the reply within `bytes` (the puller's ask), but for its first
+    /// event, which fits within the writer's own limit: a cursor always moves.
+    pub fn asked(mut self, bytes: usize) -> BatchWriter {
+        self.asked = bytes.min(self.max_bytes);
+        self
     }
 
     /// The index of the pod at `address` in the reply's table, adding it if
@@ -179,8 +195,13 @@ impl BatchWriter {
         } else {
             1 + address.len()
         };
+        let limit = if self.batch.events.is_empty() {
+            self.max_bytes
+        } else {
+            self.asked
+        };
         if address.len() > MAX_ADDRESS_BYTES
-            || self.bytes + cost + entry > self.max_bytes
+            || self.bytes + cost + entry > limit
             || (known.is_none() && self.batch.pods.len() >= usize::from(u16::MAX))
         {
             return None;
@@ -228,7 +249,7 @@ impl BatchWriter {
     /// Opens the answers section (the puller asked from answer `since`);
     /// false if not even its header fits.
     pub fn open_answers(&mut self, since: u64) -> bool {
-        if self.bytes + ANSWERS_HEADER > self.max_bytes {
+        if self.bytes + ANSWERS_HEADER > self.asked {
             return false;
         }
         self.bytes += ANSWERS_HEADER;
@@ -242,7 +263,7 @@ impl BatchWriter {
     /// Adds answer number `n`; false (and nothing added) once the reply is
     /// full or no section is open: the puller asks from `n` next time.
     pub fn answer(&mut self, n: u64, a: PeerAnswer) -> bool {
-        let fits = self.bytes + ANSWER_BYTES <= self.max_bytes;
+        let fits = self.bytes + ANSWER_BYTES <= self.asked;
         let Some(answers) = self
             .batch
             .answers
@@ -257,10 +278,12 @@ impl BatchWriter {
         true
     }
 
-    /// Lets what is added next use up to `max_bytes`: the room kept for the
-    /// answers section while the events filled the rest.
-    pub fn widen(&mut self, max_bytes: usize) {
+    /// Lets what is added next use up to `max_bytes`, within the puller's
+    /// ask `asked`: the room kept for the answers section while the events
+    /// filled the rest.
+    pub fn widen(&mut self, max_bytes: usize, asked: usize) {
         self.max_bytes = self.max_bytes.max(max_bytes);
+        self.asked = self.asked.max(asked.min(self.max_bytes));
     }
 
     /// Every answer before `n` is served: ask from `n` next.
@@ -517,6 +540,29 @@ pub fn answers_of(path: &str) -> Option<u64> {
         .map(|v| v.parse().unwrap_or(0))
 }
 
+/// The reply size a peer asks for (`bytes=N` in the query); `None`: as the
+/// serving replica's `peers.max_reply_bytes` allows (a replica of an earlier
+/// release does not ask).
+pub fn bytes_of(path: &str) -> Option<usize> {
+    path.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("bytes="))
+        .and_then(|v| v.parse().ok())
+}
+
+/// What one pull may bring into a log of `shape` when `peers` are pulled each
+/// tick: at most this many slots written, and the reply size to ask for.
+pub fn ring_share(shape: LogShape, peers: usize) -> (usize, usize) {
+    let slots = usize::try_from(shape.slots).unwrap_or(usize::MAX);
+    let per_pull = (slots / (2 * peers.max(1))).max(MIN_SLOTS_PER_PULL);
+    (per_pull, per_pull.saturating_mul(shape.slot_bytes) / 3)
+}
+
+/// The fewest slots one pull may write: a reply of a slot's bytes packs into them.
+const MIN_SLOTS_PER_PULL: usize = 3;
+
 /// Whether `path` asks for peer events (query string aside).
 pub fn is_peer_path(path: &str) -> bool {
     path.split(['?', '#']).next() == Some(PEER_PATH)
@@ -607,6 +653,7 @@ impl Peers {
         &mut self,
         now: u64,
         lost_after_ms: u64,
+        bytes: usize,
         with_answers: bool,
     ) -> Vec<(String, String)> {
         let mut out = Vec::new();
@@ -620,11 +667,14 @@ impl Peers {
                 continue;
             }
             let since = p.cursor.map_or(0, |(_, next)| next);
-            let path = match with_answers {
-                true => format!("{PEER_PATH}?since={since}&answers={}", p.answers),
-                false => format!("{PEER_PATH}?since={since}"),
+            let answers = match with_answers {
+                true => format!("&answers={}", p.answers),
+                false => String::new(),
             };
-            out.push((p.address.clone(), path));
+            out.push((
+                p.address.clone(),
+                format!("{PEER_PATH}?since={since}{answers}&bytes={bytes}"),
+            ));
         }
         out
     }
@@ -922,6 +972,35 @@ mod tests {
             Some(0)
         );
         assert_eq!(answers_of("/warmroute/peer/v1/events?since=1"), None);
+        assert_eq!(
+            bytes_of("/warmroute/peer/v1/events?since=1&bytes=4096"),
+            Some(4096)
+        );
+        assert_eq!(bytes_of("/warmroute/peer/v1/events?since=1&bytes=x"), None);
+        assert_eq!(bytes_of("/warmroute/peer/v1/events?since=1"), None);
+    }
+
+    #[test]
+    fn a_tick_of_pulls_writes_at_most_half_the_ring() {
+        let shape = |slots: u64| LogShape {
+            slots,
+            slot_bytes: 16 << 10,
+        };
+        // The default 1 MiB log: 64 slots; two peers, then seven.
+        assert_eq!(ring_share(shape(64), 2), (16, 16 * (16 << 10) / 3));
+        assert_eq!(ring_share(shape(64), 7).0, 4);
+        for (slots, peers) in [(64, 1), (64, 2), (64, 7), (1024, 31), (32, 5)] {
+            let (per_pull, bytes) = ring_share(shape(slots), peers);
+            assert!(
+                per_pull * peers <= slots as usize / 2,
+                "{slots} slots, {peers} peers"
+            );
+            // A reply of that size packs into those slots (a packed event takes at
+            // most ~2.2 times its bytes in the reply).
+            assert!(bytes * 22 / 10 <= per_pull * (16 << 10));
+        }
+        // However many peers, one pull still brings a slot's worth.
+        assert_eq!(ring_share(shape(16), 40), (3, 16 << 10));
     }
 
     #[test]
@@ -984,18 +1063,24 @@ mod tests {
     fn the_puller_follows_each_peer_and_leaves_itself_out() {
         let mut p = Peers::new(7);
         p.set_members(vec!["b:1".into(), "a:1".into(), "a:1".into()]);
-        let due = p.due(0, 1000, true);
+        let due = p.due(0, 1000, 4096, true);
         assert_eq!(
             due,
             [
-                ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0")),
-                ("b:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
+                (
+                    "a:1".to_owned(),
+                    format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
+                ),
+                (
+                    "b:1".to_owned(),
+                    format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
+                )
             ]
         );
         p.dispatched("a:1", 1, 0);
         p.dispatched("b:1", 2, 0);
         assert!(
-            p.due(10, 1000, true).is_empty(),
+            p.due(10, 1000, 4096, true).is_empty(),
             "one pull per peer at a time"
         );
         let theirs = BatchWriter::new(9, 30, 1 << 20).finish();
@@ -1004,18 +1089,24 @@ mod tests {
         assert_eq!(p.answered(2, Some(&mine), 0), Pulled::Me);
         assert_eq!(p.count(), 1);
         assert_eq!(
-            p.due(20, 1000, true),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
+            p.due(20, 1000, 4096, true),
+            [(
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=30&answers=0&bytes=4096")
+            )]
         );
         // A lost pull is given up; garbage moves no cursor.
         p.dispatched("a:1", 3, 20);
-        assert!(p.due(500, 1000, true).is_empty());
-        assert_eq!(p.due(1021, 1000, true).len(), 1);
+        assert!(p.due(500, 1000, 4096, true).is_empty());
+        assert_eq!(p.due(1021, 1000, 4096, true).len(), 1);
         p.dispatched("a:1", 4, 1021);
         assert_eq!(p.answered(4, Some(b"garbage"), 1021), Pulled::Failed);
         assert_eq!(
-            p.due(1030, 1000, true),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=0"))]
+            p.due(1030, 1000, 4096, true),
+            [(
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=30&answers=0&bytes=4096")
+            )]
         );
         // A reply with answers moves the answers' cursor; one without keeps it.
         let mut w = BatchWriter::new(9, 30, 1 << 20);
@@ -1033,13 +1124,16 @@ mod tests {
             Pulled::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000, true),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&answers=5"))]
+            p.due(1030, 1000, 4096, true),
+            [(
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=30&answers=5&bytes=4096")
+            )]
         );
         // An Envoy that keeps no stored responses asks for none.
         assert_eq!(
-            p.due(1030, 1000, false),
-            [("a:1".to_owned(), format!("{PEER_PATH}?since=30"))]
+            p.due(1030, 1000, 4096, false),
+            [("a:1".to_owned(), format!("{PEER_PATH}?since=30&bytes=4096"))]
         );
         // Members change: the cursor of a peer that stays is kept.
         // Loads: the latest of each peer that answered lately, summed per pod.
@@ -1058,15 +1152,15 @@ mod tests {
         assert!(p.loads(1131, 100).is_empty(), "a silent peer's load lapses");
         p.set_members(vec!["a:1".into(), "c:1".into()]);
         let since: Vec<String> = p
-            .due(1040, 1000, true)
+            .due(1040, 1000, 4096, true)
             .into_iter()
             .map(|(_, path)| path)
             .collect();
         assert_eq!(
             since,
             [
-                format!("{PEER_PATH}?since=30&answers=5"),
-                format!("{PEER_PATH}?since=0&answers=0")
+                format!("{PEER_PATH}?since=30&answers=5&bytes=4096"),
+                format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
             ]
         );
         // The peer restarts (another replica id): whatever this reply skipped, the
@@ -1081,8 +1175,11 @@ mod tests {
             Pulled::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000, true)[0],
-            ("a:1".to_owned(), format!("{PEER_PATH}?since=0&answers=0"))
+            p.due(1030, 1000, 4096, true)[0],
+            (
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=0&answers=0&bytes=4096")
+            )
         );
         let mut w = BatchWriter::new(10, 0, 1 << 20);
         w.skip_to(40);
@@ -1094,8 +1191,11 @@ mod tests {
             Pulled::Events(_)
         ));
         assert_eq!(
-            p.due(1030, 1000, true)[0],
-            ("a:1".to_owned(), format!("{PEER_PATH}?since=40&answers=9"))
+            p.due(1030, 1000, 4096, true)[0],
+            (
+                "a:1".to_owned(),
+                format!("{PEER_PATH}?since=40&answers=9&bytes=4096")
+            )
         );
     }
 }

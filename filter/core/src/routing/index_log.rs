@@ -23,6 +23,17 @@
 //!               VM accounted for it ([`crate::routing::pending`] settles by them);
 //!               kind 1 evicted: no blocks, time_ms is the cut-off)
 //! ```
+//! A slot may instead hold a *pack*: several events a peer gateway replica
+//! sent ([`crate::routing::exchange`]), all under the slot's one seq:
+//!
+//! ```text
+//! pack       = PACK u8 ‖ n u16 ‖ n × (bytes u32 ‖ event)
+//! ```
+//! A replica that joins copies a peer's whole outbox (hundreds to thousands of
+//! events) in one pull; one slot each would lap the ring before the other VMs
+//! read it, and they would keep only the last `slots` of them. Packed, a
+//! conversation's events (~14 hashes) go ~100 to a 16 KiB slot.
+//!
 //! The index holds a chain only at sampled positions, so the event carries
 //! only those: ~100 hashes for a 128 KB prompt instead of 512, and a slot of
 //! 16 KiB holds the sample of any chain up to ~2^100 blocks. Writer and
@@ -79,6 +90,11 @@ pub const IMPORTED: u64 = crate::fleet::store::PEERS_VM;
 
 const EVENT_VERSION: u8 = 5;
 const EVENT_HEADER: usize = 1 + 1 + 8 + 8 + 2 + 8 + 4 + 4 + 4;
+/// First byte of a pack (never an event's version).
+const PACK: u8 = 0x80 | EVENT_VERSION;
+const PACK_HEADER: usize = 1 + 2;
+/// Each packed event's length before it.
+const PACKED_PREFIX: usize = 4;
 // A slot of the store's ring holds at least one header and one block.
 const _: () = assert!(EVENT_HEADER + 8 <= MIN_SLOT_BYTES);
 
@@ -103,13 +119,54 @@ impl<H: Host> Store<'_, H> {
             .set_shared(self.keys.log_slot(head.seq), &event, None)
     }
 
-    /// [`Store::write_event`] of a chain of `len` blocks given as its kept hashes
-    /// (an event another replica sent).
-    pub fn write_kept(&self, head: Head, len: u32, kept: &[u64]) -> Result<(), HostError> {
-        let event = Event::encode_kept(head, len, kept, self.keys.log_shape().slot_bytes);
-        self.host
-            .set_shared(self.keys.log_slot(head.seq), &event, None)
+    /// Every event in `seq`'s slot, whichever slot's events those are now:
+    /// one, a pack's, or none (empty, garbage).
+    pub fn log_events(&self, seq: u64) -> Result<Vec<Event>, HostError> {
+        let v = self.host.get_shared(self.keys.log_slot(seq))?.0;
+        Ok(v.as_deref().map(Event::decode_slot).unwrap_or_default())
     }
+
+    /// Writes `events` (another replica's, each a chain of `len` blocks as its
+    /// kept hashes) as one pack in the reserved slot `seq`; their heads' seq is
+    /// set to it. A group from [`pack_groups`] fits the slot whole.
+    pub fn write_pack(&self, seq: u64, events: &[(Head, u32, &[u64])]) -> Result<(), HostError> {
+        let slot_bytes = self.keys.log_shape().slot_bytes;
+        let mut out = Vec::with_capacity(slot_bytes.min(1 << 16));
+        put(&mut out, PACK);
+        put(&mut out, events.len().min(usize::from(u16::MAX)) as u16);
+        for &(head, len, kept) in events.iter().take(usize::from(u16::MAX)) {
+            let e = Event::encode_kept(Head { seq, ..head }, len, kept, packed_room(slot_bytes));
+            put(&mut out, e.len() as u32);
+            out.extend_from_slice(&e);
+        }
+        self.host.set_shared(self.keys.log_slot(seq), &out, None)
+    }
+}
+
+/// The most bytes one packed event takes in a slot of `slot_bytes` (a longer
+/// one keeps its head, as [`Event::encode`] cuts any event).
+fn packed_room(slot_bytes: usize) -> usize {
+    slot_bytes.saturating_sub(PACK_HEADER + PACKED_PREFIX)
+}
+
+/// Splits events of `kept[i]` kept hashes each, in order, into consecutive
+/// groups that each fill one slot of `slot_bytes` as a pack: the ranges.
+pub fn pack_groups(kept: &[usize], slot_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let room = packed_room(slot_bytes);
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, PACK_HEADER);
+    for (i, &n) in kept.iter().enumerate() {
+        let size = PACKED_PREFIX + (EVENT_HEADER + 8 * n).min(room);
+        if i > start && (bytes + size > slot_bytes || i - start >= usize::from(u16::MAX)) {
+            out.push(start..i);
+            (start, bytes) = (i, PACK_HEADER);
+        }
+        bytes += size;
+    }
+    if start < kept.len() {
+        out.push(start..kept.len());
+    }
+    out
 }
 
 impl Event {
@@ -154,6 +211,28 @@ impl Event {
             put(&mut out, h);
         }
         out
+    }
+
+    /// Decodes a slot that holds one event or a pack; garbage (another
+    /// version, truncation, a pack whose count or lengths lie) reads as no
+    /// events, never a misread one.
+    pub fn decode_slot(b: &[u8]) -> Vec<Event> {
+        if b.first() != Some(&PACK) {
+            return Event::decode(b).into_iter().collect();
+        }
+        let mut r = Reader::new(b);
+        let unpack = |r: &mut Reader<'_>| -> Option<Vec<Event>> {
+            r.get::<u8>()?;
+            let n = usize::from(r.get::<u16>()?);
+            let events = (0..n)
+                .map(|_| {
+                    let len = r.get::<u32>()? as usize;
+                    Event::decode(r.take(len)?)
+                })
+                .collect::<Option<Vec<Event>>>()?;
+            r.is_empty().then_some(events)
+        };
+        unpack(&mut r).unwrap_or_default()
     }
 
     /// Decodes a slot; garbage (another version, truncation) reads as no event,
@@ -252,6 +331,118 @@ mod tests {
         assert_eq!(ev.len, 1_000_000);
         assert_eq!(ev.blocks[..3], [0, 1, 2]);
         assert_eq!(ev.blocks.len(), (512 - EVENT_HEADER) / 8);
+    }
+
+    #[test]
+    fn a_pack_reads_back_as_its_events_under_the_slot_seq() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 1 << 20));
+        let s = Store {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
+        let chains: Vec<Vec<u64>> = (0..3u64)
+            .map(|i| (i * 100..i * 100 + 20).collect())
+            .collect();
+        let events: Vec<(Head, u32, &[u64])> = chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    head(Kind::Received, 0, 9, i as u16, 50 + i as u64),
+                    20,
+                    c.as_slice(),
+                )
+            })
+            .chain([(head(Kind::Evicted, 0, 9, 1, 77), 0, &[][..])])
+            .collect();
+        s.write_pack(5, &events).unwrap();
+        let back = s.log_events(5).unwrap();
+        assert_eq!(back.len(), 4);
+        for (ev, (h, len, kept)) in back.iter().zip(&events) {
+            assert_eq!(ev.head, Head { seq: 5, ..*h });
+            assert_eq!((ev.len, ev.blocks.as_slice()), (*len, *kept));
+        }
+        // A slot of one event reads as that one.
+        s.write_event(head(Kind::Received, 6, 9, 0, 1), &[1, 2])
+            .unwrap();
+        assert_eq!(s.log_events(6).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_pack_that_lies_reads_as_no_events() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 1 << 20));
+        let s = Store {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
+        let c = [1u64, 2, 3];
+        s.write_pack(1, &[(head(Kind::Received, 0, 9, 0, 1), 3, &c[..]); 2])
+            .unwrap();
+        let good = host.get_shared(keys.log_slot(1)).unwrap().0.unwrap();
+        let mut more = good.clone();
+        more[1] = 3; // a count past what follows
+        let mut short = good.clone();
+        short.pop();
+        let mut trailing = good.clone();
+        trailing.push(0);
+        for junk in [
+            more,
+            short,
+            trailing,
+            vec![PACK],
+            vec![PACK, 1, 0, 255, 255, 255, 255],
+        ] {
+            assert!(Event::decode_slot(&junk).is_empty(), "{junk:?}");
+        }
+        assert_eq!(Event::decode_slot(&good).len(), 2);
+    }
+
+    #[test]
+    fn pack_groups_fill_slots_in_order_and_each_fits_its_slot() {
+        let (host, keys) = (MemoryHost::default(), Keys::new(1, 1 << 20));
+        let s = Store {
+            host: &host,
+            keys: &keys,
+            n: 3,
+        };
+        let slot_bytes = keys.log_shape().slot_bytes;
+        // Conversation-sized events (14 hashes), a long prompt's (~100), one past a slot.
+        let kept: Vec<usize> = (0..400)
+            .map(|i| match i % 50 {
+                0 => 100,
+                7 => 5000,
+                _ => 14,
+            })
+            .collect();
+        let groups = pack_groups(&kept, slot_bytes);
+        assert_eq!(groups.first().map(|g| g.start), Some(0));
+        assert_eq!(groups.last().map(|g| g.end), Some(kept.len()));
+        assert!(groups
+            .windows(2)
+            .all(|w| w[0].end == w[1].start && w[0].start < w[0].end));
+        assert!(
+            groups.len() < kept.len() / 20,
+            "{} slots for {} events",
+            groups.len(),
+            kept.len()
+        );
+        let chain: Vec<u64> = (0..5000).collect();
+        for (i, g) in groups.iter().enumerate() {
+            let events: Vec<(Head, u32, &[u64])> = kept[g.clone()]
+                .iter()
+                .map(|&n| (head(Kind::Received, 0, 9, 0, 1), n as u32, &chain[..n]))
+                .collect();
+            s.write_pack(i as u64, &events).unwrap();
+            let bytes = host.get_shared(keys.log_slot(i as u64)).unwrap().0.unwrap();
+            assert!(
+                bytes.len() <= slot_bytes,
+                "group {i}: {} bytes",
+                bytes.len()
+            );
+            assert_eq!(Event::decode_slot(&bytes).len(), g.len());
+        }
     }
 
     #[test]

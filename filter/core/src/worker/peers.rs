@@ -8,7 +8,9 @@ use crate::config::ENDPOINT_HEADER;
 use crate::fleet::membership::{admin_path, parse_endpoints};
 use crate::fleet::responses::bucket_capacity;
 use crate::host::{Callout, Host};
-use crate::routing::exchange::{answers_of, since_of, Pulled, MEMBERS_EVERY_MS};
+use crate::routing::exchange::{
+    answers_of, bytes_of, ring_share, since_of, Pulled, MEMBERS_EVERY_MS,
+};
 use crate::worker::Step;
 
 const OCTETS: (&str, &str) = ("content-type", "application/octet-stream");
@@ -28,7 +30,7 @@ impl Worker {
                 host,
                 replica,
                 (since_of(path), answers_of(path)),
-                p.max_reply_bytes,
+                (bytes_of(path), p.max_reply_bytes),
             ) {
                 Ok(body) => {
                     self.stats.peer_served();
@@ -77,8 +79,12 @@ impl Worker {
             };
             peers.members_call = host.dispatch(&call).ok().map(|t| (t, now));
         }
+        let shape = self.router.fleet().store(host).keys.log_shape();
+        let (_, bytes) = ring_share(shape, peers.count());
         let with_answers = bucket_capacity(self.router.config().responses.max_entries) > 0;
-        for (address, path) in peers.due(now, lost_after, with_answers) {
+        for (address, path) in
+            peers.due(now, lost_after, bytes.min(p.max_reply_bytes), with_answers)
+        {
             let call = Callout {
                 cluster: &p.cluster,
                 headers: vec![
@@ -145,7 +151,11 @@ impl Worker {
         match peers.answered(token, body.as_deref(), now) {
             Pulled::Events(batch) => {
                 let capacity = bucket_capacity(self.router.config().responses.max_entries);
-                let imported = self.router.import_peer(host, &batch, now, capacity);
+                let shape = self.router.fleet().store(host).keys.log_shape();
+                let (slots, _) = ring_share(shape, peers.count());
+                let imported = self
+                    .router
+                    .import_peer(host, &batch, now, (capacity, slots));
                 self.stats.peer_pulled(true);
                 self.stats.peer_imported(imported);
                 let loads = peers.loads(now, self.router.fleet().lease_ms());

@@ -10,7 +10,7 @@ use crate::host::{Host, HostError};
 use crate::routing::exchange::{
     Batch, BatchWriter, Outbox, PeerAnswer, PeerEventRef, ANSWERS_ROOM,
 };
-use crate::routing::index_log::{Event, Head, IMPORTED};
+use crate::routing::index_log::{pack_groups, Event, Head, IMPORTED};
 
 /// What a peer's batch came to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -43,7 +43,8 @@ impl Router {
         self.sync_index(host, next)
     }
 
-    /// The reply to a peer asking for this replica's events from `since`:
+    /// The reply to a peer asking for this replica's events from `since`,
+    /// within the size it `asked` for (but for one event) and `max_bytes`:
     /// those this VM applied, with their pods by address and their ages;
     /// and, if it asks from answer `answers`, the stored responses' answers
     /// this Envoy proxied from there. Reads the log first, so a peer sees
@@ -53,14 +54,16 @@ impl Router {
         host: &H,
         replica: u64,
         (since, answers): (u64, Option<u64>),
-        max_bytes: usize,
+        (asked, max_bytes): (Option<usize>, usize),
     ) -> Result<Vec<u8>, HostError> {
         // Room for the answers is kept before the events fill the reply: a
         // catch-up reply full of events would carry none, and the ring would
         // lap the answers it left out before the events were caught up.
-        let room = answers.map_or(0, |_| ANSWERS_ROOM.min(max_bytes / 2));
-        let mut w = self.serve_events(host, replica, since, max_bytes - room)?;
-        w.widen(max_bytes);
+        let limit = asked.unwrap_or(max_bytes).min(max_bytes);
+        let room = answers.map_or(0, |_| ANSWERS_ROOM.min(limit / 2));
+        let events = (asked.map(|a| a.saturating_sub(room)), max_bytes - room);
+        let mut w = self.serve_events(host, replica, since, events)?;
+        w.widen(max_bytes, limit);
         // An unread ring costs this reply its answers, not its events: the
         // section is left out, and the peer asks from the same answer next time.
         let ring = answers.and_then(|_| {
@@ -98,7 +101,7 @@ impl Router {
         host: &H,
         replica: u64,
         since: u64,
-        max_bytes: usize,
+        (asked, max_bytes): (Option<usize>, usize),
     ) -> Result<BatchWriter, HostError> {
         let ledger = self.fleet.store(host).read_ledger()?.value;
         self.sync_index(host, ledger.next_seq)?;
@@ -118,7 +121,7 @@ impl Router {
         // A cursor past this log is a peer's of an earlier life of this replica.
         let since = if since > until { 0 } else { since };
         let start = since.max(outbox.oldest().unwrap_or(until));
-        let mut w = BatchWriter::new(replica, start, max_bytes);
+        let mut w = BatchWriter::new(replica, start, max_bytes).asked(asked.unwrap_or(max_bytes));
         for (b, held) in own.into_iter().enumerate() {
             if let Some(pod) = self
                 .fleet
@@ -179,7 +182,11 @@ impl Router {
 
     /// Writes a peer's events to this replica's log (every VM applies them
     /// from there, this one included): each pod by its address, each time
-    /// by its age on this clock, never before the pod joined its slot here.
+    /// by its age on this clock, never before the pod joined its slot here;
+    /// packed many to a slot, in at most `max_slots` slots
+    /// ([`crate::routing::exchange::ring_share`]: what the ring carries before
+    /// a VM that reads it once a tick would lose some); what does not fit
+    /// (a peer that ignored the asked size) is dropped.
     /// Its stored responses' answers go into this Envoy's record (buckets of
     /// `capacity`; 0: the record is off), not into the ring peers read.
     pub fn import_peer<H: Host>(
@@ -187,43 +194,46 @@ impl Router {
         host: &H,
         batch: &Batch,
         now: u64,
-        capacity: usize,
+        (capacity, max_slots): (usize, usize),
     ) -> Imported {
-        let slots: Vec<Option<usize>> = batch
-            .pods
-            .iter()
-            .map(|a| self.fleet.backend_at(a))
-            .collect();
         let mut out = Imported::default();
+        let mut heads = Vec::with_capacity(batch.events.len());
         for e in &batch.events {
-            let Some(b) = slots.get(usize::from(e.pod)).copied().flatten() else {
+            let Some(b) = batch
+                .pods
+                .get(usize::from(e.pod))
+                .and_then(|a| self.fleet.backend_at(a))
+            else {
                 out.dropped += 1;
                 continue;
             };
             let time_ms = now
                 .saturating_sub(u64::from(e.age_ms))
                 .max(self.fleet.joined_ms(b));
-            let written = match self.account(host, None, now, true, false) {
-                Ok(Some(seq)) => {
-                    let head = Head {
-                        kind: e.kind,
-                        seq,
-                        origin: IMPORTED,
-                        backend: b as u16,
-                        time_ms,
-                        prefill: 0,
-                    };
-                    self.fleet
-                        .store(host)
-                        .write_kept(head, e.len, &e.blocks)
-                        .is_ok()
-                }
-                _ => false,
+            let head = Head {
+                kind: e.kind,
+                seq: 0,
+                origin: IMPORTED,
+                backend: b as u16,
+                time_ms,
+                prefill: 0,
             };
+            heads.push((head, e.len, e.blocks.as_slice()));
+        }
+        let slot_bytes = self.fleet.store(host).keys.log_shape().slot_bytes;
+        let kept: Vec<usize> = heads.iter().map(|(_, _, k)| k.len()).collect();
+        for (i, group) in pack_groups(&kept, slot_bytes).into_iter().enumerate() {
+            let events = heads.get(group).unwrap_or_default();
+            let written = i < max_slots
+                && match self.account(host, None, now, true, false) {
+                    Ok(Some(seq)) => self.fleet.store(host).write_pack(seq, events).is_ok(),
+                    _ => false,
+                };
+            let n = events.len() as u32;
             if written {
-                out.events += 1;
+                out.events += n;
             } else {
-                out.dropped += 1;
+                out.dropped += n;
             }
         }
         if capacity > 0 {

@@ -17,8 +17,7 @@ impl Router {
     /// read with the ledger); true if some were lost (overwritten in the ring
     /// before this VM read them).
     pub(super) fn sync_index<H: Host>(&mut self, host: &H, next: u64) -> Result<bool, HostError> {
-        let store = self.fleet.store(host);
-        let slots = store.keys.log_shape().slots;
+        let slots = self.fleet.store(host).keys.log_shape().slots;
         let mut gap = false;
         if next < self.applied_seq {
             // The log restarted (its record was lost or rewritten): follow it from here.
@@ -31,33 +30,15 @@ impl Router {
         }
         while self.applied_seq < next {
             let seq = self.applied_seq;
-            match store.log_event(seq)? {
-                Some(ev) if ev.head.seq == seq => {
-                    if ev.head.origin != self.fleet.vm_id() {
-                        let b = usize::from(ev.head.backend);
-                        match ev.head.kind {
-                            // Routed to the slot's previous pod: not this one's cache. Or to
-                            // a slot this VM's fleet does not have (a VM configured with
-                            // another pool, or a corrupt slot): nothing to keep.
-                            Kind::Received
-                                if b >= self.fleet.slot_count()
-                                    || ev.head.time_ms < self.fleet.joined_ms(b) => {}
-                            Kind::Received => {
-                                let len = ev.len as usize;
-                                let from =
-                                    self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
-                                if self.fleet.config().strategy == Strategy::CacheAware {
-                                    self.pending.keep_foreign(&ev, from);
-                                }
-                            }
-                            Kind::Evicted => self
-                                .index
-                                .forget_used_before(ev.head.backend as usize, ev.head.time_ms),
-                        }
-                        keep_for_peers(&mut self.outbox, ev);
+            // One event, or a peer's pack of them, all under the slot's seq.
+            let events = self.fleet.store(host).log_events(seq)?;
+            match events.first().map(|e| e.head.seq) {
+                Some(s) if s == seq => {
+                    for ev in events.into_iter().filter(|e| e.head.seq == seq) {
+                        self.apply_foreign(ev);
                     }
                 }
-                Some(ev) if ev.head.seq > seq => gap = true,
+                Some(s) if s > seq => gap = true,
                 // Reserved but not written yet (its writer runs on another thread):
                 // read it next time, unless the ring is about to pass it by.
                 _ if next - seq < slots / 2 => break,
@@ -66,6 +47,32 @@ impl Router {
             self.applied_seq = seq + 1;
         }
         Ok(gap)
+    }
+
+    /// Applies an event another VM (or a peer replica) appended to the log.
+    fn apply_foreign(&mut self, ev: Event) {
+        if ev.head.origin == self.fleet.vm_id() {
+            return;
+        }
+        let b = usize::from(ev.head.backend);
+        match ev.head.kind {
+            // Routed to the slot's previous pod: not this one's cache. Or to
+            // a slot this VM's fleet does not have (a VM configured with
+            // another pool, or a corrupt slot): nothing to keep.
+            Kind::Received
+                if b >= self.fleet.slot_count() || ev.head.time_ms < self.fleet.joined_ms(b) => {}
+            Kind::Received => {
+                let len = ev.len as usize;
+                let from = self.index.record_kept(len, &ev.blocks, b, ev.head.time_ms);
+                if self.fleet.config().strategy == Strategy::CacheAware {
+                    self.pending.keep_foreign(&ev, from);
+                }
+            }
+            Kind::Evicted => self
+                .index
+                .forget_used_before(ev.head.backend as usize, ev.head.time_ms),
+        }
+        keep_for_peers(&mut self.outbox, ev);
     }
 
     /// This VM's log event `seq` about `backend`.

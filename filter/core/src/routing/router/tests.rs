@@ -597,11 +597,11 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     let first = a.route(&here, &prompt(&turn1));
     let pod = first.decision.order[0];
     here.now.set(here.now.get() + 40);
-    let reply = a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap();
+    let reply = a.serve_peer(&here, 7, (0, None), (None, 1 << 20)).unwrap();
     let batch = Batch::decode(&reply).unwrap();
     assert_eq!((batch.replica, batch.events.len()), (7, 1));
     assert_eq!(batch.events[0].age_ms, 40);
-    let imported = b.import_peer(&there, &batch, there.now.get(), 64);
+    let imported = b.import_peer(&there, &batch, there.now.get(), (64, 32));
     assert_eq!(
         imported,
         Imported {
@@ -612,7 +612,7 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     );
     // Nothing new since: the next pull from where this one ended is empty.
     assert!(Batch::decode(
-        &a.serve_peer(&here, 7, (batch.next_seq, None), 1 << 20)
+        &a.serve_peer(&here, 7, (batch.next_seq, None), (None, 1 << 20))
             .unwrap()
     )
     .unwrap()
@@ -626,7 +626,8 @@ fn a_conversation_routed_by_one_replica_is_matched_by_another() {
     );
     assert!(second.decision.matched >= 15, "{:?}", second.decision);
     // What b imported is not served again: nothing echoes back to a.
-    let back = Batch::decode(&b.serve_peer(&there, 8, (0, None), 1 << 20).unwrap()).unwrap();
+    let back =
+        Batch::decode(&b.serve_peer(&there, 8, (0, None), (None, 1 << 20)).unwrap()).unwrap();
     assert_eq!(back.events.len(), 1, "only b's own turn 2");
     assert_eq!(back.pods, [format!("127.0.0.1:{}", pod + 1)]);
 }
@@ -648,9 +649,13 @@ fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
     }
     here.now.set(here.now.get() + 30);
     // A replica of an earlier release does not ask for answers, and gets none.
-    let old = Batch::decode(&a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap()).unwrap();
+    let old = Batch::decode(&a.serve_peer(&here, 7, (0, None), (None, 1 << 20)).unwrap()).unwrap();
     assert_eq!(old.answers, None);
-    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, Some(1)), 1 << 20).unwrap()).unwrap();
+    let batch = Batch::decode(
+        &a.serve_peer(&here, 7, (0, Some(1)), (None, 1 << 20))
+            .unwrap(),
+    )
+    .unwrap();
     let answers = batch.answers.clone().unwrap();
     assert_eq!(answers.next, 2);
     assert_eq!(
@@ -663,7 +668,8 @@ fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
     );
     there.now.set(1_000);
     assert_eq!(
-        b.import_peer(&there, &batch, there.now.get(), 64).answers,
+        b.import_peer(&there, &batch, there.now.get(), (64, 32))
+            .answers,
         1
     );
     let found = b.fleet().store(&there).response_holder(12).unwrap();
@@ -676,10 +682,18 @@ fn a_stored_response_answered_behind_one_replica_is_found_by_another() {
         })
     );
     // What b imported is not in b's ring: nothing echoes back to a.
-    let back = Batch::decode(&b.serve_peer(&there, 8, (0, Some(0)), 1 << 20).unwrap()).unwrap();
+    let back = Batch::decode(
+        &b.serve_peer(&there, 8, (0, Some(0)), (None, 1 << 20))
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(back.answers.map(|a| a.entries.len()), Some(0));
     // With the record off, a peer's answers are not written.
-    assert_eq!(b.import_peer(&there, &batch, there.now.get(), 0).answers, 0);
+    assert_eq!(
+        b.import_peer(&there, &batch, there.now.get(), (0, 32))
+            .answers,
+        0
+    );
 }
 
 #[test]
@@ -701,7 +715,8 @@ fn a_catch_up_reply_full_of_events_still_carries_the_answers() {
         };
         a.fleet().store(&here).share_response(e).unwrap();
     }
-    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, Some(0)), 4096).unwrap()).unwrap();
+    let batch =
+        Batch::decode(&a.serve_peer(&here, 7, (0, Some(0)), (None, 4096)).unwrap()).unwrap();
     assert!(
         !batch.events.is_empty() && batch.next_seq < 40,
         "the events fill the reply: {} served",
@@ -711,6 +726,14 @@ fn a_catch_up_reply_full_of_events_still_carries_the_answers() {
         batch.answers.map(|a| (a.entries.len(), a.next)),
         Some((20, 20))
     );
+    // The same within a puller's ask, well below the reply's limit.
+    let asked = Batch::decode(
+        &a.serve_peer(&here, 7, (0, Some(0)), (Some(4096), 1 << 20))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(asked.next_seq < 40);
+    assert_eq!(asked.answers.map(|a| a.entries.len()), Some(20));
 }
 
 #[test]
@@ -722,9 +745,10 @@ fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
         &there,
     );
     a.route(&here, &prompt(&chat(&[("user", &"q".repeat(3000))])));
-    let batch = Batch::decode(&a.serve_peer(&here, 7, (0, None), 1 << 20).unwrap()).unwrap();
+    let batch =
+        Batch::decode(&a.serve_peer(&here, 7, (0, None), (None, 1 << 20)).unwrap()).unwrap();
     assert_eq!(
-        b.import_peer(&there, &batch, 0, 64),
+        b.import_peer(&there, &batch, 0, (64, 32)),
         Imported {
             events: 0,
             dropped: 1,
@@ -732,4 +756,95 @@ fn a_peer_event_about_a_pod_this_replica_lacks_is_dropped() {
         }
     );
     assert_eq!(b.fleet().store(&there).log_next_seq(), Ok(0));
+}
+
+#[test]
+fn a_joining_replica_keeps_a_peer_outbox_longer_than_the_log_ring() {
+    // Replica a routed more conversations than its log has slots (64 at the
+    // default 1 MiB); replica b joins and copies them all in one pull. Every
+    // VM of b, the importer and another, then matches the first one's next
+    // turn where a put it: one slot per event would lap b's ring, and its VMs
+    // would keep only the last 64.
+    let (here, there) = (MemoryHost::default(), MemoryHost::default());
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    let mut b = Router::new(with_peers("cache_aware", ABC), &there);
+    let mut other = Router::new(with_peers("cache_aware", ABC), &there);
+    let slots = a.fleet().store(&here).keys.log_shape().slots as usize;
+    let turns: Vec<(PromptKey, PromptKey)> = (0..slots + 36)
+        .map(|i| {
+            let q1 = format!("{i:04}").repeat(1000);
+            (
+                chat(&[("system", "s"), ("user", &q1)]),
+                chat(&[
+                    ("system", "s"),
+                    ("user", &q1),
+                    ("assistant", "a1"),
+                    ("user", "q2"),
+                ]),
+            )
+        })
+        .collect();
+    let first = a.route(&here, &prompt(&turns[0].0)).decision.order[0];
+    for (t, _) in &turns[1..] {
+        a.route(&here, &prompt(t));
+    }
+    let batch =
+        Batch::decode(&a.serve_peer(&here, 7, (0, None), (None, 1 << 20)).unwrap()).unwrap();
+    assert_eq!(batch.events.len(), turns.len());
+    let imported = b.import_peer(&there, &batch, there.now.get(), (64, slots / 2));
+    assert_eq!((imported.events, imported.dropped), (turns.len() as u32, 0));
+    for vm in [&mut b, &mut other] {
+        let next = vm.route(&there, &prompt(&turns[0].1));
+        // Placement alone may pick the same pod (rendezvous on the prefix): the reason tells.
+        assert_eq!(
+            (next.decision.order[0], next.decision.reason),
+            (first, crate::routing::policy::Reason::CacheHit),
+            "{:?}",
+            next.decision
+        );
+        assert!(!next.log_gap, "the import lapped the ring");
+    }
+}
+
+#[test]
+fn a_reply_cut_to_the_asked_size_continues_where_it_ended() {
+    let here = MemoryHost::default();
+    let mut a = Router::new(with_peers("cache_aware", ABC), &here);
+    for i in 0..20 {
+        a.route(
+            &here,
+            &prompt(&chat(&[("user", &format!("{i:04}").repeat(300))])),
+        );
+    }
+    // Asked for less than one event: still one, so the cursor moves.
+    let one = Batch::decode(
+        &a.serve_peer(&here, 7, (0, None), (Some(1), 1 << 20))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(one.events.len(), 1);
+    let (mut since, mut lens) = (one.next_seq, vec![one.events[0].len]);
+    let mut pulls = 1;
+    loop {
+        let b = Batch::decode(
+            &a.serve_peer(&here, 7, (since, None), (Some(600), 1 << 20))
+                .unwrap(),
+        )
+        .unwrap();
+        if b.events.is_empty() {
+            break;
+        }
+        assert!(b.events.len() < 20, "cut to the ask");
+        lens.extend(b.events.iter().map(|e| e.len));
+        since = b.next_seq;
+        pulls += 1;
+    }
+    let whole =
+        Batch::decode(&a.serve_peer(&here, 7, (0, None), (None, 1 << 20)).unwrap()).unwrap();
+    assert!(pulls > 2);
+    assert_eq!(
+        lens,
+        whole.events.iter().map(|e| e.len).collect::<Vec<_>>(),
+        "each event once, in order"
+    );
 }
