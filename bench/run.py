@@ -20,7 +20,9 @@ warmroute on every routing-quality workload, paired rounds, bench/peers.py; `mak
 installs them; about 11 minutes a round), scale_midway (a gateway of one replica gains two
 mid-run, with and without the exchange between replicas, 2 paired rounds, bench/scale_midway.py),
 peer_faults (3 replicas with the exchange: a peer killed, one answering garbage, one too slow,
-against no fault and no exchange, 2 rounds, bench/peer_faults.py). A full run takes about 85
+against no fault and no exchange, 2 rounds, bench/peer_faults.py), oracle (an oracle router that
+reads each sim's actual cache and queue beside warmroute on every routing-quality workload, 3 paired
+rounds, bench/oracle.py; about 5 minutes a round). A full run takes about 85
 minutes on 2 cores (the independent section about 15, eviction about 14, peers about 11,
 peer_faults about 8, fleet about 6, scale_midway about 5).
 
@@ -47,6 +49,7 @@ from pathlib import Path
 
 import fleet
 import independent
+import oracle
 import peers
 import peer_faults
 import scale_midway
@@ -64,7 +67,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
-            "overhead", "memory", "decision", "mixed", "fleet", "peers", "scale_midway", "peer_faults"]
+            "overhead", "memory", "decision", "mixed", "fleet", "peers", "scale_midway", "peer_faults", "oracle"]
 
 
 def write_results(res: dict, out: Path) -> None:
@@ -73,9 +76,10 @@ def write_results(res: dict, out: Path) -> None:
     res["targets"] = (targets(res["quality"], res.get("overhead"), res.get("reruns"), res.get("independent"))
                       + mixed_targets(res.get("mixed")) + fleet.targets(res.get("fleet"))
                       + peers.targets(res.get("peers"))
-                      + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults")))
+                      + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults"))
+                      + oracle.targets(res.get("oracle")))
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "latest.md").write_text(markdown(res))
+    (out / "latest.md").write_text(markdown(res) + "\n".join(oracle.markdown(res.get("oracle"))))
 
 
 def main() -> int:
@@ -89,6 +93,8 @@ def main() -> int:
                     help=f"paired rounds of the peers section (default {peers.PEER_ROUNDS})")
     ap.add_argument("--peer-workloads", nargs="+", choices=peers.PEER_WORKLOADS,
                     help="the peers section's workloads (default: all)")
+    ap.add_argument("--oracle-rounds", type=int, default=oracle.ORACLE_ROUNDS,
+                    help=f"paired rounds of the oracle section (default {oracle.ORACLE_ROUNDS})")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render latest.md, latest.png, decision.png (and targets) from latest.json, "
                          "run nothing")
@@ -146,6 +152,9 @@ def main() -> int:
             elif s == "peers":
                 res["peers"] = []
                 res["peers"] = peers.section(b, a.peer_rounds, a.peer_workloads, res["peers"])
+            elif s == "oracle":
+                res["oracle"] = []
+                res["oracle"] = oracle.section(b, a.oracle_rounds, None, res["oracle"])
             elif s == "scale_midway":
                 res["scale_midway"] = scale_midway.section(logdir, a.quick)
             elif s == "peer_faults":
@@ -171,7 +180,7 @@ def main() -> int:
                 merged.pop()
             res["reruns"] = merged
             for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "peers",
-                      "scale_midway", "peer_faults"):
+                      "scale_midway", "peer_faults", "oracle"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]

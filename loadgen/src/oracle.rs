@@ -79,6 +79,9 @@ pub struct PodView {
     pub cached_tokens: u64,
     /// Blocks of the prefix it holds now or held and evicted.
     pub held_blocks: u64,
+    /// Tokens per block.
+    #[serde(default)]
+    pub block_size: u64,
     pub running: u64,
     pub waiting: u64,
     /// The pod's time for the forecast, µs.
@@ -247,6 +250,7 @@ mod tests {
             predicted_ttft_ms: ttft,
             cached_tokens: 0,
             held_blocks: 0,
+            block_size: 16,
             running,
             waiting: 0,
             predict_us: 0.0,
