@@ -223,7 +223,7 @@ def markdown(rounds: list[list[dict]] | None) -> list[str]:
     if not ws:
         return L
     n = len(rounds or [])
-    L.append("## The limit: an oracle router\n")
+    L.append("\n## The limit: an oracle router\n")
     L.append(f"The oracle reads every sim's actual cache and queue before each request (`--debug-state`, never "
              f"read by warmroute) and sends it to the pod whose own scheduler forecasts the least TTFT; it routes "
              f"from the client, its decision kept out of TTFT. warmroute (cache_aware, one Envoy) runs beside it "
