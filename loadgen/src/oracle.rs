@@ -15,6 +15,11 @@
 //! (so idle pods share the cold traffic instead of all of it going to the first). A pod that
 //! cannot answer counts as infinitely slow.
 //!
+//! Decisions are taken one at a time: a routing oracle holds its turn from the probes until the
+//! picked pod has answered the request's headers (the simulator answers them once the request is
+//! queued), so every decision sees the earlier ones in the pods' queues. Without it, requests
+//! arriving together were each sent to the same idle-looking pod.
+//!
 //! # Exactness
 //! The probe is the request as the pod will see it: the body rendered and tokenized by the
 //! simulator's own functions (`warmroute_sim::api::probe_prompt`) and hashed into blocks of the
@@ -24,7 +29,8 @@
 //!
 //! # Its own cost
 //! The decision's wall time (`route_us`, probes sent to answers read) is recorded per request
-//! and kept out of the request's TTFT and E2E, whose clock starts when the request is sent:
+//! and kept out of the request's TTFT and E2E, whose clock starts when the request is sent (as
+//! is the wait for its turn):
 //! the oracle is the limit of placement, not a proxy with a cost. Its load on the pods (one
 //! forecast per pod per request, `predict_us` each) is not free; in shadow mode (probe, record,
 //! but send through the gateway) a router under test pays the same, so a paired run with the

@@ -294,6 +294,9 @@ struct Shared {
     oracle: Option<Oracle>,
     /// (chat, completions) URI per oracle pod.
     pod_uris: Vec<(Uri, Uri)>,
+    /// Held by a routing oracle from its probes until its request's response headers arrive
+    /// (the pod has queued it by then): each decision sees every earlier one in the pods' state.
+    decide: tokio::sync::Mutex<()>,
 }
 
 /// Drive a workload to completion (or the deadline).
@@ -347,6 +350,7 @@ pub async fn run_with_client(
             })
             .collect::<Result<_>>()?,
         oracle: cfg.oracle.clone(),
+        decide: tokio::sync::Mutex::new(()),
     });
     let handles: Vec<_> = workload
         .sessions
@@ -436,8 +440,12 @@ async fn send(
     let mut gateway = n % sh.uris.len();
     let mut uris = &sh.uris;
     let mut oracle = None;
+    let mut decided = None;
     if let Some(o) = &sh.oracle {
         if let Some(probe) = o.probes.get(index).and_then(|p| p.get(step)) {
+            if o.route {
+                decided = Some(sh.decide.lock().await);
+            }
             let d = decide(&sh.client, &o.pods, probe, n).await;
             if let (true, Some(pick)) = (o.route, d.pick) {
                 gateway = pick;
@@ -480,7 +488,11 @@ async fn send(
     let t0 = Instant::now();
     let limit = (t0 + sh.timeout).min(sh.deadline);
     let mut sse = SseScanner::default();
-    let res = tokio::time::timeout_at(limit, exchange(sh, http_req, t0, &mut rec, &mut sse)).await;
+    let res = tokio::time::timeout_at(
+        limit,
+        exchange(sh, http_req, t0, &mut rec, &mut sse, decided),
+    )
+    .await;
     rec.e2e_ms = ms_since(t0);
     rec.events = sse.events;
     rec.prompt_tokens = sse.prompt_tokens;
@@ -525,12 +537,12 @@ async fn exchange(
     t0: Instant,
     rec: &mut RequestRecord,
     sse: &mut SseScanner,
+    decided: Option<tokio::sync::MutexGuard<'_, ()>>,
 ) -> Result<(), String> {
-    let resp = sh
-        .client
-        .request(req)
-        .await
-        .map_err(|e| format!("request: {}", error_chain(&e)))?;
+    let resp = sh.client.request(req).await;
+    // The pod answers its headers once it has queued the request: the next decision may go.
+    drop(decided);
+    let resp = resp.map_err(|e| format!("request: {}", error_chain(&e)))?;
     let status = resp.status();
     rec.status = Some(status.as_u16());
     rec.replica = resp
