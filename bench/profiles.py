@@ -7,7 +7,7 @@ to bench/results/full/.
 
 `fast` (`make bench`) prints every target row of the full run in about 24 minutes on 2 cores (estimated from
 the per-section times below; the last measured run, with two settings since taken back, 21.2)
-without the scale_out, exchange_cost and tail sections, and about 35 with them (their runs'
+without the scale_out, exchange_cost, tail and oracle sections, and about 39 with them (their runs'
 lengths, not timed in this profile: over issue #34's 25 minutes), and writes bench/results/
 (what the docs and the README render). Its rule: a workload stays the size it is in
 the full run, so each run of it is a draw from the same distribution as the full run's; what
@@ -34,6 +34,7 @@ TTFT P95 ratio left the full run's range in all three runs. Per section (s, 2 co
 | scale_out | 1 round, 1 gateway and 3 with the exchange | 2, and 3 without it | not timed |
 | exchange_cost | 1 and 3 replicas | 1, 3 and 8 | not timed |
 | tail | as full: 5 paired rounds (the target asks for 5) | | not timed |
+| oracle | 1 paired round | 3 | ~220 (one round of the full run's 11 min) |
 
 What fewer rounds cost, per target: a target pooled over n paired runs in the full run is one
 run's ratio here, and one run scatters as the full run's per-run values in latest.md show
@@ -73,6 +74,7 @@ PROFILES: dict[str, dict] = {
             "peer_faults": {"n": 1},
             "scale_out": {"n": 1, "setups": ["1g", "3g+peers"]},
             "exchange_cost": {"replicas": [1, 3]},
+            "oracle": {"rounds": 1},
         },
     },
 }

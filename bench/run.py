@@ -29,9 +29,11 @@ against no fault and no exchange, 2 rounds, bench/peer_faults.py), scale_out (1 
 with the exchange on every workload, 2 paired rounds, bench/scale_out.py), exchange_cost (1, 3
 and 8 replicas with and without the exchange at one load, bench/exchange_cost.py), tail (the
 conversation trace's TTFT P95 against the single-replica reference, 5 paired rounds pooled,
-bench/tail_vs_reference.py). A full run takes about two and a half hours on 2 cores (the peers
+bench/tail_vs_reference.py), oracle (an oracle router that reads each sim's actual cache and
+queue beside warmroute on every routing-quality workload, 3 paired rounds, bench/oracle.py;
+about 4 minutes a round). A full run takes about two and a half hours on 2 cores (the peers
 about 30 minutes at 3 rounds, the independent section about 15, eviction about 14, scale_out
-about 10, peer_faults about 8, tail about 6, fleet about 6, scale_midway about 5).
+about 10, oracle about 11, peer_faults about 8, tail about 6, fleet about 6, scale_midway about 5).
 
 Writes latest.json, latest.md, latest.png, and decision.png (the decision-time curves, for the
 docs' results page) into the profile's folder. Every server binds 127.0.0.1,
@@ -57,6 +59,7 @@ from pathlib import Path
 import fleet
 import profiles
 import independent
+import oracle
 import peers
 import readme_results
 import exchange_cost
@@ -79,7 +82,7 @@ RESULTS = HERE / "results"
 
 SECTIONS = ["agent", "conversation", "chat", "uniform", "independent", "scale8", "gateways", "eviction", "reruns",
             "overhead", "memory", "decision", "mixed", "fleet", "peers", "scale_midway", "peer_faults",
-            "scale_out", "exchange_cost", "tail"]
+            "scale_out", "exchange_cost", "tail", "oracle"]
 
 
 def write_results(res: dict, out: Path) -> None:
@@ -90,9 +93,9 @@ def write_results(res: dict, out: Path) -> None:
                       + peers.targets(res.get("peers"))
                       + scale_midway.targets(res.get("scale_midway")) + peer_faults.targets(res.get("peer_faults"))
                       + scale_out.targets(res.get("scale_out")) + exchange_cost.targets(res.get("exchange_cost"))
-                      + tail_vs_reference.targets(res.get("tail")))
+                      + tail_vs_reference.targets(res.get("tail")) + oracle.targets(res.get("oracle")))
     (out / "latest.json").write_text(json.dumps(res, indent=1) + "\n")
-    (out / "latest.md").write_text(markdown(res))
+    (out / "latest.md").write_text(markdown(res) + "\n".join(oracle.markdown(res.get("oracle"))))
     if out.resolve() == RESULTS:
         readme_results.README.write_text(readme_results.replaced(readme_results.README.read_text(),
                                                                  readme_results.render(res)))
@@ -112,6 +115,8 @@ def main() -> int:
                     help=f"paired rounds of the peers section (default {peers.PEER_ROUNDS}, the profile's in fast)")
     ap.add_argument("--peer-workloads", nargs="+", choices=peers.PEER_WORKLOADS,
                     help="the peers section's workloads (default: all)")
+    ap.add_argument("--oracle-rounds", type=int,
+                    help=f"paired rounds of the oracle section (default {oracle.ORACLE_ROUNDS}, the profile's in fast)")
     ap.add_argument("--report-only", action="store_true",
                     help="re-render latest.md, latest.png, decision.png (and targets) from latest.json, "
                          "run nothing")
@@ -183,6 +188,10 @@ def main() -> int:
                 res["peers"] = []
                 k = {"rounds": peers.PEER_ROUNDS, **k}
                 res["peers"] = peers.section(b, a.peer_rounds or k.pop("rounds"), a.peer_workloads, res["peers"], **k)
+            elif s == "oracle":
+                res["oracle"] = []
+                k = {"rounds": a.oracle_rounds, **k} if a.oracle_rounds else k
+                res["oracle"] = oracle.section(b, out=res["oracle"], **k)
             elif s == "scale_midway":
                 res["scale_midway"] = scale_midway.section(logdir, a.quick, **k)
             elif s == "peer_faults":
@@ -216,7 +225,7 @@ def main() -> int:
                 merged.pop()
             res["reruns"] = merged
             for k in ("overhead", "memory", "decision", "lru", "mixed", "independent", "fleet", "peers",
-                      "scale_midway", "peer_faults", "scale_out", "exchange_cost", "tail"):
+                      "scale_midway", "peer_faults", "scale_out", "exchange_cost", "tail", "oracle"):
                 if res.get(k) is None and old.get(k) is not None:
                     res[k] = old[k]
             res["wall_s"] = old.get("wall_s", 0) + res["wall_s"]

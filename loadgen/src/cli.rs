@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::oracle;
 use crate::prom::{metrics_url, BackendDelta, CacheCounters};
 use crate::report::{process_cpu_seconds, Report};
 use crate::runner::{build_client, get_text, run_with_client, HttpClient, RunConfig, POOL_IDLE};
@@ -129,6 +130,14 @@ pub struct Common {
     /// Do not print the human summary.
     #[arg(long)]
     pub quiet: bool,
+    /// A simulated pod the oracle probes before each request (repeatable; the sims must run
+    /// with `--debug-state`). Bench only: see the `oracle` module. Without `--oracle` the
+    /// requests still go to `--target` and each record carries the oracle's pick (shadow mode).
+    #[arg(long = "oracle-pod")]
+    pub oracle_pods: Vec<String>,
+    /// Send each request to the oracle's pick among `--oracle-pod`s directly (`--target` unused).
+    #[arg(long, requires = "oracle_pods")]
+    pub oracle: bool,
 }
 
 /// `conversation` flags.
@@ -411,18 +420,28 @@ async fn scrape_all(
 /// Run one workload end to end; returns the report.
 pub async fn execute(cmd: &WorkloadCmd, workload: Workload) -> Result<Report> {
     let c = cmd.common();
-    let cfg = RunConfig {
+    let mut cfg = RunConfig {
         target: c.targets.first().cloned().unwrap_or_default(),
         extra_targets: c.targets.iter().skip(1).cloned().collect(),
         max_seconds: c.max_seconds,
         max_requests: c.max_requests,
         concurrency: c.concurrency,
         timeout: Duration::from_secs_f64(c.timeout_s.max(0.001)),
+        oracle: None,
     };
     let client = build_client(
         Duration::from_secs(5),
         Duration::from_secs_f64(c.pool_idle_s.max(0.001)),
     );
+    if !c.oracle_pods.is_empty() {
+        // Before the run's clock: the probes are the requests as the pods will see them.
+        let block_size = oracle::block_size(&client, &c.oracle_pods).await?;
+        cfg.oracle = Some(oracle::Oracle {
+            pods: c.oracle_pods.clone(),
+            route: c.oracle,
+            probes: oracle::probes(&workload, block_size)?,
+        });
+    }
     let before = scrape_all(&client, &c.backends).await;
     let name = workload.name;
     let agent_steps = workload.agent_steps;

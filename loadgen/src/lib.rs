@@ -8,6 +8,8 @@
 //! - [`prom`]: backends' prefix-cache counters (via `warmroute_core::fleet::prometheus`)
 //!   and the fleet hit rate.
 //! - [`report`]: statistics, human summary and the JSON report.
+//! - [`oracle`]: the bench's oracle router, which reads each simulated pod's actual cache
+//!   and queue (`warmroute-sim --debug-state`) and picks the pod with the least predicted TTFT.
 //! - [`cli`]: the `warmroute-loadgen <workload> [flags]` command line.
 //!
 //! Non-test code never unwraps: inputs (trace files, server responses, metrics
@@ -15,6 +17,7 @@
 //! panics that would lose a whole benchmark run.
 
 pub mod cli;
+pub mod oracle;
 pub mod prom;
 pub mod report;
 pub mod rng;

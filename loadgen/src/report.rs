@@ -442,6 +442,7 @@ mod tests {
             completion_tokens: Some(1),
             events: 2,
             error: (outcome != Outcome::Ok).then(|| "boom".to_string()),
+            oracle: None,
         }
     }
 

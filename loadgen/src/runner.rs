@@ -31,6 +31,9 @@
 //!   not a lost request. Any other non-2xx is an error.
 //! - A request's class is the value of its [`PRIORITY_HEADER`], if it has one;
 //!   requests never sent are counted per class too.
+//! - With an [`Oracle`], each request first probes every pod (bench only: see
+//!   [`crate::oracle`]); the decision's time is recorded apart and the request's clock starts
+//!   after it. Routing by the oracle sends the request to the picked pod directly.
 //!
 //! A failed step does not end its session: the next step's body is already
 //! rendered and a real agent would retry; only the run deadline ends sessions.
@@ -53,6 +56,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::oracle::{decide, Oracle, OracleRecord};
 use crate::workload::{Api, Request, Session, Workload, PRIORITY_HEADER};
 
 /// Response header naming the replica that served a request.
@@ -96,6 +100,8 @@ pub struct RunConfig {
     pub concurrency: usize,
     /// Per-request timeout.
     pub timeout: Duration,
+    /// Probe the pods before each request, and route by the pick or only record it.
+    pub oracle: Option<Oracle>,
 }
 
 impl Default for RunConfig {
@@ -107,6 +113,7 @@ impl Default for RunConfig {
             max_requests: None,
             concurrency: 0,
             timeout: Duration::from_secs(60),
+            oracle: None,
         }
     }
 }
@@ -161,6 +168,9 @@ pub struct RequestRecord {
     pub events: usize,
     /// Error text.
     pub error: Option<String>,
+    /// The oracle's probes and pick, when it ran ([`crate::oracle`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oracle: Option<OracleRecord>,
 }
 
 /// Result of a run.
@@ -281,6 +291,12 @@ struct Shared {
     budget: AtomicUsize,
     permits: Option<Semaphore>,
     timeout: Duration,
+    oracle: Option<Oracle>,
+    /// (chat, completions) URI per oracle pod.
+    pod_uris: Vec<(Uri, Uri)>,
+    /// Held by a routing oracle from its probes until its request's response headers arrive
+    /// (the pod has queued it by then): each decision sees every earlier one in the pods' state.
+    decide: tokio::sync::Mutex<()>,
 }
 
 /// Drive a workload to completion (or the deadline).
@@ -322,11 +338,25 @@ pub async fn run_with_client(
         budget: AtomicUsize::new(cfg.max_requests.unwrap_or(usize::MAX)),
         permits: (cfg.concurrency > 0).then(|| Semaphore::new(cfg.concurrency)),
         timeout: cfg.timeout,
+        pod_uris: cfg
+            .oracle
+            .iter()
+            .flat_map(|o| &o.pods)
+            .map(|t| {
+                Ok((
+                    join_uri(t, Api::Chat.path())?,
+                    join_uri(t, Api::Completions.path())?,
+                ))
+            })
+            .collect::<Result<_>>()?,
+        oracle: cfg.oracle.clone(),
+        decide: tokio::sync::Mutex::new(()),
     });
     let handles: Vec<_> = workload
         .sessions
         .into_iter()
-        .map(|s| tokio::spawn(run_session(shared.clone(), s)))
+        .enumerate()
+        .map(|(i, s)| tokio::spawn(run_session(shared.clone(), i, s)))
         .collect();
     let mut records = Vec::new();
     let mut skipped = 0;
@@ -364,7 +394,7 @@ fn class_of(req: &Request) -> Option<String> {
 /// A session's records, and the class of each request it never sent.
 type SessionResult = (Vec<RequestRecord>, Vec<Option<String>>);
 
-async fn run_session(sh: Arc<Shared>, session: Session) -> SessionResult {
+async fn run_session(sh: Arc<Shared>, index: usize, session: Session) -> SessionResult {
     let mut records = Vec::with_capacity(session.requests.len());
     let unsent = |from: usize| session.requests[from..].iter().map(class_of).collect();
     let begin = sh.start + session.start;
@@ -385,7 +415,7 @@ async fn run_session(sh: Arc<Shared>, session: Session) -> SessionResult {
             },
             None => None,
         };
-        let rec = send(&sh, &session.id, i, req).await;
+        let rec = send(&sh, (index, &session.id), i, req).await;
         let aborted = rec.outcome == Outcome::Aborted;
         records.push(rec);
         if aborted {
@@ -399,9 +429,32 @@ fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
-async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> RequestRecord {
-    let gateway = sh.sent.fetch_add(1, Ordering::Relaxed) % sh.uris.len();
-    let (chat, completions) = &sh.uris[gateway];
+async fn send(
+    sh: &Shared,
+    (index, session): (usize, &str),
+    step: usize,
+    req: &Request,
+) -> RequestRecord {
+    let start_ms = ms_since(sh.start);
+    let n = sh.sent.fetch_add(1, Ordering::Relaxed);
+    let mut gateway = n % sh.uris.len();
+    let mut uris = &sh.uris;
+    let mut oracle = None;
+    let mut decided = None;
+    if let Some(o) = &sh.oracle {
+        if let Some(probe) = o.probes.get(index).and_then(|p| p.get(step)) {
+            if o.route {
+                decided = Some(sh.decide.lock().await);
+            }
+            let d = decide(&sh.client, &o.pods, probe, n).await;
+            if let (true, Some(pick)) = (o.route, d.pick) {
+                gateway = pick;
+                uris = &sh.pod_uris;
+            }
+            oracle = Some(d);
+        }
+    }
+    let (chat, completions) = &uris[gateway];
     let uri = match req.api {
         Api::Chat => chat.clone(),
         Api::Completions => completions.clone(),
@@ -410,7 +463,7 @@ async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> Request
         session: session.to_string(),
         step,
         class: class_of(req),
-        start_ms: ms_since(sh.start),
+        start_ms,
         gateway,
         outcome: Outcome::Error,
         status: None,
@@ -423,6 +476,7 @@ async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> Request
         completion_tokens: None,
         events: 0,
         error: None,
+        oracle,
     };
     let http_req = match build_request(uri, req) {
         Ok(r) => r,
@@ -434,7 +488,11 @@ async fn send(sh: &Shared, session: &str, step: usize, req: &Request) -> Request
     let t0 = Instant::now();
     let limit = (t0 + sh.timeout).min(sh.deadline);
     let mut sse = SseScanner::default();
-    let res = tokio::time::timeout_at(limit, exchange(sh, http_req, t0, &mut rec, &mut sse)).await;
+    let res = tokio::time::timeout_at(
+        limit,
+        exchange(sh, http_req, t0, &mut rec, &mut sse, decided),
+    )
+    .await;
     rec.e2e_ms = ms_since(t0);
     rec.events = sse.events;
     rec.prompt_tokens = sse.prompt_tokens;
@@ -479,12 +537,12 @@ async fn exchange(
     t0: Instant,
     rec: &mut RequestRecord,
     sse: &mut SseScanner,
+    decided: Option<tokio::sync::MutexGuard<'_, ()>>,
 ) -> Result<(), String> {
-    let resp = sh
-        .client
-        .request(req)
-        .await
-        .map_err(|e| format!("request: {}", error_chain(&e)))?;
+    let resp = sh.client.request(req).await;
+    // The pod answers its headers once it has queued the request: the next decision may go.
+    drop(decided);
+    let resp = resp.map_err(|e| format!("request: {}", error_chain(&e)))?;
     let status = resp.status();
     rec.status = Some(status.as_u16());
     rec.replica = resp

@@ -35,6 +35,13 @@
 //! * SGLang-only probes (`/server_info`, `/get_server_info`, `/model_info`, `/get_model_info`,
 //!   `/health_generate`, `/get_load`) get 404 as from a real vLLM server: the SGLang router
 //!   falls back from each and registers the worker all the same.
+//! * With `--debug-state` only, `GET /debug/state` (the engine's queue) and
+//!   `POST /debug/state?prompt_tokens=N&max_tokens=M` with the prompt's full-block hashes as
+//!   little-endian u64s in the body (what [`probe_prompt`] and
+//!   [`crate::cache::block_hashes`] compute from a request body): the same plus the prompt's
+//!   longest cached prefix and its predicted time to first token
+//!   ([`crate::engine::Prediction`]). It is the bench's oracle router's view of the pod, which
+//!   no vLLM offers and warmroute never reads; no shipped config turns it on.
 //! * Every response, errors included, carries `x-sim-replica: <name>` ([`REPLICA_HEADER`]).
 //! * With `--echo-request-headers`, every response also carries the request's headers as the
 //!   pod received them ([`REQUEST_HEADERS_HEADER`]).
@@ -66,7 +73,7 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -79,7 +86,7 @@ use tokio_stream::StreamExt;
 
 use crate::cache::{tokenize, Token};
 use crate::config::{Args, LoraModule};
-use crate::engine::{EngineHandle, SeqEvent, SeqRequest, SeqUsage};
+use crate::engine::{EngineHandle, Probe, SeqEvent, SeqRequest, SeqUsage};
 use crate::metrics::{self, CacheInfo};
 
 pub mod agents;
@@ -113,6 +120,7 @@ pub struct AppState {
     pub replica: Arc<str>,
     replica_header: HeaderValue,
     echo_request_headers: bool,
+    debug_state: bool,
     cache_info: Option<CacheInfo>,
     metrics_delay: std::time::Duration,
     /// `--stall-after-first-byte-ms` (zero: none).
@@ -175,6 +183,7 @@ impl AppState {
             replica: replica.into(),
             replica_header,
             echo_request_headers: args.echo_request_headers,
+            debug_state: args.debug_state,
             cache_info,
             metrics_delay: std::time::Duration::from_millis(args.metrics_delay_ms),
             stall: std::time::Duration::from_millis(args.stall_after_first_byte_ms),
@@ -247,6 +256,9 @@ pub fn router(state: AppState) -> Router {
         .route("/version", get(version))
         .route("/health", get(health))
         .route("/metrics", get(metrics_handler));
+    if state.debug_state {
+        router = router.route("/debug/state", get(debug_state).post(debug_state));
+    }
     if state.runtime_lora_updating {
         router = router
             .route("/v1/load_lora_adapter", post(load_lora_adapter))
@@ -467,6 +479,90 @@ async fn tokenize_handler(State(st): State<AppState>, body: Bytes) -> Response {
 }
 
 /// The render endpoints of a `vllm serve` started without `--enable-scale-out`.
+/// `/debug/state`'s query: the probe's prompt length and `max_tokens` (the default's when absent).
+#[derive(Debug, serde::Deserialize)]
+struct DebugQuery {
+    prompt_tokens: Option<usize>,
+    max_tokens: Option<usize>,
+}
+
+/// `/debug/state` (`--debug-state`, module docs): the queue, and for a probe its longest cached
+/// prefix and predicted TTFT in simulated ms. `predict_us` is the handler's own time under the
+/// engine lock.
+async fn debug_state(
+    State(st): State<AppState>,
+    Query(q): Query<DebugQuery>,
+    body: Bytes,
+) -> Response {
+    if !body.len().is_multiple_of(8) {
+        return ApiError::bad_request("the body must be little-endian u64 block hashes")
+            .into_response();
+    }
+    let hashes: Vec<u64> = body
+        .chunks_exact(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            u64::from_le_bytes(b)
+        })
+        .collect();
+    let probe = Probe {
+        hashes: &hashes,
+        prompt_len: q.prompt_tokens.unwrap_or(0),
+        max_tokens: q.max_tokens.unwrap_or(st.default_max_tokens),
+    };
+    let t0 = std::time::Instant::now();
+    let (p, snap) = st.engine.predict(probe);
+    let predict_us = t0.elapsed().as_secs_f64() * 1e6;
+    let cfg = st.engine.lock().config().clone();
+    Json(json!({
+        "replica": &*st.replica,
+        "block_size": snap.block_size,
+        "num_blocks": snap.num_blocks,
+        "kv_usage": snap.kv_usage,
+        "evictable_blocks": snap.evictable_blocks,
+        "evictions": snap.evictions,
+        "running": snap.running,
+        "waiting": snap.waiting,
+        "queue_prefill_tokens": p.queue_prefill_tokens,
+        "time_scale": cfg.time_scale,
+        "match_blocks": p.match_blocks,
+        "cached_tokens": p.match_blocks * snap.block_size,
+        "held_blocks": p.held_blocks,
+        "predicted_ttft_ms": p.ttft_ms,
+        "steps": p.steps,
+        "predict_us": predict_us,
+    }))
+    .into_response()
+}
+
+/// A chat (`chat`) or completions request body's first prompt, tokenized as the server does, and
+/// its `max_tokens` (`default_max_tokens` when it sets none): what a client needs to probe
+/// `/debug/state` for it. The model is not resolved (the base model's hashes apply).
+pub fn probe_prompt(
+    body: &[u8],
+    chat: bool,
+    default_max_tokens: usize,
+) -> Result<(Vec<Token>, usize), String> {
+    let obj = parse_body(body).map_err(|e| e.message)?;
+    let max_tokens = match opt_count(&obj, "max_completion_tokens").map_err(|e| e.message)? {
+        Some(n) => n,
+        None => opt_count(&obj, "max_tokens")
+            .map_err(|e| e.message)?
+            .unwrap_or(default_max_tokens),
+    };
+    let tokens = if chat {
+        tokenize(&render_chat(&obj).map_err(|e| e.message)?)
+    } else {
+        completion_prompts(&obj)
+            .map_err(|e| e.message)?
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+    };
+    Ok((tokens, max_tokens))
+}
+
 async fn scale_out_disabled() -> Response {
     ApiError::new(
         StatusCode::FORBIDDEN,

@@ -29,7 +29,7 @@
 //! When a sequence finishes its blocks are released tail-first, so the tail of a prompt is evicted
 //! before its head (a shared system prompt outlives the conversations that used it), as in vLLM.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A token id. The simulator's tokenizer maps each whitespace-separated word to a 64-bit hash.
 pub type Token = u64;
@@ -121,7 +121,15 @@ pub struct PrefixCache {
     pinned: usize,
     private: usize,
     evictions: u64,
+    /// Hashes of blocks evicted and not cached again since: only for the debug endpoint's
+    /// account of what a pod once held ([`held_prefix`](Self::held_prefix)), never read by the
+    /// engine. At most [`EVICTED_MEMORY`] entries (cleared when full).
+    evicted: HashSet<BlockHash>,
 }
+
+/// Most evicted hashes remembered for [`PrefixCache::held_prefix`] (8 MB of hashes): a run of
+/// the bench evicts far fewer; past it the memory restarts empty rather than grow.
+pub const EVICTED_MEMORY: usize = 1 << 20;
 
 impl PrefixCache {
     /// A cache of `capacity_blocks` blocks of `block_size` tokens.
@@ -135,6 +143,7 @@ impl PrefixCache {
             pinned: 0,
             private: 0,
             evictions: 0,
+            evicted: HashSet::new(),
         }
     }
 
@@ -180,6 +189,21 @@ impl PrefixCache {
             .count()
     }
 
+    /// Length of the longest prefix of `hashes` this cache holds now or held once and evicted:
+    /// what an index that saw every block the pod computed, but none of its evictions, would
+    /// predict. For the debug endpoint (`/debug/state`) only.
+    pub fn held_prefix(&self, hashes: &[BlockHash]) -> usize {
+        hashes
+            .iter()
+            .take_while(|h| self.entries.contains_key(h) || self.evicted.contains(h))
+            .count()
+    }
+
+    /// References to a cached block by running sequences (0: evictable), `None` when not cached.
+    pub fn refs(&self, hash: BlockHash) -> Option<u32> {
+        self.entries.get(&hash).map(|e| e.refs)
+    }
+
     /// Pins `cached` (all present, as returned by [`match_prefix`](Self::match_prefix)) and
     /// reserves `private` new blocks, atomically: returns `false` and changes nothing when they
     /// do not fit.
@@ -211,6 +235,7 @@ impl PrefixCache {
         match self.entries.entry(hash) {
             std::collections::hash_map::Entry::Occupied(_) => self.pin(hash),
             std::collections::hash_map::Entry::Vacant(v) => {
+                self.evicted.remove(&hash);
                 v.insert(Entry {
                     refs: 1,
                     lru_key: None,
@@ -263,6 +288,10 @@ impl PrefixCache {
             };
             self.entries.remove(&h);
             self.evictions += 1;
+            if self.evicted.len() >= EVICTED_MEMORY {
+                self.evicted.clear();
+            }
+            self.evicted.insert(h);
         }
     }
 }

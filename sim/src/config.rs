@@ -114,6 +114,12 @@ pub struct Args {
     #[arg(long)]
     pub echo_request_headers: bool,
 
+    /// Serve `GET`/`POST /debug/state`: the engine's queue, a prompt's longest cached prefix
+    /// and its predicted time to first token (`crate::engine::Probe`). For the bench's oracle
+    /// router only: no vLLM has it, warmroute never reads it, and no shipped config sets it.
+    #[arg(long)]
+    pub debug_state: bool,
+
     /// Keep `/v1/responses` answers for follow-ups by `previous_response_id`, in this
     /// process's memory (vLLM's `VLLM_ENABLE_RESPONSES_API_STORE=1`, which also turns it on).
     #[arg(long)]

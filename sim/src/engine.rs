@@ -47,6 +47,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+mod predict;
+pub use predict::{Prediction, Probe};
+
 use crate::cache::{
     block_hashes_from, chain_hash, root_hash, token_of, BlockHash, PrefixCache, Token, ROOT_HASH,
 };
@@ -674,6 +677,9 @@ impl Engine {
 pub struct EngineHandle {
     inner: Arc<Mutex<Engine>>,
     notify: Arc<Notify>,
+    /// When the step in flight ends (`None` between steps): what is left of it is part of a
+    /// prediction's time ([`EngineHandle::predict`]).
+    step_end: Arc<Mutex<Option<Instant>>>,
 }
 
 impl EngineHandle {
@@ -683,6 +689,7 @@ impl EngineHandle {
         let handle = Self {
             inner: Arc::new(Mutex::new(Engine::new(cfg))),
             notify: Arc::new(Notify::new()),
+            step_end: Arc::new(Mutex::new(None)),
         };
         let h = handle.clone();
         tokio::spawn(async move { h.run(time_scale).await });
@@ -704,6 +711,23 @@ impl EngineHandle {
         self.lock().snapshot()
     }
 
+    fn set_step_end(&self, end: Option<Instant>) {
+        *self.step_end.lock().unwrap_or_else(|e| e.into_inner()) = end;
+    }
+
+    /// [`Engine::predict`] now: the step in flight counts for the simulated time left of it.
+    /// For the debug endpoint only.
+    pub fn predict(&self, probe: Probe<'_>) -> (Prediction, Snapshot) {
+        let end = *self.step_end.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = self.lock();
+        let left_ms = end.map_or(0.0, |end| {
+            end.saturating_duration_since(Instant::now()).as_secs_f64()
+                * 1000.0
+                * engine.cfg.time_scale
+        });
+        (engine.predict(probe, left_ms), engine.snapshot())
+    }
+
     async fn run(&self, time_scale: f64) {
         let mut anchor = Instant::now();
         let mut sim_ms = 0.0_f64;
@@ -720,6 +744,7 @@ impl EngineHandle {
                 Duration::try_from_secs_f64(sim_ms / 1000.0 / time_scale).unwrap_or(Duration::ZERO);
             let deadline = anchor + wall;
             let now = Instant::now();
+            self.set_step_end(Some(deadline.max(now)));
             if deadline > now {
                 tokio::time::sleep_until(deadline).await;
             } else {
@@ -732,6 +757,7 @@ impl EngineHandle {
             }
             let mut engine = self.lock();
             engine.complete();
+            self.set_step_end(None);
             engine.record_lora_info(unix_time());
         }
     }
@@ -971,6 +997,159 @@ mod tests {
         assert_eq!(e.cache().used(), 0);
         assert_eq!(e.snapshot().counters.aborted, 1);
     }
+    /// Submits `tokens` and steps the engine until its first token: the simulated ms that took
+    /// (the cost of every step from the one that admits it to the one that emits its first
+    /// token, with no other arrival: what [`Engine::predict`] forecasts).
+    fn measured_ttft(e: &mut Engine, tokens: Vec<Token>, max_tokens: usize) -> f64 {
+        let mut rx = submit(e, tokens, max_tokens);
+        let mut t = 0.0;
+        loop {
+            let plan = e
+                .schedule()
+                .expect("the probe is queued: a step is planned");
+            t += plan.cost_ms;
+            e.complete();
+            let mut first = false;
+            while let Ok(ev) = rx.try_recv() {
+                first |= matches!(ev, SeqEvent::Token { .. } | SeqEvent::Finished { .. });
+            }
+            if first {
+                // Keep the receiver alive: dropping it aborts the sequence.
+                std::mem::forget(rx);
+                return t;
+            }
+        }
+    }
+
+    fn probe_of(tokens: &[Token], max_tokens: usize) -> (Vec<BlockHash>, usize, usize) {
+        (
+            crate::cache::block_hashes(tokens, 16),
+            tokens.len(),
+            max_tokens,
+        )
+    }
+
+    /// The forecast equals what the engine then does, step for step, on states of every kind:
+    /// idle, a cached prefix, a long prefill running (chunked), a queue behind max_num_seqs,
+    /// and a KV cache too full to admit at once.
+    #[test]
+    fn prediction_is_the_engines_own_ttft() {
+        let mut small = cfg();
+        small.max_num_batched_tokens = 512;
+        small.max_num_seqs = 3;
+        let mut tight = cfg();
+        tight.num_blocks = 60;
+        type Setup = fn(&mut Engine) -> Vec<mpsc::UnboundedReceiver<SeqEvent>>;
+        let cases: Vec<(&str, EngineConfig, Setup, Vec<Token>, usize)> = vec![
+            ("idle", cfg(), |_| vec![], prompt("p", 700), 5),
+            (
+                "cached prefix",
+                cfg(),
+                |e| {
+                    let rx = submit(e, prompt("p", 500), 3);
+                    run_to_idle(e);
+                    vec![rx]
+                },
+                prompt("p", 700),
+                5,
+            ),
+            (
+                "long prefills running and waiting, chunked",
+                small.clone(),
+                |e| {
+                    let mut rxs = vec![
+                        submit(e, prompt("a", 1500), 40),
+                        submit(e, prompt("b", 300), 8),
+                    ];
+                    e.schedule();
+                    e.complete();
+                    rxs.push(submit(e, prompt("c", 900), 20));
+                    rxs.push(submit(e, prompt("d", 50), 30));
+                    rxs
+                },
+                prompt("p", 700),
+                5,
+            ),
+            (
+                "kv full: waits for blocks to free",
+                tight,
+                |e| {
+                    let rxs = vec![
+                        submit(e, prompt("a", 400), 200),
+                        submit(e, prompt("b", 100), 50),
+                    ];
+                    e.schedule();
+                    e.complete();
+                    rxs
+                },
+                prompt("p", 300),
+                10,
+            ),
+        ];
+        for (name, c, setup, tokens, max_tokens) in cases {
+            let mut e = Engine::new(c);
+            let _keep = setup(&mut e);
+            let (hashes, n, m) = probe_of(&tokens, max_tokens);
+            let p = e.predict(
+                Probe {
+                    hashes: &hashes,
+                    prompt_len: n,
+                    max_tokens: m,
+                },
+                0.0,
+            );
+            let measured = measured_ttft(&mut e, tokens, max_tokens);
+            let predicted = p.ttft_ms.unwrap_or(f64::NAN);
+            assert!(
+                (predicted - measured).abs() < 1e-9,
+                "{name}: predicted {predicted} ms, the engine took {measured} ms"
+            );
+        }
+    }
+
+    #[test]
+    fn prediction_reports_the_cached_prefix_and_what_was_evicted() {
+        let mut c = cfg();
+        c.num_blocks = 40;
+        let mut e = Engine::new(c);
+        let p = prompt("p", 330);
+        let _a = submit(&mut e, p.clone(), 1);
+        run_to_idle(&mut e);
+        let (hashes, n, m) = probe_of(&p, 1);
+        let probe = Probe {
+            hashes: &hashes,
+            prompt_len: n,
+            max_tokens: m,
+        };
+        let before = e.predict(probe, 0.0);
+        // 330 tokens: 20 full blocks, all cached (the cap is (330 - 1) / 16 = 20).
+        assert_eq!((before.match_blocks, before.held_blocks), (20, 20));
+        // Another prompt of 35 blocks evicts most of it.
+        let _b = submit(&mut e, prompt("q", 560), 1);
+        run_to_idle(&mut e);
+        let after = e.predict(probe, 0.0);
+        assert!(after.match_blocks < 20, "evicted: {after:?}");
+        assert_eq!(after.held_blocks, 20, "held once: {after:?}");
+        assert!(after.ttft_ms > before.ttft_ms, "{after:?} vs {before:?}");
+    }
+
+    #[test]
+    fn step_in_flight_adds_its_time_left_and_applies_first() {
+        let mut e = Engine::new(cfg());
+        let _a = submit(&mut e, prompt("a", 100), 50);
+        e.schedule();
+        let (hashes, n, m) = probe_of(&prompt("p", 100), 5);
+        let probe = Probe {
+            hashes: &hashes,
+            prompt_len: n,
+            max_tokens: m,
+        };
+        let idle_step = 12.0 + 100.0 * 0.06 + 2.0 * 0.15;
+        let p = e.predict(probe, 7.0).ttft_ms.unwrap_or(f64::NAN);
+        // `a` decodes beside the probe's prefill: two sequences in the step.
+        assert!((p - (7.0 + idle_step)).abs() < 1e-9, "{p}");
+    }
+
     fn lora_cfg(max_loras: usize) -> EngineConfig {
         EngineConfig {
             max_loras: Some(max_loras),

@@ -28,6 +28,7 @@ pub mod metrics;
 use std::future::Future;
 use std::io;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 
 pub use api::{REPLICA_HEADER, REQUEST_HEADERS_HEADER};
@@ -49,6 +50,13 @@ pub async fn serve_with_shutdown(
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let port = listener.local_addr()?.port();
     let state = api::AppState::new(&args, port);
+    // TCP_NODELAY on every accepted connection, as vLLM's server has it (asyncio sets it on
+    // every TCP transport): with Nagle on, a token written while the previous write is still
+    // unacknowledged waits for the client's delayed ACK, up to 40 ms on Linux, which showed as
+    // a first token 40 ms late on a warm keep-alive connection.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, api::router(state))
         .with_graceful_shutdown(shutdown)
         .await

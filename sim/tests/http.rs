@@ -1487,3 +1487,92 @@ async fn tokenize_render_and_the_routers_probes_answer_as_vllm_does() {
         assert_eq!(sim.get_text(path).await.0, 404, "{path}");
     }
 }
+
+/// POSTs a probe to `/debug/state`: the body's prompt as `probe_prompt` and `block_hashes`
+/// compute it (what the bench's oracle sends).
+async fn probe(sim: &Sim, body: &Value, chat: bool) -> (u16, Value) {
+    let (tokens, max_tokens) =
+        warmroute_sim::api::probe_prompt(body.to_string().as_bytes(), chat, 16).unwrap();
+    let hashes: Vec<u8> = warmroute_sim::cache::block_hashes(&tokens, 16)
+        .iter()
+        .flat_map(|h| h.to_le_bytes())
+        .collect();
+    let res = sim
+        .client
+        .post(format!(
+            "{}/debug/state?prompt_tokens={}&max_tokens={max_tokens}",
+            sim.base,
+            tokens.len()
+        ))
+        .body(hashes)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let text = res.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[tokio::test]
+async fn debug_state_reports_the_cached_prefix_and_the_predicted_ttft() {
+    let sim = start(&["--debug-state"]).await;
+    let body = json!({
+        "messages": [{"role": "system", "content": "You are a test."}, {"role": "user", "content": words("w", 500)}],
+        "max_tokens": 8,
+    });
+    let (status, cold) = probe(&sim, &body, true).await;
+    assert_eq!(status, 200, "{cold}");
+    assert_eq!(
+        (cold["match_blocks"].as_u64(), cold["running"].as_u64()),
+        (Some(0), Some(0))
+    );
+    // 507 prompt tokens prefilled in one idle step with one sequence (the sim's defaults).
+    let idle = 12.0 + 507.0 * 0.06 + 0.15;
+    assert!(
+        (cold["predicted_ttft_ms"].as_f64().unwrap() - idle).abs() < 1e-6,
+        "{cold}"
+    );
+
+    let (_, _, first) = sim.post("/v1/chat/completions", &body).await;
+    let (_, warm) = probe(&sim, &body, true).await;
+    // What the probe says is cached is what the next identical request finds.
+    let (_, _, second) = sim.post("/v1/chat/completions", &body).await;
+    assert_eq!(cached(&first), 0);
+    assert_eq!(warm["cached_tokens"].as_u64(), Some(cached(&second)));
+    assert_eq!(warm["cached_tokens"].as_u64(), Some(31 * 16));
+    let hit = 12.0 + (507.0 - 496.0) * 0.06 + 0.15;
+    assert!(
+        (warm["predicted_ttft_ms"].as_f64().unwrap() - hit).abs() < 1e-6,
+        "{warm}"
+    );
+
+    // A running sequence shows in the queue and in the prediction.
+    let _stream = sim.start_stream("sim-llama-8b", "busy").await;
+    let (_, busy) = probe(&sim, &body, true).await;
+    assert_eq!(busy["running"].as_u64(), Some(1), "{busy}");
+    assert!(busy["predicted_ttft_ms"].as_f64().unwrap() > hit, "{busy}");
+    let (status, text) = sim.get_text("/debug/state").await;
+    assert_eq!(status, 200);
+    assert!(text.contains("\"running\":1"), "{text}");
+
+    // Not a multiple of 8 bytes: a 400, never a panic.
+    let res = sim
+        .client
+        .post(format!("{}/debug/state?prompt_tokens=3", sim.base))
+        .body(vec![1u8, 2, 3])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+}
+
+#[tokio::test]
+async fn debug_state_is_off_by_default() {
+    let sim = start(&[]).await;
+    assert_eq!(sim.get_text("/debug/state").await.0, 404);
+    let (status, _) = probe(&sim, &json!({"prompt": "a b c"}), false).await;
+    assert_eq!(status, 404);
+}
