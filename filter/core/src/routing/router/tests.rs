@@ -5,6 +5,7 @@ use crate::fleet::scrape::Scrape;
 use crate::hash::address_id;
 use crate::prompt::openai::{prompt_key, Endpoint};
 use crate::routing::exchange::{Batch, PeerAnswer};
+use crate::routing::index::PromptModel;
 use crate::routing::index_log::Event;
 use crate::testing::MemoryHost;
 #[cfg(target_arch = "wasm32")]
@@ -472,6 +473,41 @@ fn index_sizes_to_backend_capacity() {
     a.refresh_health(&host).unwrap();
     assert_eq!(a.index.capacity(1), 200);
     assert_eq!(a.fleet().health()[0].scrape.capacity_tokens, Some(6400));
+}
+
+#[test]
+fn pods_that_keep_whole_prompts_size_the_prompt_model() {
+    let host = MemoryHost::default();
+    let llama = |prompt_cache: &str| {
+        Config::parse(
+            format!(
+                r#"{{"backends":[{{"name":"a","address":"127.0.0.1:1"}},{{"name":"b","address":"127.0.0.1:2"}}],
+                    "metrics":{{"engine":"llamacpp","capacity_tokens":64000{prompt_cache}}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let mut a = Router::new(
+        llama(r#","prompt_cache":{"slots":2,"ram_tokens":6400}"#),
+        &host,
+    );
+    // 6400 tokens x 4 bytes per token / 256-byte blocks.
+    assert_eq!(
+        a.index.prompt_model(),
+        Some(PromptModel {
+            slots: 2,
+            ram_blocks: 100
+        })
+    );
+    // The RAM cache in blocks follows the ratio the pods report.
+    for _ in 0..300 {
+        a.learn_ratio(40 * 256, 40 * 32);
+    }
+    let ram = a.index.prompt_model().map_or(0, |m| m.ram_blocks);
+    assert!((190..=200).contains(&ram), "{ram}");
+    // Without `prompt_cache` the index forgets by blocks alone.
+    assert_eq!(Router::new(llama(""), &host).index.prompt_model(), None);
 }
 
 #[test]
