@@ -299,6 +299,8 @@ pub struct Index {
     prompts: Option<PromptModel>,
     /// Per backend, the prompts it holds, newest last (empty without a model).
     chains: Vec<VecDeque<prompts::Chain>>,
+    /// The chains it evicted last, fleet-wide ([`prompts`]).
+    ghosts: prompts::Ghosts,
 }
 
 impl Index {
@@ -316,6 +318,7 @@ impl Index {
             ttl_ms,
             prompts: None,
             chains: (0..backends).map(|_| VecDeque::new()).collect(),
+            ghosts: prompts::Ghosts::default(),
         };
         ix.set_capacities(&vec![None; backends]);
         ix

@@ -49,12 +49,24 @@
 //! sample, stays in the index as the newer chain's *end* (the next turn matches where that
 //! turn ended) and leaves with it.
 //!
+//! ## A conversation whose history went
+//! A prompt that carries earlier turns and that no pod holds past its head is taken for a
+//! conversation whose turns another gateway replica served, and goes to the pod that replica
+//! most likely chose, believed to hold the history ([`crate::routing::policy`]'s
+//! `cache_aware`). When this index evicted that history itself, no pod holds it: the prompt is
+//! a new one wherever it goes, and following the anchor only piles conversations onto their
+//! first pods (40 of 72 chat turns on one of three llama.cpp replicas, TTFT P95 1.6x round
+//! robin's, in one `make real-llama` run). So the index remembers the last [`GHOSTS`] chains
+//! it evicted (the hash at each one's deepest sampled position, which names its whole prefix),
+//! and [`Index::history_evicted`] tells the router such a prompt is no continuation.
+//!
 //! | parameter | default | why |
 //! |---|---|---|
 //! | `slots` | `metrics.prompt_cache.slots` | `-np`; 1 under `--kv-unified` with `--cache-idle-slots`, which clear idle slots |
 //! | `ram` (blocks) | `ram_tokens` × bytes per token / `block_bytes`, at most the pod's index share | `--cache-ram` MiB × 2^20 / the model's KV bytes per token |
 //! | [`MAX_CHAINS`] | 1024 | llama.cpp scans its whole list per request too; past it the oldest go (an under-prediction, a hit not taken) |
 //! | [`ENDS`] | 8 | covered chains' off-sample ends a chain keeps: a conversation's last turns |
+//! | [`GHOSTS`] | 4096 | evicted chains remembered, fleet-wide (64 KB): conversations idle for a few thousand others' turns |
 //!
 //! Cost: recording a prompt is O(chains) to find those it extends; an eviction O(entries of
 //! the evicted chain + the prefix other chains share with it). Memory: a chain is its kept
@@ -69,6 +81,29 @@ pub const MAX_CHAINS: usize = 1024;
 
 /// Off-sample ends of covered chains a chain keeps, newest last.
 pub const ENDS: usize = 8;
+
+/// Evicted chains remembered (see "A conversation whose history went").
+pub const GHOSTS: usize = 4096;
+
+/// The chains the index evicted last: the hash at each one's deepest sampled position.
+#[derive(Debug, Default)]
+pub(super) struct Ghosts {
+    set: hashbrown::HashSet<u64>,
+    order: VecDeque<u64>,
+}
+
+impl Ghosts {
+    fn add(&mut self, hash: u64) {
+        if self.set.insert(hash) {
+            self.order.push_back(hash);
+            while self.order.len() > GHOSTS {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}
 
 /// The whole prompts each pod holds, in blocks (see the module's table).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,6 +214,17 @@ impl Index {
         self.prompts
     }
 
+    /// Whether `blocks` extends a prompt this index evicted under the whole-prompt model
+    /// while no backend holds more than its first `head` blocks (`matched`, per backend):
+    /// its history is nowhere (see "A conversation whose history went").
+    pub fn history_evicted(&self, blocks: &[u64], matched: &[u32], head: u32) -> bool {
+        if self.ghosts.set.is_empty() || matched.iter().any(|&m| m > head) {
+            return false;
+        }
+        super::kept_positions(blocks.len())
+            .any(|i| blocks.get(i).is_some_and(|h| self.ghosts.set.contains(h)))
+    }
+
     /// The chains `backend` holds.
     pub fn chains_of(&self, backend: usize) -> usize {
         self.chains.get(backend).map_or(0, VecDeque::len)
@@ -264,6 +310,9 @@ impl Index {
 
     /// Removes `c`'s entries from `backend`'s share, except those its held chains share.
     fn drop_chain(&mut self, backend: usize, c: &Chain) {
+        if let Some(&deepest) = c.sampled().checked_sub(1).and_then(|k| c.kept.get(k)) {
+            self.ghosts.add(deepest);
+        }
         // Chains are prefix-closed: what another chain shares with `c` is a run of leading
         // sampled positions.
         let shared = self.chains.get(backend).map_or(0, |chains| {

@@ -533,3 +533,27 @@ fn the_model_is_off_for_blocks_and_forgetting_a_slot_clears_it() {
     assert_eq!(lens(&ix, &convo(4, 0, 10), 700_006)[1], 0);
     assert_eq!(lens(&ix, &convo(5, 0, 10), 700_006)[1], 10);
 }
+
+#[test]
+fn a_conversation_whose_prompt_was_evicted_is_known_to_be_nowhere() {
+    let mut ix = whole_prompts(1, 0);
+    ix.record(&convo(1, 4, 20), 0, 1);
+    let next_turn = convo(1, 4, 30);
+    let mut m = Vec::new();
+    ix.match_lengths(&next_turn, 2, &mut m);
+    assert!(!ix.history_evicted(&next_turn, &m, 4), "held: not gone");
+    ix.record(&convo(2, 4, 20), 0, 2);
+    ix.match_lengths(&next_turn, 3, &mut m);
+    assert_eq!(m, vec![4, 0, 0]);
+    assert!(ix.history_evicted(&next_turn, &m, 4));
+    // A conversation this index never saw, or one a pod holds past the head, is not.
+    assert!(!ix.history_evicted(&convo(3, 4, 30), &m, 4));
+    ix.record(&convo(1, 4, 20), 1, 4);
+    ix.match_lengths(&next_turn, 5, &mut m);
+    assert!(!ix.history_evicted(&next_turn, &m, 4));
+    // Without the model nothing is evicted by prompts.
+    let mut blocks = Index::new(3, 1 << 16, 600_000);
+    blocks.record(&convo(1, 4, 20), 0, 1);
+    blocks.record(&convo(2, 4, 20), 0, 2);
+    assert!(!blocks.history_evicted(&next_turn, &[4, 0, 0], 4));
+}
