@@ -511,6 +511,42 @@ fn pods_that_keep_whole_prompts_size_the_prompt_model() {
 }
 
 #[test]
+fn a_conversation_the_pod_no_longer_holds_is_routed_as_a_new_one() {
+    let host = MemoryHost::default();
+    // One pod that keeps one whole prompt.
+    let cfg = Config::parse(
+        br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],
+            "metrics":{"engine":"llamacpp","capacity_tokens":64000,
+                       "prompt_cache":{"slots":1,"ram_tokens":0}}}"#,
+    )
+    .unwrap();
+    let mut a = Router::new(cfg, &host);
+    // First questions long enough that each conversation's prompt goes past the system
+    // prompt's blocks (a prompt within another is held with it, not evicted by it).
+    let (sys, q1) = ("x".repeat(4000), "q".repeat(600));
+    let turn1 = chat(&[("system", &sys), ("user", &q1)]);
+    let turn2 = chat(&[
+        ("system", &sys),
+        ("user", &q1),
+        ("assistant", &"y".repeat(3000)),
+        ("user", "q2"),
+    ]);
+    let first = a.route(&host, &prompt(&turn1));
+    a.fleet_mut().release(&host, 0, one()).unwrap();
+    let other = chat(&[("system", &sys), ("user", &"o".repeat(600))]);
+    a.route(&host, &prompt(&other));
+    a.fleet_mut().release(&host, 0, one()).unwrap();
+    // Turn 1 was evicted by the other conversation: turn 2 is believed to find the shared
+    // system prompt there, not the conversation's history.
+    let second = a.route(&host, &prompt(&turn2));
+    assert!(
+        first.decision.matched == 0 && second.decision.matched < 16,
+        "{:?}",
+        second.decision
+    );
+}
+
+#[test]
 fn the_index_follows_the_ratio_the_pods_report() {
     let host = MemoryHost::default();
     let mut a = Router::new(cfg("cache_aware"), &host);
