@@ -6,9 +6,13 @@ llama.cpp's cache is not vLLM's blocks: each slot (`-np`) keeps the tokens of it
 prompt, a new prompt goes to the idle slot sharing the longest common prefix with it (or the
 least recently used one), and what a slot is about to lose is saved to a host-RAM prompt
 cache (`--cache-ram` MiB), from which a later prompt sharing a prefix is restored. Reuse is
-token-exact (no block rounding). So a replica holds `-c` tokens in its slots plus what
-`--cache-ram` holds, and the filter is told that sum (`metrics.capacity_tokens`): llama.cpp
-publishes neither KV usage nor KV size on `/metrics`.
+token-exact (no block rounding). With `--kv-unified` (and `--cache-idle-slots`, its default)
+every idle slot is saved to the RAM cache and cleared whenever a task starts. So a replica
+holds its last prompt and what fits in `--cache-ram`, whole prompts, not `-c` tokens of blocks:
+the filter is told both (`metrics.prompt_cache`: 1 slot, the RAM cache in tokens) beside the
+tokens (`metrics.capacity_tokens`, `-c` plus the RAM cache); llama.cpp publishes neither KV
+usage nor KV size on `/metrics`. `--prompt-model off` leaves `prompt_cache` out (the index
+then forgets by blocks alone, as before it modelled llama.cpp).
 
 1. Metrics: every replica's `/metrics` and the names the filter reads (the `llamacpp`
    preset), `/props` and `/slots` (what stands for vLLM's `cache_config_info`), Envoy's
@@ -73,8 +77,12 @@ class LlamaReplica(Server):
     READY_S: ClassVar[float] = 120
 
     @property
+    def ram_tokens(self) -> int:
+        return self.cache_ram_mib * (1 << 20) // KV_BYTES_PER_TOKEN
+
+    @property
     def capacity_tokens(self) -> int:
-        return self.ctx + self.cache_ram_mib * (1 << 20) // KV_BYTES_PER_TOKEN
+        return self.ctx + self.ram_tokens
 
     def command(self) -> list[str]:
         return [str(self.binary), "-m", str(MODEL), "--alias", SERVED, "--host", "127.0.0.1",
@@ -83,9 +91,19 @@ class LlamaReplica(Server):
                 "--jinja", "--no-ui", "--no-warmup"]
 
 
+# Whether the filter is told the replicas keep whole prompts (`--prompt-model`).
+PROMPT_MODEL = True
+
+
 def llama_filter(replicas: list[LlamaReplica]) -> dict:
-    """The shipped envoy.yaml's filter with llama.cpp's preset and the replicas' capacity."""
-    return {**DEBUG, "metrics": {"engine": "llamacpp", "capacity_tokens": replicas[0].capacity_tokens}}
+    """The shipped envoy.yaml's filter with llama.cpp's preset and the replicas' capacity: in
+    tokens, and (PROMPT_MODEL) in whole prompts. One slot: `--kv-unified` with
+    `--cache-idle-slots` moves every idle slot to the RAM cache when a task starts."""
+    r = replicas[0]
+    metrics = {"engine": "llamacpp", "capacity_tokens": r.capacity_tokens}
+    if PROMPT_MODEL:
+        metrics["prompt_cache"] = {"slots": 1, "ram_tokens": r.ram_tokens}
+    return {**DEBUG, "metrics": metrics}
 
 
 def metrics_section(replicas: list[LlamaReplica], envoy: Envoy, out: dict, fixtures: Path | None) -> bool:
@@ -256,7 +274,11 @@ def main() -> int:
     ap.add_argument("--fixtures", type=Path, help="write the engine's answers here (bench/real/fixtures)")
     ap.add_argument("--json", type=Path, default=LLAMA_DIR / "results.json")
     ap.add_argument("--only", choices=["metrics", "shapes"], help="skip the workloads")
+    ap.add_argument("--prompt-model", choices=["on", "off"], default="on",
+                    help="tell the filter the replicas keep whole prompts (metrics.prompt_cache)")
     a = ap.parse_args()
+    global PROMPT_MODEL
+    PROMPT_MODEL = a.prompt_model == "on"
     t_start = time.time()
     if not MODEL.exists() or not LLAMA_PY.exists():
         raise SystemExit("llama.cpp is not set up: run `make real-llama-setup`")
@@ -269,7 +291,7 @@ def main() -> int:
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True)
     replicas = [LlamaReplica(name=f"llama-{i}", port=free_port(), binary=binary, ctx=a.ctx, slots=a.slots, cache_ram_mib=a.cache_ram)
                 for i in range(a.replicas)]
-    out: dict = {"ctx": a.ctx, "slots": a.slots, "cache_ram_mib": a.cache_ram,
+    out: dict = {"ctx": a.ctx, "slots": a.slots, "cache_ram_mib": a.cache_ram, "prompt_model": a.prompt_model,
                  "version": (version.stdout + version.stderr).strip().splitlines()[:2]}
     print(f"# warmroute in front of {a.replicas} real llama.cpp servers ({' '.join(out['version'])}; logs: {logdir})")
     ok = True
@@ -278,7 +300,7 @@ def main() -> int:
         out["start_s"] = start_all(replicas, logdir)
         print(f"replicas up in {out['start_s']:.1f} s: " + ", ".join(
             f"{r.name} :{r.port} ({r.started_s:.1f} s)" for r in replicas)
-            + f"; each -c {a.ctx} over {a.slots} slots + {a.cache_ram} MiB RAM cache = {replicas[0].capacity_tokens} tokens")
+            + f"; each -c {a.ctx} over {a.slots} slots + {a.cache_ram} MiB RAM cache = {replicas[0].capacity_tokens} tokens; prompt model {a.prompt_model}")
         envoy = Envoy(replicas, filter_overrides=llama_filter(replicas), concurrency=1)
         envoy.start(logdir)
         ok &= metrics_section(replicas, envoy, out, a.fixtures)

@@ -308,6 +308,24 @@ pub struct MetricsConfig {
     /// KV capacity in tokens of a pod whose scrape gives none (an engine
     /// without `cache_config_info`); `None`: such pods size no index share.
     pub capacity_tokens: Option<u64>,
+    /// Whole prompts each pod keeps, for an engine that keeps prompts rather
+    /// than blocks (llama.cpp); `None`: the index forgets by blocks alone.
+    pub prompt_cache: Option<PromptCache>,
+}
+
+/// What an engine that keeps whole prompts holds per pod
+/// ([`crate::routing::index`], "Whole prompts"): llama.cpp's server keeps the
+/// last prompt of each slot and a host-RAM cache of whole prompts, and
+/// publishes neither (`/props` gives `total_slots`, no endpoint `--cache-ram`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptCache {
+    /// The newest prompts a pod holds whatever their size: `-np`; 1 with
+    /// `--kv-unified` and `--cache-idle-slots`, which save and clear every
+    /// idle slot each time a task starts.
+    pub slots: u32,
+    /// Tokens of older prompts its RAM cache holds, newest first:
+    /// `--cache-ram` MiB × 2^20 / the model's KV bytes per token.
+    pub ram_tokens: u64,
 }
 
 /// Where the fleet's members come from when no static list is given.

@@ -322,3 +322,67 @@ fn bad_metric_names_and_engines_are_named() {
     )
     .is_ok());
 }
+
+#[test]
+fn a_prompt_cache_is_llamacpps_and_each_bad_field_is_named() {
+    let with = |metrics: &str| {
+        Config::parse(
+            format!(
+                r#"{{"backends":[{{"name":"a","address":"127.0.0.1:1"}}],"metrics":{metrics}}}"#
+            )
+            .as_bytes(),
+        )
+    };
+    let field = |metrics: &str| with(metrics).unwrap_err().field;
+    let ok = with(r#"{"engine":"llamacpp","prompt_cache":{"slots":2,"ram_tokens":2048}}"#)
+        .unwrap()
+        .metrics;
+    assert_eq!(
+        ok.prompt_cache,
+        Some(PromptCache {
+            slots: 2,
+            ram_tokens: 2048
+        })
+    );
+    assert_eq!(with("{}").unwrap().metrics.prompt_cache, None);
+    for (metrics, named) in [
+        (
+            r#"{"prompt_cache":{"slots":2,"ram_tokens":2048}}"#,
+            "metrics.prompt_cache",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"ram_tokens":2048}}"#,
+            "metrics.prompt_cache.slots",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"slots":2}}"#,
+            "metrics.prompt_cache.ram_tokens",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"slots":0,"ram_tokens":0}}"#,
+            "metrics.prompt_cache.slots",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"slots":5000,"ram_tokens":0}}"#,
+            "metrics.prompt_cache.slots",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"slots":1,"ram_tokens":2000000000000}}"#,
+            "metrics.prompt_cache.ram_tokens",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"slots":-1,"ram_tokens":0}}"#,
+            "metrics.prompt_cache.slots",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":{"slots":1,"ram_tokens":0,"ram_mib":8}}"#,
+            "metrics.prompt_cache.ram_mib",
+        ),
+        (
+            r#"{"engine":"llamacpp","prompt_cache":2}"#,
+            "metrics.prompt_cache",
+        ),
+    ] {
+        assert_eq!(field(metrics), named, "{metrics}");
+    }
+}

@@ -9,6 +9,43 @@ use std::net::SocketAddr;
 /// Largest `metrics.capacity_tokens`: 2^40 tokens, far past any pod's KV.
 const MAX_CAPACITY_TOKENS: u64 = 1 << 40;
 
+/// Most slots `metrics.prompt_cache.slots` may name: llama.cpp's `-np` is a
+/// handful, and the index keeps each held prompt's sampled hashes.
+const MAX_PROMPT_SLOTS: u64 = 1024;
+
+/// `metrics.prompt_cache`: only for llama.cpp, whose cache is whole prompts;
+/// vLLM and SGLang keep blocks, which the index already models.
+fn prompt_cache(
+    engine: Engine,
+    p: Option<WirePromptCache>,
+) -> Result<Option<PromptCache>, ConfigError> {
+    let Some(p) = p else { return Ok(None) };
+    if engine != Engine::Llamacpp {
+        return Err(bad(
+            "metrics.prompt_cache",
+            "only with engine llamacpp: vLLM and SGLang keep blocks, not whole prompts",
+        ));
+    }
+    let slots = p
+        .slots
+        .ok_or_else(|| bad("metrics.prompt_cache.slots", "required: llama-server's -np"))?;
+    let ram_tokens = p.ram_tokens.ok_or_else(|| {
+        bad(
+            "metrics.prompt_cache.ram_tokens",
+            "required: --cache-ram MiB x 2^20 / the model's KV bytes per token (0: no RAM cache)",
+        )
+    })?;
+    Ok(Some(PromptCache {
+        slots: in_range("metrics.prompt_cache.slots", slots, 1, MAX_PROMPT_SLOTS)? as u32,
+        ram_tokens: in_range(
+            "metrics.prompt_cache.ram_tokens",
+            ram_tokens,
+            0,
+            MAX_CAPACITY_TOKENS,
+        )?,
+    }))
+}
+
 fn valid_header_name(name: &str) -> bool {
     !name.is_empty()
         && name
@@ -497,6 +534,7 @@ fn metrics(m: WireMetrics, path: String) -> Result<MetricsConfig, ConfigError> {
             .capacity_tokens
             .map(|c| in_range("metrics.capacity_tokens", c, 1, MAX_CAPACITY_TOKENS))
             .transpose()?,
+        prompt_cache: prompt_cache(m.engine, m.prompt_cache)?,
     })
 }
 

@@ -150,6 +150,15 @@ pub(super) struct WireMetrics {
     pub(super) engine: Engine,
     pub(super) names: WireMetricNames,
     pub(super) capacity_tokens: Option<u64>,
+    pub(super) prompt_cache: Option<WirePromptCache>,
+}
+
+/// An engine that keeps whole prompts ([`super::PromptCache`]); both fields must be given.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WirePromptCache {
+    pub(super) slots: Option<u64>,
+    pub(super) ram_tokens: Option<u64>,
 }
 
 impl Default for WireMetrics {
@@ -168,6 +177,7 @@ impl Default for WireMetrics {
             engine: Engine::default(),
             names: WireMetricNames::default(),
             capacity_tokens: None,
+            prompt_cache: None,
         }
     }
 }

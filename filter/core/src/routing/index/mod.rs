@@ -65,6 +65,14 @@
 //! Each entry takes 2.3 to 4.6 slots of 17 bytes: 18 MB for the default
 //! `max_blocks` filled with one-block entries, what churn grew it to anyway.
 //!
+//! ## Whole prompts
+//! An engine that keeps whole prompts rather than blocks (llama.cpp's server: one
+//! prompt per slot and a RAM cache of prompts) holds far fewer conversations than
+//! its tokens suggest. With a [`PromptModel`] the index also keeps, per backend,
+//! the prompts recorded for it and evicts a backend's least recent prompt's
+//! entries when it holds more than the engine can ([`prompts`]); without one
+//! (vLLM, SGLang) it forgets by blocks alone.
+//!
 //! ## First blocks
 //! The index also counts, per chain's first block, the backends holding an
 //! entry for it (incremented when such an entry is created, decremented when
@@ -83,6 +91,9 @@
 use hashbrown::hash_map::Entry;
 use hashbrown::HashMap;
 use std::collections::VecDeque;
+
+mod prompts;
+pub use prompts::PromptModel;
 
 /// Refreshing an entry more often than this buys nothing and grows the LRU queue.
 const REFRESH_MS: u64 = 1000;
@@ -284,6 +295,12 @@ pub struct Index {
     lru: Vec<Lru>,
     max_blocks: usize,
     ttl_ms: u64,
+    /// The whole prompts each backend holds, for an engine that keeps prompts ([`prompts`]).
+    prompts: Option<PromptModel>,
+    /// Per backend, the prompts it holds, newest last (empty without a model).
+    chains: Vec<VecDeque<prompts::Chain>>,
+    /// The chains it evicted last, fleet-wide ([`prompts`]).
+    ghosts: prompts::Ghosts,
 }
 
 impl Index {
@@ -299,6 +316,9 @@ impl Index {
             lru: (0..backends).map(|_| Lru::default()).collect(),
             max_blocks,
             ttl_ms,
+            prompts: None,
+            chains: (0..backends).map(|_| VecDeque::new()).collect(),
+            ghosts: prompts::Ghosts::default(),
         };
         ix.set_capacities(&vec![None; backends]);
         ix
@@ -422,8 +442,16 @@ impl Index {
     /// brings start there, to a sampling stride.
     pub fn record(&mut self, blocks: &[u64], backend: usize, now_ms: u64) -> u32 {
         let held = kept_positions(blocks.len()).filter_map(|i| Some((i, *blocks.get(i)?)));
-        self.record_positions(held, backend, now_ms)
-            .unwrap_or(blocks.len()) as u32
+        let first_new = self
+            .record_positions(held, backend, now_ms)
+            .unwrap_or(blocks.len()) as u32;
+        if self.prompts.is_some() {
+            let kept: Vec<u64> = kept_positions(blocks.len())
+                .filter_map(|i| blocks.get(i).copied())
+                .collect();
+            self.hold_prompt(backend, blocks.len(), &kept, now_ms);
+        }
+        first_new
     }
 
     /// Records a chain of `len` blocks given only its hashes at [`kept_positions`],
@@ -431,7 +459,9 @@ impl Index {
     /// Returns what [`Index::record`] does.
     pub fn record_kept(&mut self, len: usize, kept: &[u64], backend: usize, now_ms: u64) -> u32 {
         let held = kept_positions(len).zip(kept.iter().copied());
-        self.record_positions(held, backend, now_ms).unwrap_or(len) as u32
+        let first_new = self.record_positions(held, backend, now_ms).unwrap_or(len) as u32;
+        self.hold_prompt(backend, len, kept, now_ms);
+        first_new
     }
 
     /// Records `held` (position, hash); the first position not held before.
@@ -523,12 +553,16 @@ impl Index {
         };
         pop_oldest(&mut self.map, &mut self.firsts, salt, lru, |_, _| true);
         lru.live = 0;
+        if let Some(chains) = self.chains.get_mut(backend) {
+            chains.clear();
+        }
     }
 
     /// Ages every backend's share out (called from the tick).
     pub fn expire(&mut self, now_ms: u64) {
         for b in 0..self.lru.len() {
             self.evict(b, now_ms);
+            self.expire_chains(b, now_ms);
         }
     }
 }

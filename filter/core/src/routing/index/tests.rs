@@ -363,3 +363,197 @@ mod properties {
         }
     }
 }
+
+/// A conversation: a shared head of `shared` blocks (tag 0), then its own blocks.
+fn convo(tag: u64, shared: usize, n: usize) -> Vec<u64> {
+    (0..n as u64)
+        .map(|i| {
+            if (i as usize) < shared {
+                i
+            } else {
+                tag << 32 | i
+            }
+        })
+        .collect()
+}
+
+fn whole_prompts(slots: usize, ram_blocks: usize) -> Index {
+    let mut ix = Index::new(3, 1 << 16, 600_000);
+    ix.set_prompt_model(Some(PromptModel { slots, ram_blocks }));
+    ix
+}
+
+#[test]
+fn a_pod_holding_whole_prompts_forgets_its_least_recent_one() {
+    // Two slots, no RAM cache: the third conversation sent to pod 0 evicts the first.
+    let mut ix = whole_prompts(2, 0);
+    for (t, tag) in [1, 2, 3].into_iter().enumerate() {
+        ix.record(&convo(tag, 4, 20), 0, t as u64);
+    }
+    assert_eq!(ix.chains_of(0), 2);
+    assert_eq!(
+        lens(&ix, &convo(1, 4, 21), 10)[0],
+        4,
+        "only the shared head"
+    );
+    assert_eq!(lens(&ix, &convo(2, 4, 21), 10)[0], 20);
+    assert_eq!(lens(&ix, &convo(3, 4, 21), 10)[0], 20);
+    // The evicted prompt's own blocks left the index; the shared head stayed.
+    assert_eq!(ix.len_of(0), 4 + 16 + 16);
+    // Without the model the index keeps all three (the blocks fit its share).
+    let mut blocks = Index::new(3, 1 << 16, 600_000);
+    for (t, tag) in [1, 2, 3].into_iter().enumerate() {
+        blocks.record(&convo(tag, 4, 20), 0, t as u64);
+    }
+    assert_eq!(lens(&blocks, &convo(1, 4, 21), 10)[0], 20);
+}
+
+#[test]
+fn a_conversations_turns_are_one_prompt() {
+    // Each turn extends the last one: the slot holds the longer prompt, not both.
+    let mut ix = whole_prompts(1, 0);
+    for turn in 1..=6 {
+        ix.record(&convo(1, 4, 10 * turn), 0, turn as u64);
+        assert_eq!(ix.chains_of(0), 1, "turn {turn}");
+    }
+    assert_eq!(lens(&ix, &convo(1, 4, 61), 10)[0], 60);
+    // Past the dense head, where a turn's end is off the sample, the next turn still
+    // extends it, and the earlier turn's end is found while the conversation is held.
+    ix.record(&convo(1, 4, 71), 0, 7);
+    ix.record(&convo(1, 4, 83), 0, 8);
+    assert_eq!(ix.chains_of(0), 1);
+    let mut other = convo(1, 4, 83);
+    other[71..].iter_mut().for_each(|h| *h ^= 0xffff);
+    assert_eq!(lens(&ix, &other, 10)[0], 71, "the earlier turn's end");
+    // Another conversation evicts it, end included.
+    ix.record(&convo(2, 4, 40), 0, 9);
+    assert_eq!(ix.chains_of(0), 1);
+    assert_eq!(lens(&ix, &other, 10)[0], 4);
+    assert_eq!(ix.len_of(0), 40);
+}
+
+#[test]
+fn the_ram_cache_keeps_older_prompts_while_they_fit() {
+    // One slot and 50 blocks of RAM: the newest prompt whatever its size, then older ones
+    // newest first while their sum fits; one larger than the RAM cache is never kept there.
+    let mut ix = whole_prompts(1, 50);
+    ix.record(&convo(1, 0, 20), 0, 1);
+    ix.record(&convo(2, 0, 20), 0, 2);
+    ix.record(&convo(3, 0, 60), 0, 3);
+    ix.record(&convo(4, 0, 20), 0, 4);
+    // Newest first: 4 in the slot; 3 (60 > 50) skipped; 2 (20) and 1 (40) fit.
+    let held = |ix: &Index| {
+        [1, 2, 3, 4].map(|t| lens(ix, &convo(t, 0, if t == 3 { 60 } else { 20 }), 10)[0])
+    };
+    assert_eq!(held(&ix), [20, 20, 0, 20]);
+    ix.record(&convo(5, 0, 20), 0, 5);
+    // 5 in the slot; 4 and 2 fill 40 of 50; 1 would make 60: gone, and nothing older stays.
+    assert_eq!(held(&ix), [0, 20, 0, 20]);
+    assert_eq!(ix.chains_of(0), 3);
+    // The budget is also bounded by the pod's index share.
+    let mut small = Index::new(1, 30, 600_000);
+    small.set_prompt_model(Some(PromptModel {
+        slots: 1,
+        ram_blocks: 1 << 20,
+    }));
+    small.record(&convo(1, 0, 10), 0, 1);
+    small.record(&convo(2, 0, 10), 0, 2);
+    small.record(&convo(3, 0, 10), 0, 3);
+    small.record(&convo(4, 0, 10), 0, 4);
+    assert_eq!(small.chains_of(0), 4, "30 blocks of RAM: 3 older prompts");
+    small.record(&convo(5, 0, 10), 0, 5);
+    assert_eq!(small.chains_of(0), 4);
+}
+
+#[test]
+fn a_log_event_builds_the_same_prompts() {
+    // One replica records whole chains, the other the kept hashes an event carries,
+    // some of them cut to the chain's head.
+    let mut a = whole_prompts(2, 40);
+    let mut b = whole_prompts(2, 40);
+    let kept = |c: &[u64]| kept_positions(c.len()).map(|i| c[i]).collect::<Vec<_>>();
+    let prompts = [
+        convo(1, 8, 35),
+        convo(2, 8, 70),
+        convo(1, 8, 47),
+        convo(3, 8, 130),
+        convo(2, 8, 75),
+        convo(4, 8, 12),
+    ];
+    for (t, p) in prompts.iter().enumerate() {
+        a.record(p, t % 3, t as u64);
+        b.record_kept(p.len(), &kept(p), t % 3, t as u64);
+    }
+    for p in prompts.iter() {
+        assert_eq!(lens(&a, p, 10), lens(&b, p, 10));
+    }
+    for pod in 0..3 {
+        assert_eq!(a.chains_of(pod), b.chains_of(pod));
+        assert_eq!(a.len_of(pod), b.len_of(pod));
+    }
+    // A cut event stands for the chain's head: the head is held, as by the index.
+    let long = convo(5, 0, 200);
+    let cut: Vec<u64> = kept(&long).into_iter().take(40).collect();
+    b.record_kept(long.len(), &cut, 0, 20);
+    let head = sampled_at(39) + 1;
+    assert_eq!(lens(&b, &long, 20)[0] as usize, head);
+}
+
+#[test]
+fn the_model_is_off_for_blocks_and_forgetting_a_slot_clears_it() {
+    let mut ix = whole_prompts(1, 0);
+    ix.record(&convo(1, 0, 10), 1, 1);
+    ix.record(&convo(2, 0, 10), 1, 2);
+    assert_eq!(ix.chains_of(1), 1);
+    ix.forget(1);
+    assert_eq!(ix.chains_of(1), 0);
+    ix.record(&convo(1, 0, 10), 1, 3);
+    // Chains idle past the TTL leave with their entries.
+    ix.expire(3 + 600_001);
+    assert_eq!(ix.chains_of(1), 0);
+    // Turning the model off keeps what is held and stops counting prompts.
+    ix.record(&convo(1, 0, 10), 1, 700_000);
+    ix.set_prompt_model(None);
+    ix.record(&convo(2, 0, 10), 1, 700_001);
+    assert_eq!(ix.chains_of(1), 0);
+    assert_eq!(lens(&ix, &convo(1, 0, 10), 700_002)[1], 10);
+    // Turning it on evicts at once what no longer fits.
+    ix.record(&convo(3, 0, 10), 1, 700_003);
+    ix.set_prompt_model(Some(PromptModel {
+        slots: 1,
+        ram_blocks: 0,
+    }));
+    assert_eq!(
+        ix.chains_of(1),
+        0,
+        "chains recorded without the model are not known"
+    );
+    ix.record(&convo(4, 0, 10), 1, 700_004);
+    ix.record(&convo(5, 0, 10), 1, 700_005);
+    assert_eq!(lens(&ix, &convo(4, 0, 10), 700_006)[1], 0);
+    assert_eq!(lens(&ix, &convo(5, 0, 10), 700_006)[1], 10);
+}
+
+#[test]
+fn a_conversation_whose_prompt_was_evicted_is_known_to_be_nowhere() {
+    let mut ix = whole_prompts(1, 0);
+    ix.record(&convo(1, 4, 20), 0, 1);
+    let next_turn = convo(1, 4, 30);
+    let mut m = Vec::new();
+    ix.match_lengths(&next_turn, 2, &mut m);
+    assert!(!ix.history_evicted(&next_turn, &m, 4), "held: not gone");
+    ix.record(&convo(2, 4, 20), 0, 2);
+    ix.match_lengths(&next_turn, 3, &mut m);
+    assert_eq!(m, vec![4, 0, 0]);
+    assert!(ix.history_evicted(&next_turn, &m, 4));
+    // A conversation this index never saw, or one a pod holds past the head, is not.
+    assert!(!ix.history_evicted(&convo(3, 4, 30), &m, 4));
+    ix.record(&convo(1, 4, 20), 1, 4);
+    ix.match_lengths(&next_turn, 5, &mut m);
+    assert!(!ix.history_evicted(&next_turn, &m, 4));
+    // Without the model nothing is evicted by prompts.
+    let mut blocks = Index::new(3, 1 << 16, 600_000);
+    blocks.record(&convo(1, 4, 20), 0, 1);
+    blocks.record(&convo(2, 4, 20), 0, 2);
+    assert!(!blocks.history_evicted(&next_turn, &[4, 0, 0], 4));
+}

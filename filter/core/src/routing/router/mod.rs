@@ -643,8 +643,14 @@ impl Router {
                 self.index
                     .match_lengths(&key.blocks, seen.now, &mut self.matched);
                 let head_blocks = (key.anchor_offset / block) as u32;
+                // A continuation whose history this index evicted (an engine that keeps whole
+                // prompts) is no pod's: a new prompt, not one another gateway placed.
+                let continuation = key.continuation
+                    && !self
+                        .index
+                        .history_evicted(&key.blocks, &self.matched, head_blocks);
                 self.lowered.clear();
-                if !key.continuation {
+                if !continuation {
                     // Not what pending prompts still bring ([`crate::routing::pending`], ready).
                     self.pending.ready(
                         &mut self.matched,
@@ -661,7 +667,7 @@ impl Router {
                     matched: &self.matched,
                     blocks: key.blocks.len() as u32,
                     head_blocks,
-                    continuation: key.continuation,
+                    continuation,
                     history_blocks: (key.history_bytes / block) as u32,
                     shared: &self.shared,
                     session: req.session.map(session_hash),

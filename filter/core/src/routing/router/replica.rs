@@ -9,7 +9,7 @@ use crate::config::Strategy;
 use crate::host::{Host, HostError};
 use crate::phases::Stage;
 use crate::routing::feedback::{Report, Verdict};
-use crate::routing::index::kept_positions;
+use crate::routing::index::{kept_positions, PromptModel};
 use crate::routing::index_log::{Event, Head, Kind};
 
 impl Router {
@@ -204,5 +204,16 @@ impl Router {
             })
             .collect();
         self.index.set_capacities(&known);
+        // An engine that keeps whole prompts: its RAM cache in blocks, by the same ratio.
+        let prompts = self
+            .fleet
+            .config()
+            .metrics
+            .prompt_cache
+            .map(|p| PromptModel {
+                slots: p.slots as usize,
+                ram_blocks: (p.ram_tokens as f64 * blocks_per_token) as usize,
+            });
+        self.index.set_prompt_model(prompts);
     }
 }

@@ -6,6 +6,7 @@ use crate::fleet::scrape::Scrape;
 use crate::hash::address_id;
 use crate::prompt::openai::{prompt_key, Endpoint};
 use crate::routing::exchange::{Batch, PeerAnswer};
+use crate::routing::index::PromptModel;
 use crate::routing::index_log::Event;
 use crate::testing::MemoryHost;
 #[cfg(target_arch = "wasm32")]
@@ -473,6 +474,77 @@ fn index_sizes_to_backend_capacity() {
     a.update_fleet(|f| f.refresh_health(&host)).unwrap();
     assert_eq!(a.index.capacity(1), 200);
     assert_eq!(a.fleet().health()[0].scrape.capacity_tokens, Some(6400));
+}
+
+#[test]
+fn pods_that_keep_whole_prompts_size_the_prompt_model() {
+    let host = MemoryHost::default();
+    let llama = |prompt_cache: &str| {
+        Config::parse(
+            format!(
+                r#"{{"backends":[{{"name":"a","address":"127.0.0.1:1"}},{{"name":"b","address":"127.0.0.1:2"}}],
+                    "metrics":{{"engine":"llamacpp","capacity_tokens":64000{prompt_cache}}}}}"#
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let mut a = Router::new(
+        llama(r#","prompt_cache":{"slots":2,"ram_tokens":6400}"#),
+        &host,
+    );
+    // 6400 tokens x 4 bytes per token / 256-byte blocks.
+    assert_eq!(
+        a.index.prompt_model(),
+        Some(PromptModel {
+            slots: 2,
+            ram_blocks: 100
+        })
+    );
+    // The RAM cache in blocks follows the ratio the pods report.
+    for _ in 0..300 {
+        a.learn_ratio(40 * 256, 40 * 32);
+    }
+    let ram = a.index.prompt_model().map_or(0, |m| m.ram_blocks);
+    assert!((190..=200).contains(&ram), "{ram}");
+    // Without `prompt_cache` the index forgets by blocks alone.
+    assert_eq!(Router::new(llama(""), &host).index.prompt_model(), None);
+}
+
+#[test]
+fn a_conversation_the_pod_no_longer_holds_is_routed_as_a_new_one() {
+    let host = MemoryHost::default();
+    // One pod that keeps one whole prompt.
+    let cfg = Config::parse(
+        br#"{"backends":[{"name":"a","address":"127.0.0.1:1"}],
+            "metrics":{"engine":"llamacpp","capacity_tokens":64000,
+                       "prompt_cache":{"slots":1,"ram_tokens":0}}}"#,
+    )
+    .unwrap();
+    let mut a = Router::new(cfg, &host);
+    // First questions long enough that each conversation's prompt goes past the system
+    // prompt's blocks (a prompt within another is held with it, not evicted by it).
+    let (sys, q1) = ("x".repeat(4000), "q".repeat(600));
+    let turn1 = chat(&[("system", &sys), ("user", &q1)]);
+    let turn2 = chat(&[
+        ("system", &sys),
+        ("user", &q1),
+        ("assistant", &"y".repeat(3000)),
+        ("user", "q2"),
+    ]);
+    let first = a.route(&host, &prompt(&turn1));
+    a.fleet_mut().release(&host, 0, one()).unwrap();
+    let other = chat(&[("system", &sys), ("user", &"o".repeat(600))]);
+    a.route(&host, &prompt(&other));
+    a.fleet_mut().release(&host, 0, one()).unwrap();
+    // Turn 1 was evicted by the other conversation: turn 2 is believed to find the shared
+    // system prompt there, not the conversation's history.
+    let second = a.route(&host, &prompt(&turn2));
+    assert!(
+        first.decision.matched == 0 && second.decision.matched < 16,
+        "{:?}",
+        second.decision
+    );
 }
 
 #[test]
