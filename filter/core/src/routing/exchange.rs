@@ -6,7 +6,9 @@
 //! ```text
 //! serve(since)  = the serving worker's outbox (its replica's own events, origin not IMPORTED,
 //!                 up to the log head it applied) from max(since, oldest kept), in order,
-//!                 while the reply stays within max_reply_bytes; each as
+//!                 while the events stay within min(asked, max_reply_bytes) − room (the first
+//!                 event exempt, so a cursor always moves; room = min(ANSWERS_ROOM, that / 2)
+//!                 when answers are asked for, else 0; loads beside the ask); each as
 //!                 (kind, pod address, age = now − time_e, len, kept hashes);
 //!                 with the replica's own in-flight work per pod (every ledger share but IMPORTED's)
 //! pull(peer)    = every tick (`metrics.period_ms`), from the VM holding the scrape lease,
@@ -16,8 +18,8 @@
 //!                 time = max(now − age, slot joined);  of origin IMPORTED, packed many to a log
 //!                 slot ([`crate::routing::index_log`])
 //! ring share    = per pull: slots_p = max(3, slots / (2 × peers)) of the log, reply asked
-//!                 `bytes=` slots_p × slot_bytes / 3 (a packed event takes at most ~2.2× its
-//!                 bytes in the reply); the peer cuts its reply there, the rest comes next tick
+//!                 `bytes=` slots_p × slot_bytes / 3 (a packed event takes at most 44/15 ≈ 2.9×
+//!                 its bytes in the reply: an eviction's); the peer cuts its reply there, the rest comes next tick
 //! import(loads) = Σ over peers answered within a lease, per pod → the ledger share of IMPORTED
 //! answers       = asked with `answers=M` by an Envoy that keeps stored responses: the serving
 //!                 Envoy's stored responses' answers numbered M on
@@ -215,13 +217,16 @@ impl BatchWriter {
     }
 
     /// Adds what this replica's requests hold on the pod at `address`; false if it does not fit.
+    /// Loads are never written to the puller's log, so they leave its ask to the events.
     pub fn load(&mut self, address: &str, held: InFlight) -> bool {
         if self.batch.loads.len() >= usize::from(u16::MAX) {
             return false;
         }
+        let before = self.bytes;
         let Some(pod) = self.pod(address, LOAD_BYTES) else {
             return false;
         };
+        self.asked = (self.asked + (self.bytes - before)).min(self.max_bytes);
         self.batch.loads.push((pod, held));
         true
     }

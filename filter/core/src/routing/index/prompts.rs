@@ -58,7 +58,9 @@
 //! first pods (40 of 72 chat turns on one of three llama.cpp replicas, TTFT P95 1.6x round
 //! robin's, in one `make real-llama` run). So the index remembers the last [`GHOSTS`] chains
 //! it evicted (the hash at each one's deepest sampled position, which names its whole prefix),
-//! and [`Index::history_evicted`] tells the router such a prompt is no continuation.
+//! and [`Index::history_evicted`] tells the router such a prompt is no continuation. A ghost
+//! within what some pod still holds (a chain cut inside the system prompt it shared) names
+//! no lost history and is passed over.
 //!
 //! | parameter | default | why |
 //! |---|---|---|
@@ -216,12 +218,16 @@ impl Index {
 
     /// Whether `blocks` extends a prompt this index evicted under the whole-prompt model
     /// while no backend holds more than its first `head` blocks (`matched`, per backend):
-    /// its history is nowhere (see "A conversation whose history went").
+    /// its history is nowhere (see "A conversation whose history went"). Only a ghost past
+    /// what some backend still holds counts: an evicted chain's deepest sampled position
+    /// may lie in a system prompt every conversation shares, which names no lost history.
     pub fn history_evicted(&self, blocks: &[u64], matched: &[u32], head: u32) -> bool {
         if self.ghosts.set.is_empty() || matched.iter().any(|&m| m > head) {
             return false;
         }
+        let held = matched.iter().copied().max().unwrap_or(0) as usize;
         super::kept_positions(blocks.len())
+            .filter(|&i| i >= held)
             .any(|i| blocks.get(i).is_some_and(|h| self.ghosts.set.contains(h)))
     }
 

@@ -557,3 +557,17 @@ fn a_conversation_whose_prompt_was_evicted_is_known_to_be_nowhere() {
     blocks.record(&convo(2, 4, 20), 0, 2);
     assert!(!blocks.history_evicted(&next_turn, &[4, 0, 0], 4));
 }
+
+#[test]
+fn an_evicted_prompt_whose_deepest_sample_is_the_shared_system_prompt_says_nothing_of_others() {
+    // 89 shared blocks and a one-block question: the chain's deepest sampled position (87)
+    // lies in the system prompt, so its ghost is a hash every conversation carries.
+    let mut ix = whole_prompts(1, 0);
+    ix.record(&convo(1, 89, 90), 0, 1);
+    ix.record(&convo(2, 89, 90), 0, 2);
+    let other = convo(3, 89, 100);
+    let mut m = Vec::new();
+    ix.match_lengths(&other, 3, &mut m);
+    assert!(m[0] > 0 && m.iter().all(|&n| n <= 90), "{m:?}");
+    assert!(!ix.history_evicted(&other, &m, 90));
+}
