@@ -429,6 +429,20 @@ impl Host for MemoryHost {
     }
 }
 
+/// A chain of `n` block hashes, the first `shared` of them common to every `tag`
+/// (a system prompt every conversation carries), the rest this `tag`'s own.
+pub fn tagged_chain(tag: u64, shared: usize, n: usize) -> Vec<u64> {
+    (0..n as u64)
+        .map(|i| {
+            if (i as usize) < shared {
+                i
+            } else {
+                tag << 32 | i
+            }
+        })
+        .collect()
+}
+
 /// A configuration of `n` backends (`b0`.. at `127.0.0.1:1`..), every other field at its default.
 pub fn config(n: usize) -> Config {
     let backends: Vec<String> = (0..n)

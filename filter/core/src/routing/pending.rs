@@ -386,18 +386,7 @@ mod tests {
         assert!(shared.is_empty());
     }
 
-    /// A chain of `n` blocks, the first `shared` of them common to every `tag`.
-    fn chain(tag: u64, shared: usize, n: usize) -> Vec<u64> {
-        (0..n as u64)
-            .map(|i| {
-                if (i as usize) < shared {
-                    i
-                } else {
-                    tag << 32 | i
-                }
-            })
-            .collect()
-    }
+    use crate::testing::tagged_chain as chain;
 
     /// `chain`'s hashes at the positions an index-log event carries.
     fn kept(chain: &[u64]) -> Vec<u64> {

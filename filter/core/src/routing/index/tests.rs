@@ -364,18 +364,8 @@ mod properties {
     }
 }
 
-/// A conversation: a shared head of `shared` blocks (tag 0), then its own blocks.
-fn convo(tag: u64, shared: usize, n: usize) -> Vec<u64> {
-    (0..n as u64)
-        .map(|i| {
-            if (i as usize) < shared {
-                i
-            } else {
-                tag << 32 | i
-            }
-        })
-        .collect()
-}
+// A conversation: a shared head of `shared` blocks, then its own blocks.
+use crate::testing::tagged_chain as convo;
 
 fn whole_prompts(slots: usize, ram_blocks: usize) -> Index {
     let mut ix = Index::new(3, 1 << 16, 600_000);
