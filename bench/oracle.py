@@ -38,6 +38,7 @@ from statistics import median
 
 from measure import loadgen, proc_cpu_s
 from quality import counters, row_from
+from report import median_present
 from scenarios import ROUTERS, TIME_SCALE, sim_args
 from warmroute_harness import Fleet
 
@@ -208,11 +209,6 @@ def targets(rounds: list[list[dict]] | None) -> list[dict]:
     return out
 
 
-def _med(xs):
-    xs = [x for x in xs if x is not None]
-    return median(xs) if xs else None
-
-
 def _f(x, fmt: str, scale: float = 1.0) -> str:
     return "" if x is None else format(x * scale, fmt)
 
@@ -238,17 +234,17 @@ def markdown(rounds: list[list[dict]] | None) -> list[str]:
                   and not r.get("errors")]
             if not rs:
                 continue
-            g = lambda k: _med([r["oracle"]["gap"][k]["requests"] / max(1, r["oracle"]["requests"]) for r in rs])
-            pts = lambda k: _med([r["oracle"]["gap"][k]["hit_points_lost"] for r in rs])
-            L.append(f"| {w} | {router} | {len(rs)} | {_f(_med([r['hit_rate'] for r in rs]), '.1f', 100)}% | "
-                     f"{_f(_med([(r['ttft_ms'] or {}).get('p50') for r in rs]), '.0f')} | "
-                     f"{_f(_med([(r['ttft_ms'] or {}).get('p95') for r in rs]), '.0f')} | "
-                     f"{_f(_med([(r['e2e_ms'] or {}).get('mean') for r in rs]), '.0f')} | "
+            g = lambda k: median_present([r["oracle"]["gap"][k]["requests"] / max(1, r["oracle"]["requests"]) for r in rs])
+            pts = lambda k: median_present([r["oracle"]["gap"][k]["hit_points_lost"] for r in rs])
+            L.append(f"| {w} | {router} | {len(rs)} | {_f(median_present([r['hit_rate'] for r in rs]), '.1f', 100)}% | "
+                     f"{_f(median_present([(r['ttft_ms'] or {}).get('p50') for r in rs]), '.0f')} | "
+                     f"{_f(median_present([(r['ttft_ms'] or {}).get('p95') for r in rs]), '.0f')} | "
+                     f"{_f(median_present([(r['e2e_ms'] or {}).get('mean') for r in rs]), '.0f')} | "
                      f"{_f(g('same'), '.0f', 100)}% | {_f(g('placement'), '.0f', 100)}% | "
                      f"{_f(g('eviction'), '.0f', 100)}% | {_f(g('load'), '.0f', 100)}% | "
                      f"{_f(pts('placement'), '.1f', 100)} / {_f(pts('eviction'), '.1f', 100)} pts | "
-                     f"{_f(_med([r['oracle']['route_us_p50'] for r in rs]), '.0f')} / "
-                     f"{_f(_med([r['oracle']['route_us_p99'] for r in rs]), '.0f')} us |")
+                     f"{_f(median_present([r['oracle']['route_us_p50'] for r in rs]), '.0f')} / "
+                     f"{_f(median_present([r['oracle']['route_us_p99'] for r in rs]), '.0f')} us |")
     L.append("")
     ex = [(w, r["oracle"]) for rows in rounds or [] for r in rows if r["router"] == ORACLE for w in [r["workload"]]]
     if ex:
@@ -258,8 +254,8 @@ def markdown(rounds: list[list[dict]] | None) -> list[str]:
                  "forecast leaves out, and by arrivals after the probe).\n")
         for w in ws:
             os_ = [o for ww, o in ex if ww == w]
-            L.append(f"- {w}: cached prefix exact {_f(_med([o.get('cached_exact') for o in os_]), '.1f', 100)}%, "
-                     f"TTFT measured/forecast {_f(_med([o.get('ttft_measured_over_predicted_p50') for o in os_]), '.2f')}x, "
-                     f"forecast {_f(_med([o.get('predict_us_p50') for o in os_]), '.0f')} us per pod (p50)")
+            L.append(f"- {w}: cached prefix exact {_f(median_present([o.get('cached_exact') for o in os_]), '.1f', 100)}%, "
+                     f"TTFT measured/forecast {_f(median_present([o.get('ttft_measured_over_predicted_p50') for o in os_]), '.2f')}x, "
+                     f"forecast {_f(median_present([o.get('predict_us_p50') for o in os_]), '.0f')} us per pod (p50)")
         L.append("")
     return L

@@ -766,3 +766,9 @@ def print_targets(ts: list[dict]) -> None:
     """The targets as one line each, for a section run on its own or the bench's end."""
     for t in ts:
         print(f"  [{t['result']}] {t['target']}: {t['measured']} (limit {t['limit']})")
+
+
+def median_present(xs) -> float | None:
+    """The median of the values that are there (`None`s left out); `None` if none is."""
+    xs = [x for x in xs if x is not None]
+    return median(xs) if xs else None

@@ -32,12 +32,12 @@ beside it. Each run is bounded by the client's --max-seconds (150 s).
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 
 import front
 from front import Front, Load, hit_of
+from report import median_present
 from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
 
@@ -171,11 +171,6 @@ def _f(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
-def _med(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
-
-
 def summary(rows: list[dict]) -> dict:
     """Per workload and setup (on, off): the medians over rounds of the within-run ratios (new
     replicas over the old one; the same requests over the warm run), their values, and the
@@ -189,14 +184,14 @@ def summary(rows: list[dict]) -> dict:
                 continue
             m: dict = {"runs": len(mine)}
             for part in ("window", "rest"):
-                m[part] = {k: _med([r[part][k] for r in mine]) for k in
+                m[part] = {k: median_present([r[part][k] for r in mine]) for k in
                            ("ratio", "new_vs_warm", "old_vs_warm", "new_hit", "old_hit")}
                 m[part]["ratios"] = [r[part]["ratio"] for r in mine]
                 m[part]["new_vs_warm_runs"] = [r[part]["new_vs_warm"] for r in mine]
                 m[part]["new_n"] = sum(r[part]["new_n"] for r in mine)
                 m[part]["old_n"] = sum(r[part]["old_n"] for r in mine)
             m["errors"] = sum(r["errors"] or 0 for r in mine)
-            m["hit_rate"] = _med([r["hit_rate"] for r in mine])
+            m["hit_rate"] = median_present([r["hit_rate"] for r in mine])
             if setup == "on":
                 m["met"] = {"new_vs_old": (m["window"]["ratio"] or 0) >= TARGET,
                             "new_vs_warm": (m["window"]["new_vs_warm"] or 0) >= TARGET}
