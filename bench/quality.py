@@ -43,6 +43,11 @@ def row_from(report: dict, **meta) -> dict:
     return {**meta, **{k: report.get(k) for k in keep}}
 
 
+def row_key(r: dict) -> tuple:
+    """What makes a row the same measurement as another: a run that measures it again replaces it."""
+    return (r["workload"], r["router"], r["replicas"], r["gateways"], r.get("kv_capacity_tokens"))
+
+
 class Bench:
     """One benchmark invocation: quick or full, its log folder, and the rows measured so far
     (the overhead sections read `quick` and `logdir` too)."""
@@ -55,6 +60,9 @@ class Bench:
         self.reruns: list[list[dict]] = []
         self.extra: dict = {}
         self.n = 0
+        # Each main row's per-request records, by `row_key`: a section that reuses a main row
+        # (the fast profile's tail and scale-out) reads its requests from there.
+        self.records: dict[tuple, Path] = {}
 
     def wl(self, name: str, scale_agents: float = 1.0) -> tuple[list[str], int]:
         w = WORKLOADS[name]
@@ -99,7 +107,16 @@ class Bench:
         row = row_from(rep, workload=workload, router=label or router, replicas=replicas, gateways=gateways,
                        kv_capacity_tokens=capacity, time_scale=scale, envoy_cpu_s=round(envoy_cpu, 2),
                        decisions=dec)
+        if sink is None and not rerun:
+            self.records[row_key(row)] = rdir / "records.jsonl"
         return self._keep(row, rerun, sink, t0)
+
+    def main_row(self, workload: str, router: str, replicas: int = 3, gateways: int = 1,
+                 capacity: int | None = None) -> dict | None:
+        """The main row this run measured of `router` on `workload` (at the workload's KV capacity
+        unless `capacity`), if any: what a section that shares the main table's runs takes."""
+        key = (workload, router, replicas, gateways, capacity or self.wl(workload)[1])
+        return next((r for r in self.rows if row_key(r) == key), None)
 
     def _keep(self, row: dict, rerun: int, sink: list[dict] | None, t0: float) -> dict:
         if sink is not None:

@@ -33,10 +33,6 @@ def find(rows, workload, router, replicas=3, gateways=1, quick=False):
     return found
 
 
-def row_key(r: dict) -> tuple:
-    return (r["workload"], r["router"], r["replicas"], r["gateways"], r.get("kv_capacity_tokens"))
-
-
 def g(r, *path):
     v = r
     for p in path:

@@ -69,8 +69,8 @@ import scale_out
 import tail_vs_reference
 from mixed import mixed
 from overhead import decision_curve, memory, overhead
-from quality import Bench
-from report import decision_plot, markdown, mixed_targets, plot, print_targets, row_key, targets
+from quality import Bench, row_key
+from report import decision_plot, markdown, mixed_targets, plot, print_targets, targets
 from scenarios import WORKLOADS, lru_hit_rate
 from warmroute_harness import LOADGEN_BIN, SIM_BIN, WASM, envoy_binary
 
@@ -197,6 +197,11 @@ def main() -> int:
             elif s == "peer_faults":
                 res["peer_faults"] = peer_faults.section(logdir, a.quick, **k)
             elif s == "scale_out":
+                k = dict(k)
+                if k.pop("reuse_1g", False):
+                    # One gateway's rows from what this run measured already: the main table's,
+                    # and the peers section's (its warmroute row of `evicting`).
+                    k["reuse_1g"] = [r for rnd in res.get("peers") or [] for r in rnd]
                 res["scale_out"] = scale_out.section(b, a.quick, **k)
             elif s == "exchange_cost":
                 res["exchange_cost"] = exchange_cost.section(logdir, a.quick, **k)

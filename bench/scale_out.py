@@ -21,7 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from quality import Bench
+from quality import Bench, row_key
 from report import print_targets
 
 ROWS = [("1g", "warmroute_cache_aware", 1), ("3g", "warmroute_cache_aware", 3),
@@ -30,17 +30,32 @@ WORKLOADS = ["agent", "chat", "conversation", "evicting"]
 HIT_TARGET, P95_TARGET = 0.97, 1.05
 
 
+def measured_1g(bench: Bench, workload: str, rows: list[dict]) -> dict | None:
+    """One gateway's row of `workload` that this run already measured: the main table's
+    (agent, chat, conversation) or among `rows` (the peers section's warmroute row of
+    `evicting`): the same router, fleet and workload."""
+    key = (workload, "warmroute_cache_aware", 3, 1, bench.wl(workload)[1])
+    return bench.main_row(*key[:2]) or next((r for r in rows if row_key(r) == key), None)
+
+
 def rounds(bench: Bench, n: int, workloads: list[str], out: Path | None = None,
-           setups: list[str] | None = None) -> list[dict]:
+           setups: list[str] | None = None, reuse_1g: list[dict] | None = None) -> list[dict]:
     """`n` paired rounds: every setup of `ROWS` (or those labelled in `setups`) on each
-    workload, the setups' order rotating."""
+    workload, the setups' order rotating. With `reuse_1g` (the fast profile: the rows of this
+    run's sections so far), round 0's one-gateway rows are those this run measured already
+    (`measured_1g`) where it did."""
     rows: list[dict] = []
     mine = [r for r in ROWS if setups is None or r[0] in setups]
     for i in range(n):
         order = mine[i % len(mine):] + mine[:i % len(mine)]
         for w in workloads:
             for label, router, gateways in order:
-                row = bench.quality(w, router, gateways=gateways, label=f"{router}/{label}", sink=[])
+                have = measured_1g(bench, w, reuse_1g) if reuse_1g is not None and i == 0 and label == "1g" else None
+                if have:
+                    row = {**have, "reused": True}
+                    print(f"  {w:12s} {router}/{label} the row measured above", flush=True)
+                else:
+                    row = bench.quality(w, router, gateways=gateways, label=f"{router}/{label}", sink=[])
                 rows.append({**row, "round": i, "setup": label})
                 if out:
                     with open(out, "a") as fh:
@@ -111,11 +126,14 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(bench: Bench, quick: bool, n: int = 2, setups: list[str] | None = None) -> dict:
+def section(bench: Bench, quick: bool, n: int = 2, setups: list[str] | None = None,
+            reuse_1g: list[dict] | None = None) -> dict:
     """`make bench`'s section: `n` paired rounds of 1, 3 and 3 exchanging gateways (`setups`, by
-    label: the fast profile leaves out 3 without the exchange) on every workload."""
+    label: the fast profile leaves out 3 without the exchange) on every workload; `reuse_1g`,
+    see `rounds`."""
     print("== scale-out (1 gateway, 3, 3 with the exchange)", flush=True)
-    s = summary(rounds(bench, 1 if quick else n, ["agent"] if quick else WORKLOADS, setups=setups))
+    s = summary(rounds(bench, 1 if quick else n, ["agent"] if quick else WORKLOADS, setups=setups,
+                       reuse_1g=reuse_1g))
     report(s)
     return s
 
