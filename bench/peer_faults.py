@@ -116,14 +116,26 @@ def run(workload: str, case: str, logdir: Path) -> dict:
                 rep, recs = load.wait()
             finally:
                 load.stop()
-            alive = [e for e in f.envoys if e.proc.poll() is None]
-            peers = {k: sum(e.stat(f"wasmcustom.warmroute.peers.{k}") for e in alive)
-                     for k in ("events_imported", "pulls_failed", "events_dropped")}
-            host_errors = sum(e.stat("wasmcustom.warmroute.host_errors") for e in alive)
+            counts = exchange_counts(f.envoys)
     finally:
         if bad:
             bad.shutdown()
             bad.server_close()
+    return row_of(workload, case, rep, recs, counts, killed_ms)
+
+
+def exchange_counts(envoys: list) -> dict:
+    """The exchange's counters summed over the replicas still alive (`row_of` reads them)."""
+    alive = [e for e in envoys if e.proc.poll() is None]
+    return {"peers": {k: sum(e.stat(f"wasmcustom.warmroute.peers.{k}") for e in alive)
+                      for k in ("events_imported", "pulls_failed", "events_dropped")},
+            "host_errors": sum(e.stat("wasmcustom.warmroute.host_errors") for e in alive)}
+
+
+def row_of(workload: str, case: str, rep: dict, recs: list[dict], counts: dict, killed_ms: float | None = None) -> dict:
+    """One run's row from the client's report and records and the replicas' `exchange_counts`
+    (scale_midway.py's `warm` run, the same fleet, front and load as `on`, makes one too)."""
+    peers, host_errors = counts["peers"], counts["host_errors"]
     t0 = rep["started_unix_ms"]
     failed = [r for r in recs if r["outcome"] in ("error", "aborted")]
     # A request on the killed replica when it died (sent to its slot before the front moved).
@@ -137,7 +149,11 @@ def run(workload: str, case: str, logdir: Path) -> dict:
             "killed_at_s": None if killed_ms is None else round((killed_ms - t0) / 1e3, 2)}
 
 
-def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None) -> list[dict]:
+def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None,
+           given_on: dict[str, dict] | None = None) -> list[dict]:
+    """`n` rounds of every case on each workload, the cases' order rotating. `given_on` (the
+    fast profile): per workload, an `on` row this run made already (scale_midway.py's `warm`
+    run: the same fleet, front and load), which round 0 takes instead of running `on`."""
     rows: list[dict] = []
     fh = open(out, "w") if out else None
     try:
@@ -145,6 +161,11 @@ def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None) 
             order = CASES[i % len(CASES):] + CASES[:i % len(CASES)]
             for w in workloads:
                 for case in order:
+                    if i == 0 and case == "on" and w in (given_on or {}):
+                        row = {**given_on[w], "round": i, "reused": True}
+                        rows.append(row)
+                        print(f"  round {i} {w:12s} {case:8s} the scale-midway section's warm run", flush=True)
+                        continue
                     rdir = logdir / f"{i}-{w}-{case}"
                     rdir.mkdir(parents=True)
                     t = time.time()
@@ -223,10 +244,12 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(logdir: Path, quick: bool, n: int = 2) -> dict:
-    """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~4 min a round."""
+def section(logdir: Path, quick: bool, n: int = 2, given_on: dict[str, dict] | None = None) -> dict:
+    """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~4 min a
+    round; `given_on`, see `rounds`."""
     print("== peer faults (kill, garbage, slow)", flush=True)
-    s = summary(rounds(1 if quick else n, ["agent"] if quick else ["conversation", "agent"], logdir / "peer-faults"))
+    s = summary(rounds(1 if quick else n, ["agent"] if quick else ["conversation", "agent"], logdir / "peer-faults",
+                       given_on=given_on))
     report(s)
     return s
 

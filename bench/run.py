@@ -195,6 +195,13 @@ def main() -> int:
             elif s == "scale_midway":
                 res["scale_midway"] = scale_midway.section(logdir, a.quick, **k)
             elif s == "peer_faults":
+                k = dict(k)
+                if k.pop("reuse_warm", False):
+                    # The scale-midway section's `warm` runs are this section's `on` (same fleet,
+                    # front and load): their rows, where this run made them.
+                    k["given_on"] = {r["workload"]: r["peer_fault_on"] for r in
+                                     (res.get("scale_midway") or {}).get("rows", [])
+                                     if r["setup"] == "warm" and r["round"] == 0 and "peer_fault_on" in r}
                 res["peer_faults"] = peer_faults.section(logdir, a.quick, **k)
             elif s == "scale_out":
                 k = dict(k)

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import front
+import peer_faults
 from front import Front, Load, hit_of
 from report import median_present
 from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args
@@ -85,6 +86,11 @@ def run(workload: str, setup: str, logdir: Path) -> tuple[dict, list[dict]]:
         finally:
             load.stop()
         imported = [e.stat("wasmcustom.warmroute.peers.events_imported") for e in f.envoys]
+        # `warm` is peer_faults.py's `on` (the same fleet, front and load): its row as that
+        # section reads it, which the fast profile's peer-fault rounds take instead of a run.
+        same_load = peer_faults.FAULTS[workload][0] == args and peer_faults.MAX_S == MAX_S
+        on = peer_faults.row_of(workload, "on", rep, recs, peer_faults.exchange_counts(f.envoys)) \
+            if setup == "warm" and same_load else None
     t0 = rep["started_unix_ms"]
     join = [j - t0 for j in joined]  # ms on the records' clock
     row = {"workload": workload, "setup": setup, "exchange": setup != "off", "join_s": join_s,
@@ -92,6 +98,8 @@ def run(workload: str, setup: str, logdir: Path) -> tuple[dict, list[dict]]:
            "hit_rate": rep.get("hit_rate"), "ok": rep.get("ok"), "errors": rep.get("errors"),
            "aborted": rep.get("aborted"), "runtime_s": rep.get("runtime_s"),
            "ttft_p99": (rep.get("ttft_ms") or {}).get("p99"), "imported": imported}
+    if on:
+        row["peer_fault_on"] = on
     if join:
         row["window"], row["rest"] = window(recs, join, WINDOW_S * 1e3), window(recs, join, None)
     return row, recs
