@@ -66,11 +66,11 @@ SETUPS_REPLICAS = [1, 3, 8]
 CPU_TARGET, RSS_TARGET = 1.15, 1.10
 
 
-def rounds(n_rounds: int, replicas: list[int], logdir: Path) -> list[dict]:
-    """Every setup (each replica count with the exchange on, and above one also off) per round,
-    in an order that rotates each round."""
+def rounds(n_rounds: int, replicas: list[int], logdir: Path, off: bool = True) -> list[dict]:
+    """Every setup (each replica count with the exchange on, and above one also off unless
+    `off` is False) per round, in an order that rotates each round."""
     rows: list[dict] = []
-    setups = [(n, True) for n in replicas] + [(n, False) for n in replicas if n > 1]
+    setups = [(n, True) for n in replicas] + [(n, False) for n in replicas if n > 1 and off]
     for i in range(n_rounds):
         order = setups[i % len(setups):] + setups[:i % len(setups)]
         for n, exchange in order:
@@ -143,10 +143,12 @@ def targets(s: dict | None) -> list[dict]:
     return out
 
 
-def section(logdir: Path, quick: bool, replicas: list[int] | None = None) -> dict:
-    """`make bench`'s section: one round of 1, 3 and 8 replicas (`replicas`; 1 and 3 when quick)."""
+def section(logdir: Path, quick: bool, replicas: list[int] | None = None, off: bool = True) -> dict:
+    """`make bench`'s section: one round of 1, 3 and 8 replicas (`replicas`; 1 and 3 when quick);
+    without `off`, no run with the exchange off (its figure, CPU against the same replicas
+    without the exchange, is a note beside the targets, which are against one replica)."""
     print("== exchange cost (1, 3, 8 replicas)", flush=True)
-    s = summary(rounds(1, [1, 3] if quick else (replicas or SETUPS_REPLICAS), logdir / "exchange-cost"))
+    s = summary(rounds(1, [1, 3] if quick else (replicas or SETUPS_REPLICAS), logdir / "exchange-cost", off))
     report(s)
     return s
 
