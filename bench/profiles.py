@@ -5,16 +5,23 @@
 peers, the memory fill and the decision curve; about two hours on 2 cores, and its results go
 to bench/results/full/.
 
-`fast` (`make bench`) prints every target row of the full run in about 24 minutes on 2 cores (estimated from
-the per-section times below; the last measured run, with two settings since taken back, 21.2)
-without the scale_out, exchange_cost, tail and oracle sections, and about 39 with them (their runs'
-lengths, not timed in this profile: over issue #34's 25 minutes), and writes bench/results/
-(what the docs and the README render). Its rule: a workload stays the size it is in
-the full run, so each run of it is a draw from the same distribution as the full run's; what
-goes is rounds, and the rows no target reads. One workload is sized down: guidellm's 40-prefix
-shape answers 32 tokens instead of 128 (three runs of it against the full run's three:
-docs/decisions/0024-bench-fast-profile.md); the hot-prefix shape keeps 128, because at 32 its
-TTFT P95 ratio left the full run's range in all three runs. Per section (s, 2 cores, 2026-11-27):
+`fast` (`make bench`) prints every target row of the full run, and writes bench/results/ (what
+the docs and the README render). It takes about 32 minutes on 2 cores: an estimate, the sum of
+the per-section times below with the shared runs' lengths taken off, not a timed run (the last
+whole run timed, 1274 s, predates the scale_out, exchange_cost, tail and oracle sections).
+That is over issue #34's 25 minutes: what is left to cut, and what each cut would cost, is in
+docs/decisions/0024-bench-fast-profile.md.
+
+Its rules: a workload stays the size it is in the full run, so each run of it is a draw from the
+same distribution as the full run's; what goes is rounds, the rows no target reads, and runs
+that repeat one this bench run has made already (the same router, fleet, workload and settings):
+that run is made once and read by both sections, its row marked `reused` in the second. One
+workload is sized down: guidellm's 40-prefix shape answers 32 tokens instead of 128 (three runs
+of it against the full run's three: docs/decisions/0024-bench-fast-profile.md); the hot-prefix
+shape keeps 128, because at 32 its TTFT P95 ratio left the full run's range in all three runs.
+Per section (s, 2 cores; the first thirteen from the whole runs of 2026-11-27, the last four
+each run alone, `run.py --profile fast --only SECTION`, one run each, 2026-11-28, before the
+shares marked; a share's saving is the shared runs' own lengths in those runs):
 
 | section | fast | full | s (fast) |
 |---|---|---|---|
@@ -29,12 +36,33 @@ TTFT P95 ratio left the full run's range in all three runs. Per section (s, 2 co
 | mixed | 1 paired round | 3 | 40 |
 | fleet | 1 paired round of 15 s, no worker-scaling table | 4, and the table | 53 (86 at 2 rounds) |
 | peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 238 (313 without the reuse) |
-| scale_midway, peer_faults | 1 round of both workloads | 2 | 141, 249 |
+| scale_midway | 1 round of both workloads | 2 | 141 |
+| peer_faults | 1 round of both workloads; `on` is scale_midway's `warm` run (share 3) | 2 | ~198 (247 with its own `on`: 32 + 17 s) |
 | scale8, memory, decision | not run: no target reads them | | |
-| scale_out | 1 round, 1 gateway and 3 with the exchange | 2, and 3 without it | not timed |
-| exchange_cost | 1 and 3 replicas | 1, 3 and 8 | not timed |
-| tail | as full: 5 paired rounds (the target asks for 5) | | not timed |
-| oracle | 1 paired round | 3 | ~220 (one round of the full run's 11 min) |
+| scale_out | 1 round, 1 gateway and 3 with the exchange; the 1-gateway rows are shared (share 2) | 2, and 3 without the exchange | ~96 (184 alone: 7 + 25 + 30 + 26 s of 1-gateway runs) |
+| exchange_cost | 1 and 3 replicas with the exchange; none with it off (no target reads them: a note beside the CPU target) | 1, 3 and 8, on and off | ~47 (71 with 3 off: three runs of one length) |
+| tail | 5 paired rounds (the target asks for 5), round 0 the main table's pair (share 1) | | ~231 (289 alone: 28 + 30 s a pair) |
+| oracle | 1 paired round | 3 | 194 |
+
+Sum, with the second whole run's times for the first thirteen (decision 0024's table; they are
+the first run's above, 2-21 s more), about 1936 s; with `make bench`'s peer start-up test and
+the report, about 1946 s (32 min).
+
+The shared runs, and why each is the run the second section would make:
+
+1. `tail`'s round 0 is the main table's conversation reference and cache_aware rows
+   (`tail_vs_reference.main_pair`): the same `Bench.quality` calls, the reference first as in an
+   even round, with round robin's run between them (30 s) instead of none. The per-request TTFTs
+   are read from the main rows' records.
+2. `scale_out`'s one-gateway rows are the main table's cache_aware rows on agent, chat and
+   conversation and the peers section's cache_aware row on evicting (`scale_out.measured_1g`):
+   the same router, fleet and workload, measured 10-20 minutes before its 3-gateway row rather
+   than just before it. The peers section takes the main table's rows the same way.
+3. `peer_faults`' `on` run (3 replicas of the exchanging gateway behind the round-robin front,
+   no fault) is `scale_midway`'s `warm` run: the same fleet, front, client arguments and bound
+   (checked when the row is made, and by test_shared_runs.py), 1-2 minutes before the faults.
+
+How each was checked is in docs/decisions/0024-bench-fast-profile.md.
 
 What fewer rounds cost, per target: a target pooled over n paired runs in the full run is one
 run's ratio here, and one run scatters as the full run's per-run values in latest.md show
@@ -71,9 +99,10 @@ PROFILES: dict[str, dict] = {
             "fleet": {"rounds": 1, "workers": False},
             "peers": {"rounds": 1, "routers": PEER_DEFAULTS, "reuse_warmroute": True},
             "scale_midway": {"n": 1},
-            "peer_faults": {"n": 1},
-            "scale_out": {"n": 1, "setups": ["1g", "3g+peers"]},
-            "exchange_cost": {"replicas": [1, 3]},
+            "peer_faults": {"n": 1, "reuse_warm": True},
+            "scale_out": {"n": 1, "setups": ["1g", "3g+peers"], "reuse_1g": True},
+            "exchange_cost": {"replicas": [1, 3], "off": False},
+            "tail": {"reuse_main": True},
             "oracle": {"rounds": 1},
         },
     },

@@ -2,8 +2,9 @@
 
     cd bench && ../.venv/bin/python run.py [--profile fast|full] [--quick] [--only SECTION ...]
 
-Profiles (bench/profiles.py): `fast` (`make bench`, about 24 minutes) runs every section that
-feeds a target with fewer rounds and only the rows the targets read, and writes bench/results/;
+Profiles (bench/profiles.py): `fast` (`make bench`, about 32 minutes, estimated) runs every
+section that feeds a target with fewer rounds, only the rows the targets read, and a run two
+sections would both make once, and writes bench/results/;
 `full` (`make bench-full`, the default of run.py) runs everything below and writes
 bench/results/full/. --merge merges into the profile's own results only.
 
