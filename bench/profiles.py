@@ -41,7 +41,7 @@ shares marked; a share's saving is the shared runs' own lengths in those runs):
 | scale8, memory, decision | not run: no target reads them | | |
 | scale_out | 1 round, 1 gateway and 3 with the exchange; the 1-gateway rows are shared (share 2) | 2, and 3 without the exchange | ~96 (184 alone: 7 + 25 + 30 + 26 s of 1-gateway runs) |
 | exchange_cost | 1 and 3 replicas with the exchange; none with it off (no target reads them: a note beside the CPU target) | 1, 3 and 8, on and off | ~47 (71 with 3 off: three runs of one length) |
-| tail | 5 paired rounds (the target asks for 5), round 0 the main table's pair (share 1) | | ~231 (289 alone: 28 + 30 s a pair) |
+| tail | 5 paired rounds (the target asks for 5), round 0 the main table's pair (share 1) | | 231 with the share (289 alone: 28 + 30 s a pair) |
 | oracle | 1 paired round | 3 | 194 |
 
 Sum, with the second whole run's times for the first thirteen (decision 0024's table; they are
