@@ -10,8 +10,9 @@ fleets, in an order that alternates by round (the machine's speed drifts over mi
 figure is the P95 of every round's TTFTs pooled, over the reference's pooled P95: each round's
 own P95 rests on its ~40 slowest of 800 requests, the pooled one on ~200 of 4,000. The median
 of the rounds' own ratios is printed beside it. Target: ≤ 1.40x (the fluid model of
-`conversation_tail.py` puts an ideal router at about 1.36x). Also the `tail` section of
-`bench/run.py`.
+`conversation_tail.py` puts an ideal router at about 1.36x). A per-pod clock of prefill
+progress, the lever issue #34 named, changed nothing: docs/decisions/0028-no-prefill-clock.md.
+Also the `tail` section of `bench/run.py`.
 """
 
 from __future__ import annotations
