@@ -700,3 +700,42 @@ fn unhealthy_backends_are_skipped_unless_all_are() {
         .is_none());
     assert!(none.fallback(7).is_none());
 }
+
+#[test]
+fn a_second_turn_whose_first_ended_inside_the_head_goes_where_the_first_went() {
+    let l = loads(&[0.0, 0.0, 0.0]);
+    // The head is 10 blocks: 9 of instructions every conversation shares, then the first
+    // message. Turn 1 went to `first`, which holds all 10; another pod holds the 9.
+    fn key(matched: &[u32]) -> RequestKey<'_> {
+        RequestKey {
+            matched,
+            blocks: 12,
+            head_blocks: 10,
+            anchor: 77,
+            continuation: true,
+            history_blocks: 11,
+            ..Default::default()
+        }
+    }
+    let owner = pick(Strategy::CacheAware, &l, key(&[0, 0, 0])).order[0];
+    let first = (owner + 1) % 3;
+    let mut m = [0; 3];
+    m[first] = 10;
+    m[owner] = 9;
+    let d = pick(Strategy::CacheAware, &l, key(&m));
+    assert_eq!(
+        (d.order[0], d.reason, d.matched),
+        (first, Reason::CacheHit, 11)
+    );
+    // Equal holders, or none holding the whole head: nothing tells, the anchor places it.
+    m[owner] = 10;
+    assert_eq!(pick(Strategy::CacheAware, &l, key(&m)).order[0], owner);
+    let mut short = [0; 3];
+    short[first] = 9;
+    assert_eq!(pick(Strategy::CacheAware, &l, key(&short)).order[0], owner);
+    // Over the warm bound it goes by the anchor as before.
+    let mut busy = l.clone();
+    busy[first].load = 9.0;
+    m[owner] = 9;
+    assert_eq!(pick(Strategy::CacheAware, &busy, key(&m)).order[0], owner);
+}
