@@ -268,7 +268,10 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=8192, help="each replica's KV in tokens (-c), shared by its slots")
     ap.add_argument("--slots", type=int, default=2)
-    ap.add_argument("--cache-ram", type=int, default=8, help="each replica's RAM prompt cache, MiB")
+    # 32 MiB (8,192 tokens, about five late prompts a replica) still holds less than the
+    # workloads' conversations (round robin hits 0.51-0.59); at 8 MiB a replica keeps one or two
+    # prompts and no router has anything to win (docs/real-engine.md, llama.cpp's results).
+    ap.add_argument("--cache-ram", type=int, default=32, help="each replica's RAM prompt cache, MiB")
     ap.add_argument("--start-bytes-per-token", type=float, default=4.0,
                     help="the filter's starting ratio (the default; the tokenizer gives ~3.9)")
     ap.add_argument("--fixtures", type=Path, help="write the engine's answers here (bench/real/fixtures)")
