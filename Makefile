@@ -7,7 +7,7 @@ WASM   := dist/warmroute.wasm
 ENVOY   = $(firstword $(wildcard $(VENV)/lib/python3*/site-packages/envoy/_bin/envoy))
 ENVOY_CONFIGS := envoy.yaml $(wildcard deploy/envoy/*.yaml)
 
-.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-full bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real real-llama-setup real-llama
+.PHONY: help setup build wasm run test lint unit wasm-unit host-tests validate validate-envoy validate-deploy validate-oci e2e e2e-oldest-envoy bench bench-full bench-cost bench-peers peers-setup soak fuzz docs release clean real-setup real-smoke real real-llama-setup real-llama
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -33,7 +33,7 @@ build: wasm ## Build the filter, the simulated vLLM server and the load client
 run: build ## Main job: Envoy + 3 simulated backends, same workload via round robin and warmroute
 	cd e2e && ../$(PY) demo.py
 
-test: build lint unit wasm-unit host-tests validate e2e e2e-oldest-envoy docs ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e (and on the oldest Envoy named), the docs site
+test: build lint unit wasm-unit host-tests validate e2e e2e-oldest-envoy real-smoke docs ## Every test: lint, unit (native + wasm32), host-tests, config validation, real-Envoy e2e (and on the oldest Envoy named), one real vLLM replica's metric names and usage report, the docs site
 	@echo "make test: all suites passed"
 
 lint: ## the core's rooms import only the rooms below them; rustfmt check; clippy -D warnings: core + filter for wasm32 (with and without the bench's phase timing), the whole workspace natively (bench crates included), the fuzz targets (stable: they compile, `make fuzz` runs them)
@@ -133,6 +133,9 @@ soak: build ## 300k requests at saturation through the gate over a discovered po
 
 real-setup: ## The real engine for `make real` (cached): vLLM's CPU build in .venv-real (~6 GB, ~45 s fresh), a tiny local model
 	bench/real/setup.sh
+
+real-smoke: wasm $(VENV)/.installed real-setup ## One real vLLM replica behind Envoy: the metric names the filter reads and the usage report it reads (~2 min; part of `make test`)
+	cd bench/real && ../../$(PY) smoke.py
 
 real: wasm $(VENV)/.installed real-setup ## warmroute in front of 3 real vLLM CPU replicas: metrics, health, hit rate and TTFT vs round robin, API shapes (~8 min; not part of `make test`)
 	cd bench/real && ../../$(PY) run.py $(REAL_ARGS)
