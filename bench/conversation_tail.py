@@ -18,6 +18,9 @@ scale 10. Decode steps, KV capacity and chunk granularity are left out:
 - `home`: a prompt goes to the pod holding most of it, a new one (no more than the
   shared first block held anywhere) to the pod whose queue empties first: every backlog
   known exactly, cache unbounded;
+- `home, unanswered`: the same, but a new prompt goes to the pod with the fewest tokens
+  not yet answered (prompts count whole until their first token), as a router that sees
+  only its own sends and first bytes weighs queues;
 - `round robin`: Envoy's two workers each rotate on their own, so the pods a burst lands
   on depend on which worker takes each connection: modelled as a rotation that skips one
   pod with probability 1/2, over `--seeds` draws (their 10/50/90% quantiles);
@@ -102,6 +105,28 @@ def model(lines: list[dict], pods: int, rate: float, pick) -> tuple[float, float
     return pct(ttft, 0.95), hit / total
 
 
+def model_unanswered(lines: list[dict], pods: int, rate: float) -> tuple[float, float]:
+    """`model` with `home`'s rule, new prompts placed by the tokens each pod has not answered."""
+    free = [0.0] * pods
+    holds: list[set[int]] = [set() for _ in range(pods)]
+    jobs: list[list[tuple[float, int]]] = [[] for _ in range(pods)]
+    ttft, hit, total = [], 0, 0
+    for r in lines:
+        t, ids, length = r["timestamp"], r["hash_ids"], r["input_length"]
+        cached = [min(length, BLOCK * next((i for i, h in enumerate(ids) if h not in holds[p]), len(ids)))
+                  for p in range(pods)]
+        best = max(range(pods), key=lambda p: cached[p])
+        p = best if cached[best] > BLOCK else \
+            min(range(pods), key=lambda q: sum(n for done, n in jobs[q] if done > t))
+        done = max(free[p], t) + (length - cached[p]) / rate
+        ttft.append((done - t) / SCALE)
+        hit, total = hit + cached[p], total + length
+        free[p] = done
+        holds[p].update(ids)
+        jobs[p].append((done, length - cached[p]))
+    return pct(ttft, 0.95), hit / total
+
+
 def home(cached: list[int], free: list[float]) -> int:
     best = max(range(len(cached)), key=lambda p: cached[p])
     return best if cached[best] > BLOCK else min(range(len(free)), key=lambda p: free[p])
@@ -131,9 +156,12 @@ def main() -> None:
     rr = sorted(model(lines, 3, RATE, round_robin(random.Random(s)))[0] for s in range(a.seeds))
     q = [pct(rr, p) for p in (0.1, 0.5, 0.9)]
     p95_ref, _ = model(lines, 1, 3 * RATE, home)
+    p95_unanswered, _ = model_unanswered(lines, 3, RATE)
     print(f"model, 3 pods: home TTFT P95 {p95_home:.0f} ms (hit rate {hit_home:.3f}); round robin P95 "
           f"{q[0]:.0f} / {q[1]:.0f} / {q[2]:.0f} (10/50/90% of {a.seeds} draws), so home / round robin "
           f"{p95_home / q[2]:.2f} / {p95_home / q[1]:.2f} / {p95_home / q[0]:.2f}; one pod at 3x: {p95_ref:.0f}")
+    print(f"model, 3 pods over one pod at 3x: home {p95_home / p95_ref:.2f}x; home placing new prompts by the "
+          f"tokens not yet answered {p95_unanswered:.0f} ms, {p95_unanswered / p95_ref:.2f}x")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ little; the reference does not route, so it scatters less. Each round runs both 
 fleets, in an order that alternates by round (the machine's speed drifts over minutes). The
 figure is the P95 of every round's TTFTs pooled, over the reference's pooled P95: each round's
 own P95 rests on its ~40 slowest of 800 requests, the pooled one on ~200 of 4,000. The median
-of the rounds' own ratios is printed beside it. Target: ≤ 1.40x (the fluid model of
-`conversation_tail.py` puts an ideal router at about 1.36x). A per-pod clock of prefill
-progress, the lever issue #34 named, changed nothing: docs/decisions/0028-no-prefill-clock.md.
+of the rounds' own ratios is printed beside it. Target: ≤ 1.40x. The fluid model of
+`conversation_tail.py` (no decode steps, no KV limit) puts a router that knows every backlog
+at 1.16x, and one that counts a prompt until it answers at 1.22x; a per-pod clock of prefill
+progress, the lever issue #34 named, changed nothing measured here:
+docs/decisions/0028-no-prefill-clock.md.
 Also the `tail` section of `bench/run.py`.
 """
 

@@ -73,7 +73,7 @@ class LlamaReplica(Server):
     binary: Path
     ctx: int = 8192
     slots: int = 2
-    cache_ram_mib: int = 16
+    cache_ram_mib: int = 32
     READY_S: ClassVar[float] = 120
 
     @property
@@ -268,7 +268,7 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--ctx", type=int, default=8192, help="each replica's KV in tokens (-c), shared by its slots")
     ap.add_argument("--slots", type=int, default=2)
-    # 32 MiB (8,192 tokens, about five late prompts a replica) still holds less than the
+    # 32 MiB (8,192 tokens: five late chat prompts a replica, three agent ones) holds less than the
     # workloads' conversations (round robin hits 0.51-0.59); at 8 MiB a replica keeps one or two
     # prompts and no router has anything to win (docs/real-engine.md, llama.cpp's results).
     ap.add_argument("--cache-ram", type=int, default=32, help="each replica's RAM prompt cache, MiB")

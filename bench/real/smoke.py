@@ -2,9 +2,10 @@
 Envoy with the real `dist/warmroute.wasm`, checking the two things the filter reads of the
 engine that no simulator can vouch for:
 
-1. the metric names: for every gauge the filter reads (running, waiting, KV usage,
-   `cache_config_info`), one of its configured names is printed by vLLM, with the label set
-   vLLM prints, and the filter reads it: the pod is marked healthy and its KV capacity gauge
+1. the metric names: for every gauge the filter's vLLM preset reads (running, waiting, KV
+   usage, `cache_config_info`; the names as `filter/core/src/config/mod.rs` lists them),
+   vLLM prints one of them, with the label set vLLM prints; the filter marks the pod healthy
+   (its scrape answers) and its KV capacity gauge, the one gauge it exports of what it read,
    is `num_gpu_blocks x block_size` from `cache_config_info`;
 2. the usage report: the same prompt sent twice (streamed, `include_usage`) is a predicted hit
    the second time, vLLM reports `prompt_tokens_details.cached_tokens` for it, and the filter
@@ -27,7 +28,7 @@ from engine import BLOCK_SIZE, SERVED, Replica, start_all, stop_all
 from run import label, labels_of
 from warmroute_harness import ROOT, Envoy, free_port, post
 
-# What the filter reads, each by any of its configured names (the vLLM defaults).
+# What the filter's vLLM preset reads, each by any of these names (filter/core/src/config/mod.rs).
 READS = {
     "running": ["vllm:num_requests_running"],
     "waiting": ["vllm:num_requests_waiting"],
@@ -56,7 +57,7 @@ def usage_of(body: bytes) -> dict:
 def main() -> int:
     t0 = time.time()
     logdir = ROOT / ".run" / "real" / f"smoke-{time.strftime('%Y%m%d-%H%M%S')}"
-    logdir.mkdir(parents=True)
+    logdir.mkdir(parents=True, exist_ok=True)
     replica = Replica("vllm-0", free_port(), blocks=BLOCKS, core=0, max_model_len=3072)
     failures: list[str] = []
     envoy = None

@@ -50,6 +50,11 @@ pub struct PromptKey {
     /// Canonical bytes before the last message: what the pod that served the
     /// previous turn holds already (0 when not a continuation).
     pub history_bytes: usize,
+    /// Canonical bytes before the conversation's first message (its
+    /// instructions; 0 without): a match past them holds part of that message.
+    pub instructions_bytes: usize,
+    /// Assistant messages it carries: the turns of its conversation answered so far.
+    pub answers: u32,
     /// The request's `model` (a served model name or a LoRA adapter).
     pub model: Option<String>,
     /// The most tokens it may generate (`max_tokens`, `max_completion_tokens`,
@@ -216,6 +221,8 @@ impl PrefixHasher {
             total_bytes: self.total,
             continuation: false,
             history_bytes: 0,
+            instructions_bytes: self.conversation_start.unwrap_or(0),
+            answers: 0,
             model: None,
             max_output_tokens: None,
             reports_usage: false,

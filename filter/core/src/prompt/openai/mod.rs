@@ -336,13 +336,14 @@ fn messages<'a>(r: &mut JsonReader<'a>, names: &[&str]) -> Result<Vec<Message<'a
 /// Feeds a conversation's messages (chat's and the Messages API's): each
 /// `0x1e role 0x1f content [0x1d tool_calls]`, the first message that is not
 /// instructions starting the conversation and anchoring it. Returns whether
-/// it carries earlier turns, and if so where its last message starts (the
-/// bytes of its history).
-fn feed_messages(h: &mut PrefixHasher, all: &[Message<'_>], offsets: &[u32]) -> (bool, usize) {
-    let (mut continuation, mut last_start) = (false, 0);
+/// it carries earlier turns, where its last message starts if so (the bytes
+/// of its history), and how many assistant messages it carries.
+fn feed_messages(h: &mut PrefixHasher, all: &[Message<'_>], offsets: &[u32]) -> (bool, usize, u32) {
+    let (mut continuation, mut last_start, mut answers) = (false, 0, 0u32);
     for m in all {
         last_start = h.len();
         continuation |= matches!(m.role.as_ref(), "assistant" | "tool" | "function");
+        answers = answers.saturating_add(u32::from(m.role.as_ref() == "assistant"));
         let turn = !matches!(m.role.as_ref(), "system" | "developer");
         if turn {
             h.begin_conversation();
@@ -360,7 +361,11 @@ fn feed_messages(h: &mut PrefixHasher, all: &[Message<'_>], offsets: &[u32]) -> 
             h.mark_anchor();
         }
     }
-    (continuation, if continuation { last_start } else { 0 })
+    (
+        continuation,
+        if continuation { last_start } else { 0 },
+        answers,
+    )
 }
 
 /// The fields every endpoint reads besides its prompt.
@@ -523,10 +528,11 @@ fn read(
             }
             let offsets = r.offsets();
             let mut h = c.hasher(offsets, blocks, tools, None)?;
-            let (continuation, history_bytes) = feed_messages(&mut h, &all, offsets);
+            let (continuation, history_bytes, answers) = feed_messages(&mut h, &all, offsets);
             Ok(PromptKey {
                 continuation,
                 history_bytes,
+                answers,
                 ..c.key(offsets, completion_limit, h)
             })
         }
@@ -600,10 +606,11 @@ fn read(
             }
             let offsets = r.offsets();
             let mut h = c.hasher(offsets, blocks, tools, system.as_ref())?;
-            let (continuation, history_bytes) = feed_messages(&mut h, &all, offsets);
+            let (continuation, history_bytes, answers) = feed_messages(&mut h, &all, offsets);
             Ok(PromptKey {
                 continuation,
                 history_bytes,
+                answers,
                 // Streamed or not, vLLM's answer carries usage.
                 reports_usage: true,
                 can_ask_usage: false,

@@ -169,15 +169,17 @@ fn feed_piece(h: &mut PrefixHasher, tag: &[u8], content: &Text<'_>) {
 
 /// Each message as `0x1e role 0x1f content [0x1d tool_calls]`, conversation
 /// started and anchored at the first that is not instructions; returns
-/// whether it carries earlier turns and, if so, where its last message starts.
+/// whether it carries earlier turns, where its last message starts if so, and
+/// how many assistant messages it carries.
 fn feed_turns<'m, 'a: 'm>(
     h: &mut PrefixHasher,
     turns: impl Iterator<Item = (&'m Cow<'a, str>, &'m Option<Text<'a>>, Option<&'a RawValue>)>,
-) -> (bool, usize) {
-    let (mut continuation, mut last_start) = (false, 0);
+) -> (bool, usize, u32) {
+    let (mut continuation, mut last_start, mut answers) = (false, 0, 0u32);
     for (role, content, calls) in turns {
         last_start = h.len();
         continuation |= matches!(role.as_ref(), "assistant" | "tool" | "function");
+        answers = answers.saturating_add(u32::from(role.as_ref() == "assistant"));
         let turn = !matches!(role.as_ref(), "system" | "developer");
         if turn {
             h.begin_conversation();
@@ -191,7 +193,11 @@ fn feed_turns<'m, 'a: 'm>(
             h.mark_anchor();
         }
     }
-    (continuation, if continuation { last_start } else { 0 })
+    (
+        continuation,
+        if continuation { last_start } else { 0 },
+        answers,
+    )
 }
 
 fn raw(v: Option<&RawValue>) -> Option<&[u8]> {
@@ -252,11 +258,12 @@ pub fn prompt_key(
                 .messages
                 .iter()
                 .map(|m| (&m.role, &m.content, m.tool_calls));
-            let (continuation, history_bytes) = feed_turns(&mut h, turns);
+            let (continuation, history_bytes, answers) = feed_turns(&mut h, turns);
             let limit = req.max_completion_tokens.or(req.max_tokens);
             Ok(PromptKey {
                 continuation,
                 history_bytes,
+                answers,
                 ..streamed_key!(req, limit, h)
             })
         }
@@ -297,10 +304,11 @@ pub fn prompt_key(
                 feed_piece(&mut h, b"system", system);
             }
             let turns = req.messages.iter().map(|m| (&m.role, &m.content, None));
-            let (continuation, history_bytes) = feed_turns(&mut h, turns);
+            let (continuation, history_bytes, answers) = feed_turns(&mut h, turns);
             Ok(PromptKey {
                 continuation,
                 history_bytes,
+                answers,
                 model: req.model.map(Cow::into_owned),
                 max_output_tokens: tokens(raw(req.max_tokens)),
                 reports_usage: true,

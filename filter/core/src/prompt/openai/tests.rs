@@ -309,6 +309,12 @@ fn earlier_turns_mark_a_continuation() {
     );
     assert_eq!(later.history_bytes, previous.total_bytes);
     assert_eq!(first.history_bytes, 0);
+    // The turns answered so far, and where the instructions end (the first message starts).
+    assert_eq!((first.answers, later.answers, tool.answers), (0, 1, 0));
+    let alone = chat(r#"[{"role":"user","content":"q"}]"#);
+    assert_eq!(alone.instructions_bytes, 0);
+    assert!(first.instructions_bytes > 0 && first.instructions_bytes < first.anchor_offset);
+    assert_eq!(later.instructions_bytes, first.instructions_bytes);
 }
 
 #[test]

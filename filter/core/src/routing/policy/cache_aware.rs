@@ -106,15 +106,18 @@
 //!   with `queued_b = 0`, in rendezvous order of the prompt's anchor
 //!   (deterministic while queues are within the slack, so independent gateway
 //!   replicas place a new conversation on the same pod);
-//! - nothing matches past the head but the prompt carries earlier turns, and
-//!   one pod holds the whole head, more of it than any other → that pod, within
-//!   the warm bound: a first turn that ended inside the head (a short first
-//!   message after long instructions) left nothing past it to match, and the
-//!   pod that answered it holds the first message besides the instructions
-//!   the others may share. Placed by the next rule instead, half the chats on
-//!   real vLLM moved pod on their second turn when the first had been placed
-//!   off its rendezvous owner (6 of 12), re-prefilling their first message
-//!   and answer;
+//! - no owner, a second turn (one answer in the prompt), and one pod holding
+//!   every full block of the head, its match reaching into the first message
+//!   and further than any other's → that pod, within the warm bound: a first
+//!   turn that ended inside the head (a short first message after long
+//!   instructions) left nothing past the head to match, and only the pod that
+//!   answered it holds part of that message (the others at most the
+//!   instructions conversations share). Placed by the next rule, such a turn
+//!   left a first turn that load had placed off its anchor's pod, and
+//!   re-prefilled it (on real vLLM, 6 and 1 of 12 chats in two runs). A second
+//!   turn only: behind gateway replicas without the exchange, a later turn may
+//!   have gone to the anchor's pod through another replica, and the anchor
+//!   keeps them agreeing;
 //! - nothing matches anywhere but the prompt carries earlier turns (a
 //!   conversation whose turns went through other gateway replicas) → the first
 //!   backend in rendezvous order within the warm bound (`max(cap,
@@ -263,16 +266,18 @@ impl Chooser<'_> {
             .collect();
         let matched = |b: usize| req.matched.get(b).copied().unwrap_or(0);
         if owner.is_none() && req.continuation {
-            // Its first turn ended inside the head, so no match goes past it; the pod
-            // holding the whole head, more of it than any other, holds that first turn.
+            // A second turn whose first ended inside the head, so no match goes past it:
+            // the one pod holding the head's full blocks, into the first message, answered
+            // that turn.
             let longest = healthy.iter().copied().max_by_key(|&b| matched(b));
             let first_turn = longest.filter(|&b| {
-                matched(b) >= req.head_blocks.max(1)
+                req.answers == 1
+                    && matched(b) >= req.head_blocks
+                    && matched(b) > req.instructions_blocks
                     && healthy.iter().all(|&c| c == b || matched(c) < matched(b))
             });
             if let Some(b) = first_turn.filter(|&b| self.eligible(b, warm_cap)) {
-                let held = matched(b).max(req.history_blocks.min(req.blocks));
-                return self.finish(b, req.anchor, held, Reason::CacheHit);
+                return self.finish(b, req.anchor, matched(b), Reason::CacheHit);
             }
             // A conversation already under way that this gateway has not seen: another
             // gateway replica served its earlier turns, most likely on the anchor's

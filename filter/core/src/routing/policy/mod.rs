@@ -119,6 +119,10 @@ pub struct RequestKey<'a> {
     pub continuation: bool,
     /// Leading blocks an earlier turn of the conversation sent (all but the last message).
     pub history_blocks: u32,
+    /// Leading blocks of instructions alone, before the conversation's first message.
+    pub instructions_blocks: u32,
+    /// Assistant messages the prompt carries: its conversation's turns answered so far.
+    pub answers: u32,
     /// Per backend: another request this gateway worker sent there still waits
     /// for its first token and shares the prompt up to the last block of that
     /// backend's match (missing: none does).

@@ -667,6 +667,8 @@ fn unhealthy_backends_are_skipped_unless_all_are() {
                     head_blocks: 0,
                     continuation: false,
                     history_blocks: 0,
+                    instructions_blocks: 0,
+                    answers: 0,
                     shared: &[],
                 },
             );
@@ -704,13 +706,16 @@ fn unhealthy_backends_are_skipped_unless_all_are() {
 #[test]
 fn a_second_turn_whose_first_ended_inside_the_head_goes_where_the_first_went() {
     let l = loads(&[0.0, 0.0, 0.0]);
-    // The head is 10 blocks: 9 of instructions every conversation shares, then the first
-    // message. Turn 1 went to `first`, which holds all 10; another pod holds the 9.
+    // 9 blocks of instructions every conversation shares, then the first message: the
+    // head's full blocks are 10. Turn 1 went to `first`, which holds all 10; another pod
+    // holds the 9.
     fn key(matched: &[u32]) -> RequestKey<'_> {
         RequestKey {
             matched,
             blocks: 12,
             head_blocks: 10,
+            instructions_blocks: 9,
+            answers: 1,
             anchor: 77,
             continuation: true,
             history_blocks: 11,
@@ -725,17 +730,33 @@ fn a_second_turn_whose_first_ended_inside_the_head_goes_where_the_first_went() {
     let d = pick(Strategy::CacheAware, &l, key(&m));
     assert_eq!(
         (d.order[0], d.reason, d.matched),
-        (first, Reason::CacheHit, 11)
+        (first, Reason::CacheHit, 10)
     );
-    // Equal holders, or none holding the whole head: nothing tells, the anchor places it.
-    m[owner] = 10;
-    assert_eq!(pick(Strategy::CacheAware, &l, key(&m)).order[0], owner);
+    // A later turn may have gone to the anchor's pod through another gateway replica.
+    let later = RequestKey {
+        answers: 2,
+        ..key(&m)
+    };
+    assert_eq!(pick(Strategy::CacheAware, &l, later).order[0], owner);
+    // Equal holders, or none holding the head's full blocks: the anchor places it.
+    let mut tie = m;
+    tie[owner] = 10;
+    assert_eq!(pick(Strategy::CacheAware, &l, key(&tie)).order[0], owner);
     let mut short = [0; 3];
     short[first] = 9;
     assert_eq!(pick(Strategy::CacheAware, &l, key(&short)).order[0], owner);
+    // A first message too short to reach past the instructions' last block: a pod
+    // holding those instructions alone holds no part of it.
+    let instructions_only = RequestKey {
+        head_blocks: 9,
+        ..key(&short)
+    };
+    assert_eq!(
+        pick(Strategy::CacheAware, &l, instructions_only).order[0],
+        owner
+    );
     // Over the warm bound it goes by the anchor as before.
     let mut busy = l.clone();
     busy[first].load = 9.0;
-    m[owner] = 9;
     assert_eq!(pick(Strategy::CacheAware, &busy, key(&m)).order[0], owner);
 }

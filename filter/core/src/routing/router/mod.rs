@@ -669,6 +669,8 @@ impl Router {
                     head_blocks,
                     continuation,
                     history_blocks: (key.history_bytes / block) as u32,
+                    instructions_blocks: (key.instructions_bytes / block) as u32,
+                    answers: key.answers,
                     shared: &self.shared,
                     session: req.session.map(session_hash),
                     rotation,
