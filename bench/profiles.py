@@ -6,9 +6,9 @@ peers, the memory fill and the decision curve; about two hours on 2 cores, and i
 to bench/results/full/.
 
 `fast` (`make bench`) prints every target row of the full run, and writes bench/results/ (what
-the docs and the README render). It takes about 32 minutes on 2 cores: an estimate, the sum of
-the per-section times below with the shared runs' lengths taken off, not a timed run (the last
-whole run timed, 1274 s, predates the scale_out, exchange_cost, tail and oracle sections).
+the docs and the README render). Its one timed run took 2015 s (33.6 minutes) on 2 cores
+(2026-11-28; the sum of the per-section times below, with the shared runs' lengths taken off,
+had estimated 1946 s: the overhead section took 172 s, not ~90).
 That is over issue #34's 25 minutes: what is left to cut, and what each cut would cost, is in
 docs/decisions/0024-bench-fast-profile.md.
 
