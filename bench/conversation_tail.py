@@ -88,25 +88,9 @@ def attribute(path: Path, reuse: list[int]) -> None:
 
 
 def model(lines: list[dict], pods: int, rate: float, pick) -> tuple[float, float]:
-    """TTFT P95 (wall ms) and hit rate of one policy in the fluid model."""
-    free = [0.0] * pods
-    holds: list[set[int]] = [set() for _ in range(pods)]
-    ttft, hit, total = [], 0, 0
-    for r in lines:
-        t, ids, length = r["timestamp"], r["hash_ids"], r["input_length"]
-        cached = [min(length, BLOCK * next((i for i, h in enumerate(ids) if h not in holds[p]), len(ids)))
-                  for p in range(pods)]
-        p = pick(cached, free)
-        done = max(free[p], t) + (length - cached[p]) / rate
-        ttft.append((done - t) / SCALE)
-        hit, total = hit + cached[p], total + length
-        free[p] = done
-        holds[p].update(ids)
-    return pct(ttft, 0.95), hit / total
-
-
-def model_unanswered(lines: list[dict], pods: int, rate: float) -> tuple[float, float]:
-    """`model` with `home`'s rule, new prompts placed by the tokens each pod has not answered."""
+    """TTFT P95 (wall ms) and hit rate of one policy in the fluid model. `pick(cached, free,
+    unanswered)` chooses a pod from what each holds of the prompt, when each one's queue empties,
+    and the tokens each has been sent and not answered yet."""
     free = [0.0] * pods
     holds: list[set[int]] = [set() for _ in range(pods)]
     jobs: list[list[tuple[float, int]]] = [[] for _ in range(pods)]
@@ -115,9 +99,8 @@ def model_unanswered(lines: list[dict], pods: int, rate: float) -> tuple[float, 
         t, ids, length = r["timestamp"], r["hash_ids"], r["input_length"]
         cached = [min(length, BLOCK * next((i for i, h in enumerate(ids) if h not in holds[p]), len(ids)))
                   for p in range(pods)]
-        best = max(range(pods), key=lambda p: cached[p])
-        p = best if cached[best] > BLOCK else \
-            min(range(pods), key=lambda q: sum(n for done, n in jobs[q] if done > t))
+        unanswered = [sum(n for done, n in jobs[q] if done > t) for q in range(pods)]
+        p = pick(cached, free, unanswered)
         done = max(free[p], t) + (length - cached[p]) / rate
         ttft.append((done - t) / SCALE)
         hit, total = hit + cached[p], total + length
@@ -127,15 +110,20 @@ def model_unanswered(lines: list[dict], pods: int, rate: float) -> tuple[float, 
     return pct(ttft, 0.95), hit / total
 
 
-def home(cached: list[int], free: list[float]) -> int:
+def home(cached: list[int], free: list[float], unanswered: list[int]) -> int:
     best = max(range(len(cached)), key=lambda p: cached[p])
     return best if cached[best] > BLOCK else min(range(len(free)), key=lambda p: free[p])
+
+
+def home_unanswered(cached: list[int], free: list[float], unanswered: list[int]) -> int:
+    best = max(range(len(cached)), key=lambda p: cached[p])
+    return best if cached[best] > BLOCK else min(range(len(free)), key=lambda p: unanswered[p])
 
 
 def round_robin(rng: random.Random):
     k = rng.randrange(3)
 
-    def pick(cached: list[int], free: list[float]) -> int:
+    def pick(cached: list[int], free: list[float], unanswered: list[int]) -> int:
         nonlocal k
         p = k % len(free)
         k += 1 + (rng.random() < 0.5)
@@ -156,7 +144,7 @@ def main() -> None:
     rr = sorted(model(lines, 3, RATE, round_robin(random.Random(s)))[0] for s in range(a.seeds))
     q = [pct(rr, p) for p in (0.1, 0.5, 0.9)]
     p95_ref, _ = model(lines, 1, 3 * RATE, home)
-    p95_unanswered, _ = model_unanswered(lines, 3, RATE)
+    p95_unanswered, _ = model(lines, 3, RATE, home_unanswered)
     print(f"model, 3 pods: home TTFT P95 {p95_home:.0f} ms (hit rate {hit_home:.3f}); round robin P95 "
           f"{q[0]:.0f} / {q[1]:.0f} / {q[2]:.0f} (10/50/90% of {a.seeds} draws), so home / round robin "
           f"{p95_home / q[2]:.2f} / {p95_home / q[1]:.2f} / {p95_home / q[0]:.2f}; one pod at 3x: {p95_ref:.0f}")

@@ -522,14 +522,18 @@ impl Outbox {
     }
 }
 
+/// The value of `key` (`key=value`) in `path`'s query, if it has one.
+fn query_value<'a>(path: &'a str, key: &str) -> Option<&'a str> {
+    let (_, query) = path.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
 /// The sequence number a peer asks from (`since=N` in the query; absent or
 /// unreadable: 0, the whole ring).
 pub fn since_of(path: &str) -> u64 {
-    path.split_once('?')
-        .map(|(_, q)| q)
-        .unwrap_or_default()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("since="))
+    query_value(path, "since")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
@@ -537,24 +541,14 @@ pub fn since_of(path: &str) -> u64 {
 /// The answer number a peer asks stored responses' answers from (`answers=M`
 /// in the query); `None`: it does not ask (a replica of an earlier release).
 pub fn answers_of(path: &str) -> Option<u64> {
-    path.split_once('?')
-        .map(|(_, q)| q)
-        .unwrap_or_default()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("answers="))
-        .map(|v| v.parse().unwrap_or(0))
+    query_value(path, "answers").map(|v| v.parse().unwrap_or(0))
 }
 
 /// The reply size a peer asks for (`bytes=N` in the query); `None`: as the
 /// serving replica's `peers.max_reply_bytes` allows (a replica of an earlier
 /// release does not ask).
 pub fn bytes_of(path: &str) -> Option<usize> {
-    path.split_once('?')
-        .map(|(_, q)| q)
-        .unwrap_or_default()
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("bytes="))
-        .and_then(|v| v.parse().ok())
+    query_value(path, "bytes").and_then(|v| v.parse().ok())
 }
 
 /// What one pull may bring into a log of `shape` when `peers` are pulled each
