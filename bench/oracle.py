@@ -39,7 +39,7 @@ from statistics import median
 from measure import loadgen, proc_cpu_s
 from quality import counters, row_from
 from report import median_present
-from scenarios import ROUTERS, TIME_SCALE, sim_args, trace_lines
+from scenarios import ROUTERS, TIME_SCALE, sim_args
 from warmroute_harness import Fleet
 
 WARMROUTE = "warmroute_cache_aware"
@@ -114,12 +114,10 @@ def analyse(records: Path, oracle_routes: bool) -> dict:
     return out
 
 
-def run_row(b, workload: str, router: str, sink: list[dict], lines: int | None = None) -> dict:
+def run_row(b, workload: str, router: str, sink: list[dict]) -> dict:
     """One run on a fresh fleet of sims with `--debug-state`: warmroute through one Envoy with the
-    oracle in shadow mode, or the oracle routing (no Envoy); `lines`, a trace workload's first
-    `lines` lines instead of its own count."""
+    oracle in shadow mode, or the oracle routing (no Envoy)."""
     args, capacity = b.wl(workload)
-    args = trace_lines(args, lines)
     b.n += 1
     rdir = b.logdir / f"{b.n:02d}-{workload}-{router}-oracle-section"
     rdir.mkdir(parents=True)
@@ -145,16 +143,13 @@ def run_row(b, workload: str, router: str, sink: list[dict], lines: int | None =
                    kv_capacity_tokens=capacity, time_scale=TIME_SCALE,
                    envoy_cpu_s=round(envoy_cpu, 2) if f.envoys else None, decisions=dec)
     row["oracle"] = analyse(rdir / "records.jsonl", routes)
-    if args != b.wl(workload)[0]:
-        row["lines"] = lines
     return b._keep(row, 0, sink, t0)
 
 
 def section(b, rounds: int = ORACLE_ROUNDS, workloads: list[str] | None = None,
-            out: list[list[dict]] | None = None, lines: int | None = None) -> list[list[dict]]:
+            out: list[list[dict]] | None = None) -> list[list[dict]]:
     """`rounds` paired rounds: per workload, warmroute and the oracle on fresh fleets, the order
-    reversed every other round. Appends one list of rows per round to `out` as it goes. `lines`
-    (the fast profile): the conversation trace's first `lines` lines, both rows of a pair alike."""
+    reversed every other round. Appends one list of rows per round to `out` as it goes."""
     out = [] if out is None else out
     for i in range(rounds):
         print(f"== oracle, round {i + 1} of {rounds}", flush=True)
@@ -163,7 +158,7 @@ def section(b, rounds: int = ORACLE_ROUNDS, workloads: list[str] | None = None,
         for w in workloads or ORACLE_WORKLOADS:
             pair = [WARMROUTE, ORACLE]
             for r in (pair if i % 2 == 0 else pair[::-1]):
-                row = run_row(b, w, r, rows, lines)
+                row = run_row(b, w, r, rows)
                 row["round"] = i + 1
     return out
 
@@ -190,12 +185,11 @@ def targets(rounds: list[list[dict]] | None) -> list[dict]:
         if not pairs:
             continue
         n = len(pairs)
-        of = f" of the trace's first {pairs[0][0]['lines']} lines" if pairs[0][0].get("lines") else ""
         hr = [a["hit_rate"] / o["hit_rate"] for a, o in pairs if a.get("hit_rate") is not None and o.get("hit_rate")]
         if hr:
             m = median(hr)
             out.append({"target": f"{w}: warmroute hit rate >= {HIT_LIMIT:.2f}x the oracle's",
-                        "measured": f"{m:.3f}x median of {len(hr)} paired rounds{of} ({', '.join(f'{x:.3f}' for x in hr)}); "
+                        "measured": f"{m:.3f}x median of {len(hr)} paired rounds ({', '.join(f'{x:.3f}' for x in hr)}); "
                                     f"{median(a['hit_rate'] for a, _ in pairs) * 100:.1f}% vs "
                                     f"{median(o['hit_rate'] for _, o in pairs) * 100:.1f}%",
                         "limit": f">= {HIT_LIMIT:.2f}x", "result": "PASS" if m >= HIT_LIMIT else "FAIL"})
@@ -208,7 +202,7 @@ def targets(rounds: list[list[dict]] | None) -> list[dict]:
         if tt:
             m = median(tt)
             out.append({"target": f"{w}: warmroute TTFT P95 <= {TTFT_LIMIT:.2f}x the oracle's",
-                        "measured": f"{m:.2f}x median of {len(tt)} paired rounds{of} ({', '.join(f'{x:.2f}' for x in tt)}); "
+                        "measured": f"{m:.2f}x median of {len(tt)} paired rounds ({', '.join(f'{x:.2f}' for x in tt)}); "
                                     f"{median(a['ttft_ms']['p95'] for a, _ in pairs):.0f} vs "
                                     f"{median(o['ttft_ms']['p95'] for _, o in pairs):.0f} ms",
                         "limit": f"<= {TTFT_LIMIT:.2f}x", "result": "PASS" if m <= TTFT_LIMIT else "FAIL"})

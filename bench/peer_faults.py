@@ -43,7 +43,7 @@ from pathlib import Path
 
 import front
 from front import Front, Load
-from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args, trace_lines
+from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
 
 PEERS = ROOT / "deploy" / "envoy" / "envoy-peers.yaml"
@@ -58,17 +58,6 @@ FAULTS = {
     "agent": ([*WORKLOADS["agent"]["args"][:1], "--agents", "36",
                *WORKLOADS["agent"]["args"][3:-2], "--stagger-ms", str(2000 / TIME_SCALE)], 4.0),
 }
-
-
-
-def load_of(workload: str, lines: int | None = None) -> tuple[list[str], float]:
-    """The client's arguments and the fault's time for `workload`; `lines` (the fast profile)
-    replays the conversation trace's first `lines` lines, the fault at the same share of them."""
-    args, fault_s = FAULTS[workload]
-    if lines is None or workload != "conversation":
-        return args, fault_s
-    full = int(args[args.index("--limit") + 1])
-    return trace_lines(args, lines), fault_s * lines / full
 
 
 class BadPeer(http.server.BaseHTTPRequestHandler):
@@ -97,8 +86,8 @@ class SlowPeer(BadPeer):
     slow = True
 
 
-def run(workload: str, case: str, logdir: Path, lines: int | None = None) -> dict:
-    args, fault_s = load_of(workload, lines)
+def run(workload: str, case: str, logdir: Path) -> dict:
+    args, fault_s = FAULTS[workload]
     overrides = {"strategy": "cache_aware", "metrics": SCALED_METRICS, **({"peers": None} if case == "off" else {})}
     f = Fleet(3, sim_args(WORKLOADS[workload]["capacity"]), gateways=3, config_file=PEERS, logdir=logdir,
               filter_overrides=overrides)
@@ -132,7 +121,7 @@ def run(workload: str, case: str, logdir: Path, lines: int | None = None) -> dic
         if bad:
             bad.shutdown()
             bad.server_close()
-    return row_of(workload, case, rep, recs, counts, killed_ms, lines)
+    return row_of(workload, case, rep, recs, counts, killed_ms)
 
 
 def exchange_counts(envoys: list) -> dict:
@@ -143,11 +132,9 @@ def exchange_counts(envoys: list) -> dict:
             "host_errors": sum(e.stat("wasmcustom.warmroute.host_errors") for e in alive)}
 
 
-def row_of(workload: str, case: str, rep: dict, recs: list[dict], counts: dict, killed_ms: float | None = None,
-           lines: int | None = None) -> dict:
+def row_of(workload: str, case: str, rep: dict, recs: list[dict], counts: dict, killed_ms: float | None = None) -> dict:
     """One run's row from the client's report and records and the replicas' `exchange_counts`
-    (scale_midway.py's `warm` run, the same fleet, front and load as `on`, makes one too);
-    `lines`, the trace lines replayed when not the workload's own count."""
+    (scale_midway.py's `warm` run, the same fleet, front and load as `on`, makes one too)."""
     peers, host_errors = counts["peers"], counts["host_errors"]
     t0 = rep["started_unix_ms"]
     failed = [r for r in recs if r["outcome"] in ("error", "aborted")]
@@ -159,15 +146,14 @@ def row_of(workload: str, case: str, rep: dict, recs: list[dict], counts: dict, 
             "ttft_p50": (rep.get("ttft_ms") or {}).get("p50"), "ttft_p99": (rep.get("ttft_ms") or {}).get("p99"),
             "e2e_p50": (rep.get("e2e_ms") or {}).get("p50"), "e2e_p99": (rep.get("e2e_ms") or {}).get("p99"),
             "runtime_s": rep.get("runtime_s"), "peers": peers, "host_errors": host_errors,
-            "killed_at_s": None if killed_ms is None else round((killed_ms - t0) / 1e3, 2), "lines": lines}
+            "killed_at_s": None if killed_ms is None else round((killed_ms - t0) / 1e3, 2)}
 
 
 def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None,
-           given_on: dict[str, dict] | None = None, lines: int | None = None) -> list[dict]:
+           given_on: dict[str, dict] | None = None) -> list[dict]:
     """`n` rounds of every case on each workload, the cases' order rotating. `given_on` (the
     fast profile): per workload, an `on` row this run made already (scale_midway.py's `warm`
-    run: the same fleet, front and load), which round 0 takes instead of running `on`; only
-    one of the same trace lines (`lines`, see `load_of`)."""
+    run: the same fleet, front and load), which round 0 takes instead of running `on`."""
     rows: list[dict] = []
     fh = open(out, "w") if out else None
     try:
@@ -175,7 +161,7 @@ def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None,
             order = CASES[i % len(CASES):] + CASES[:i % len(CASES)]
             for w in workloads:
                 for case in order:
-                    if i == 0 and case == "on" and w in (given_on or {}) and given_on[w].get("lines") == lines:
+                    if i == 0 and case == "on" and w in (given_on or {}):
                         row = {**given_on[w], "round": i, "reused": True}
                         rows.append(row)
                         print(f"  round {i} {w:12s} {case:8s} the scale-midway section's warm run", flush=True)
@@ -183,7 +169,7 @@ def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None,
                     rdir = logdir / f"{i}-{w}-{case}"
                     rdir.mkdir(parents=True)
                     t = time.time()
-                    row = {**run(w, case, rdir, lines), "round": i, "wall_s": round(time.time() - t, 1)}
+                    row = {**run(w, case, rdir), "round": i, "wall_s": round(time.time() - t, 1)}
                     rows.append(row)
                     if fh:
                         fh.write(json.dumps(row) + "\n")
@@ -207,7 +193,7 @@ def summary(rows: list[dict]) -> dict:
             mine = sorted((r for r in rows if r["workload"] == w and r["case"] == case), key=lambda r: r["round"])
             if not mine:
                 continue
-            m: dict = {"runs": len(mine), "lines": mine[0].get("lines"), "failed": sum(r["failed"] for r in mine),
+            m: dict = {"runs": len(mine), "failed": sum(r["failed"] for r in mine),
                        "lost_with_killed": sum(r["lost_with_killed"] for r in mine)}
             for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "hit_rate"):
                 m[k] = statistics.median(r[k] or 0 for r in mine)
@@ -253,19 +239,17 @@ def targets(s: dict | None) -> list[dict]:
                               "no worse than no exchange",
                     "measured": f"{m['failed']} failed; P99 TTFT {_f(m['ttft_p99_vs_on'])}x, E2E "
                                 f"{_f(m['e2e_p99_vs_on'])}x no fault; hit {_f(m['hit_vs_off'])}x no exchange; "
-                                f"median of {m['runs']} rounds"
-                                + (f" of the trace's first {m['lines']} lines" if m.get("lines") else ""),
+                                f"median of {m['runs']} rounds",
                     "limit": f"0 failed, P99 <= {P99_NOISE}x, hit >= 1.0x", "result": "PASS" if ok else "FAIL"})
     return out
 
 
-def section(logdir: Path, quick: bool, n: int = 2, given_on: dict[str, dict] | None = None,
-            lines: int | None = None) -> dict:
+def section(logdir: Path, quick: bool, n: int = 2, given_on: dict[str, dict] | None = None) -> dict:
     """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~4 min a
-    round; `given_on` and `lines`, see `rounds`."""
+    round; `given_on`, see `rounds`."""
     print("== peer faults (kill, garbage, slow)", flush=True)
     s = summary(rounds(1 if quick else n, ["agent"] if quick else ["conversation", "agent"], logdir / "peer-faults",
-                       given_on=given_on, lines=lines))
+                       given_on=given_on))
     report(s)
     return s
 

@@ -39,7 +39,7 @@ import front
 import peer_faults
 from front import Front, Load, hit_of
 from report import median_present
-from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args, trace_lines
+from scenarios import SCALED_METRICS, TIME_SCALE, WORKLOADS, sim_args
 from warmroute_harness import ROOT, Fleet
 
 PEERS = ROOT / "deploy" / "envoy" / "envoy-peers.yaml"
@@ -59,15 +59,10 @@ MIDWAY = {
 TARGET = 0.97
 
 
-def run(workload: str, setup: str, logdir: Path, lines: int | None = None) -> tuple[dict, list[dict]]:
+def run(workload: str, setup: str, logdir: Path) -> tuple[dict, list[dict]]:
     """One run: `on`/`off` join replicas 1 and 2 midway with the exchange on/off; `warm` starts
-    all three before the client (exchange on), the reference for the same requests. `lines`
-    (the fast profile) replays the conversation trace's first `lines` lines, joined at the same
-    time, so the target's windows hold the same requests as long as the lines reach past them
-    (the second replica joins about 12.5 s in, its window ends by ~13.5 s, line ~390 of the
-    trace at TIME_SCALE; 480 lines run to ~16 s)."""
+    all three before the client (exchange on), the reference for the same requests."""
     args, join_s = MIDWAY[workload]
-    args = trace_lines(args, lines) if workload == "conversation" else args
     overrides = {"strategy": "cache_aware", "metrics": SCALED_METRICS, **({"peers": None} if setup == "off" else {})}
     f = Fleet(3, sim_args(WORKLOADS[workload]["capacity"]), gateways=3, config_file=PEERS, logdir=logdir,
               filter_overrides=overrides)
@@ -93,8 +88,8 @@ def run(workload: str, setup: str, logdir: Path, lines: int | None = None) -> tu
         imported = [e.stat("wasmcustom.warmroute.peers.events_imported") for e in f.envoys]
         # `warm` is peer_faults.py's `on` (the same fleet, front and load): its row as that
         # section reads it, which the fast profile's peer-fault rounds take instead of a run.
-        same_load = peer_faults.load_of(workload, lines)[0] == args and peer_faults.MAX_S == MAX_S
-        on = peer_faults.row_of(workload, "on", rep, recs, peer_faults.exchange_counts(f.envoys), lines=lines) \
+        same_load = peer_faults.FAULTS[workload][0] == args and peer_faults.MAX_S == MAX_S
+        on = peer_faults.row_of(workload, "on", rep, recs, peer_faults.exchange_counts(f.envoys)) \
             if setup == "warm" and same_load else None
     t0 = rep["started_unix_ms"]
     join = [j - t0 for j in joined]  # ms on the records' clock
@@ -102,7 +97,7 @@ def run(workload: str, setup: str, logdir: Path, lines: int | None = None) -> tu
            "start_to_join_ms": round(max(joined) - started) if joined else None, "join_ms": [round(j) for j in join],
            "hit_rate": rep.get("hit_rate"), "ok": rep.get("ok"), "errors": rep.get("errors"),
            "aborted": rep.get("aborted"), "runtime_s": rep.get("runtime_s"),
-           "ttft_p99": (rep.get("ttft_ms") or {}).get("p99"), "imported": imported, "lines": lines}
+           "ttft_p99": (rep.get("ttft_ms") or {}).get("p99"), "imported": imported}
     if on:
         row["peer_fault_on"] = on
     if join:
@@ -139,7 +134,7 @@ def matched(recs: list[dict], warm: list[dict], keys: list[list]) -> float | Non
 SETUPS = ["on", "off", "warm"]
 
 
-def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None, lines: int | None = None) -> list[dict]:
+def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None) -> list[dict]:
     rows: list[dict] = []
     fh = open(out, "w") if out else None
     try:
@@ -150,7 +145,7 @@ def rounds(n: int, workloads: list[str], logdir: Path, out: Path | None = None, 
                     rdir = logdir / f"{i}-{w}-{setup}"
                     rdir.mkdir(parents=True)
                     t = time.time()
-                    row, recs = run(w, setup, rdir, lines)
+                    row, recs = run(w, setup, rdir)
                     runs[setup] = ({**row, "round": i, "wall_s": round(time.time() - t, 1)}, recs)
                 warm = runs["warm"][1]
                 for setup in SETUPS:
@@ -195,7 +190,7 @@ def summary(rows: list[dict]) -> dict:
             mine = [r for r in rows if r["workload"] == w and r["setup"] == setup]
             if not mine:
                 continue
-            m: dict = {"runs": len(mine), "lines": mine[0].get("lines")}
+            m: dict = {"runs": len(mine)}
             for part in ("window", "rest"):
                 m[part] = {k: median_present([r[part][k] for r in mine]) for k in
                            ("ratio", "new_vs_warm", "old_vs_warm", "new_hit", "old_hit")}
@@ -238,20 +233,17 @@ def targets(s: dict | None) -> list[dict]:
         out.append({"target": f"scale-out midway ({k.split('/')[0]}): the new replicas' hit rate inside 10 s of "
                               f"joining within {TARGET}x the old one's (and the same requests' with all replicas warm)",
                     "measured": f"new/old {_f(m['window']['ratio'])}x, new/warm {_f(m['window']['new_vs_warm'])}x, "
-                                f"medians of {m['runs']} rounds"
-                                + (f" of the trace's first {m['lines']} lines" if m.get("lines") else "")
-                                + f" (without the exchange {_f(off.get('ratio'))}x, "
+                                f"medians of {m['runs']} rounds (without the exchange {_f(off.get('ratio'))}x, "
                                 f"{_f(off.get('new_vs_warm'))}x)",
                     "limit": f">= {TARGET}", "result": "PASS" if all(m["met"].values()) else "FAIL"})
     return out
 
 
-def section(logdir: Path, quick: bool, n: int = 2, lines: int | None = None) -> dict:
-    """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~2.3 min a
-    round; `lines`, see `run`."""
+def section(logdir: Path, quick: bool, n: int = 2) -> dict:
+    """`make bench`'s section: `n` rounds of both workloads (1 of agent when quick), ~2.3 min a round."""
     print("== scale-out midway (1 -> 3 replicas)", flush=True)
     s = summary(rounds(1 if quick else n, ["agent"] if quick else ["conversation", "agent"],
-                       logdir / "scale-midway", lines=lines))
+                       logdir / "scale-midway"))
     report(s)
     return s
 

@@ -24,16 +24,6 @@ def sim_args(capacity: int, scale: float = TIME_SCALE) -> list[str]:
     return ["--time-scale", str(scale), "--kv-capacity-tokens", str(capacity)]
 
 
-def trace_lines(args: list[str], lines: int | None) -> list[str]:
-    """A trace workload's client arguments with its first `lines` lines (`--limit`) instead of
-    its own count; the same arguments when `lines` is None or the workload reads no trace."""
-    if lines is None or "--limit" not in args:
-        return list(args)
-    out = list(args)
-    out[out.index("--limit") + 1] = str(lines)
-    return out
-
-
 # name -> (loadgen args (full run), loadgen args (quick), KV capacity per replica, why)
 WORKLOADS: dict[str, dict] = {
     "agent": {
