@@ -137,11 +137,13 @@ def window(e: Envoy, trace: Path, n: int, out: Path, seconds: float) -> dict:
             "client_cpu_util": rep["client_cpu_util"], "cpu_us_per_req": cpu / max(rep["ok"], 1) * 1e6}
 
 
-def idle_cores(e: Envoy, seconds: float) -> float:
-    """Envoy's cores with no traffic: its ticks (for warmroute, scraping every pod)."""
-    c0, t0 = proc_cpu_s(e.proc.pid), time.monotonic()
+def idle_cores(gw: dict[str, Envoy], seconds: float) -> dict[str, float]:
+    """Each Envoy's cores with no traffic: its ticks (for warmroute, scraping every pod). Over
+    one window for all: each idles beside the others whether its window is theirs or not."""
+    c0, t0 = {g: proc_cpu_s(e.proc.pid) for g, e in gw.items()}, time.monotonic()
     time.sleep(seconds)
-    return (proc_cpu_s(e.proc.pid) - c0) / (time.monotonic() - t0)
+    wall = time.monotonic() - t0
+    return {g: (proc_cpu_s(e.proc.pid) - c0[g]) / wall for g, e in gw.items()}
 
 
 def routed(e: Envoy) -> dict:
@@ -175,7 +177,7 @@ def fleet_section(logdir: Path, quick: bool, rounds: int | None = None) -> dict:
             nw = write_trace(warm, 2, RATE, 99)
             for g, e in gw.items():  # connections, VMs, every pod scraped once
                 send(warm, nw, f"http://127.0.0.1:{e.port}", rdir / f"warm-{g}.json", 10)
-            out["idle_cores"] = {g: idle_cores(e, 5.0) for g, e in gw.items()}
+            out["idle_cores"] = idle_cores(gw, 5.0)
             mem0 = envoy_memory(gw["warmroute"])
             rss0 = {g: proc_rss_kb(e.proc.pid) for g, e in gw.items()}
             for r in range(rounds):

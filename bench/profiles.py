@@ -7,9 +7,11 @@ to bench/results/full/.
 
 `fast` (`make bench`) prints every target row of the full run, and writes bench/results/ (what
 the docs and the README render). Its one timed run took 2015 s (33.6 minutes) on 2 cores
-(2026-11-28; the sum of the per-section times below, with the shared runs' lengths taken off,
-had estimated 1946 s: the overhead section took 172 s, not ~90).
-That is over issue #34's 25 minutes: what is left to cut, and what each cut would cost, is in
+(2026-11-28), 101 s of which were the overhead section's cargo builds made from nothing (its
+helper crates and the phase-timing filter); with those builds up to date (0.4 s) and the
+fleet's cut below, about 1910 s (32 min), about 1930 s when the filter changed since the last
+bench (its phase-timing build: 21 s). That is over issue #34's 25 minutes: what is left to cut,
+what each cut would cost, and the cuts tried and refused are in
 docs/decisions/0024-bench-fast-profile.md.
 
 Its rules: a workload stays the size it is in the full run, so each run of it is a draw from the
@@ -19,34 +21,32 @@ that run is made once and read by both sections, its row marked `reused` in the 
 workload is sized down: guidellm's 40-prefix shape answers 32 tokens instead of 128 (three runs
 of it against the full run's three: docs/decisions/0024-bench-fast-profile.md); the hot-prefix
 shape keeps 128, because at 32 its TTFT P95 ratio left the full run's range in all three runs.
-Per section (s, 2 cores; the first thirteen from the whole runs of 2026-11-27, the last four
-each run alone, `run.py --profile fast --only SECTION`, one run each, 2026-11-28, before the
-shares marked; a share's saving is the shared runs' own lengths in those runs):
+Per section (s, 2 cores; "timed" is the timed run of 2026-11-28, "now" the same less the cuts
+measured since, each as docs/decisions/0024-bench-fast-profile.md says):
 
-| section | fast | full | s (fast) |
-|---|---|---|---|
-| agent, conversation | the reference, Envoy round robin, cache_aware | 9 routers | 22, 89 |
-| chat | cache_aware (the 3-gateway target's 1-gateway row) | 9 routers | 26 |
-| uniform | Envoy least request, cache_aware | 9 routers | 24 |
-| gateways | as full: 3 rows | | 75 |
-| eviction | 3 paired rounds | 15 | 181 |
-| reruns | none: each ratio is one run's | 2 more runs of 10 pairs | |
-| independent | 1 paired run, 40 prefixes at 32 output tokens | 3, 128 tokens | ~225 (308 both at 128, 125 both at 32) |
-| overhead | as full: 8 paired rounds (at 4, two runs' CPU ratios at 128 KB differed by 0.3-0.45) | | ~90 (40-51 at 4) |
-| mixed | 1 paired round | 3 | 40 |
-| fleet | 1 paired round of 15 s, no worker-scaling table | 4, and the table | 53 (86 at 2 rounds) |
-| peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 238 (313 without the reuse) |
-| scale_midway | 1 round of both workloads | 2 | 141 |
-| peer_faults | 1 round of both workloads; `on` is scale_midway's `warm` run (share 3) | 2 | ~198 (247 with its own `on`: 32 + 17 s) |
-| scale8, memory, decision | not run: no target reads them | | |
-| scale_out | 1 round, 1 gateway and 3 with the exchange; the 1-gateway rows are shared (share 2) | 2, and 3 without the exchange | ~96 (184 alone: 7 + 25 + 30 + 26 s of 1-gateway runs) |
-| exchange_cost | 1 and 3 replicas with the exchange; none with it off (no target reads them: a note beside the CPU target) | 1, 3 and 8, on and off | ~47 (71 with 3 off: three runs of one length) |
-| tail | 5 paired rounds (the target asks for 5), round 0 the main table's pair (share 1) | | 231 with the share (289 alone: 28 + 30 s a pair) |
-| oracle | 1 paired round | 3 | 194 |
+| section | fast | full | s timed | s now |
+|---|---|---|---|---|
+| agent, conversation | the reference, Envoy round robin, cache_aware | 9 routers | 20, 87 | |
+| chat | cache_aware (the 3-gateway target's 1-gateway row) | 9 routers | 25 | |
+| uniform | Envoy least request, cache_aware | 9 routers | 24 | |
+| gateways | as full: 3 rows | | 68 | |
+| eviction | 3 paired rounds | 15 | 160 | |
+| reruns | none: each ratio is one run's | 2 more runs of 10 pairs | | |
+| independent | 1 paired run, 40 prefixes at 32 output tokens | 3, 128 tokens | 223 | |
+| overhead | as full: 8 paired rounds (at 4, two runs' CPU ratios at 128 KB differed by 0.3-0.45) | | 172 (101 of it builds from nothing) | 71 + builds: 0.4 up to date, 21 after a filter change |
+| mixed | 1 paired round | 3 | 39 | |
+| fleet | 1 paired round of 15 s, no worker-scaling table, both gateways' idle CPU over one window | 4, and the table | 52 | 47 |
+| peers | 1 round, the peers at their defaults; warmroute's rows the main table's, but evicting's | 3 rounds, the tuned peers too | 236 | |
+| scale_midway | 1 round of both workloads | 2 | 141 | |
+| peer_faults | 1 round of both workloads; `on` is scale_midway's `warm` run (share 3) | 2 | 197 | |
+| scale8, memory, decision | not run: no target reads them | | | |
+| scale_out | 1 round, 1 gateway and 3 with the exchange; the 1-gateway rows are shared (share 2) | 2, and 3 without the exchange | 94 | |
+| exchange_cost | 1 and 3 replicas with the exchange; none with it off (no target reads them: a note beside the CPU target) | 1, 3 and 8, on and off | 47 | |
+| tail | 5 paired rounds (the target asks for 5), round 0 the main table's pair (share 1) | | 232 | |
+| oracle | 1 paired round | 3 | 195 | |
 
-Sum, with the second whole run's times for the first thirteen (decision 0024's table; they are
-the first run's above, 2-21 s more), about 1936 s; with `make bench`'s peer start-up test and
-the report, about 1946 s (32 min).
+(An empty "now" is the timed figure.) Their sum is 2012 s timed; now 1907 s with the builds up
+to date, 1928 s after a filter change; run.py adds about 3 s (the report).
 
 The shared runs, and why each is the run the second section would make:
 
