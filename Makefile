@@ -106,7 +106,7 @@ $(PEERS_VENV)/.installed: bench/peers-requirements.txt
 
 peers-setup: $(PEERS_VENV)/.installed ## The peer routers the bench compares with (sglang-router, vllm-router from PyPI) into .venv-peers (cached)
 
-bench: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Every target of the bench in fewer rounds (the fast profile, bench/profiles.py; ~34 min on 2 cores, measured once) into bench/results/, what `make docs` renders (not part of `make test`)
+bench: build $(VENV)/.bench-installed $(PEERS_VENV)/.installed ## Every target of the bench in fewer rounds (the fast profile, bench/profiles.py; ~32 min on 2 cores, 1903 s in the last timed run) into bench/results/, what `make docs` renders (not part of `make test`)
 	cd bench && ../$(PY) -m pytest -q -p no:cacheprovider test_peers.py
 	cd bench && ../$(PY) run.py --profile fast
 

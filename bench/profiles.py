@@ -10,7 +10,8 @@ the docs and the README render). Its one timed run took 2015 s (33.6 minutes) on
 (2026-11-28), 101 s of which were the overhead section's cargo builds made from nothing (its
 helper crates and the phase-timing filter); with those builds up to date (0.4 s) and the
 fleet's cut below, about 1910 s (32 min), about 1930 s when the filter changed since the last
-bench (its phase-timing build: 21 s). That is over issue #34's 25 minutes: what is left to cut,
+bench (its phase-timing build: 21 s). Timed again with those builds up to date (2026-11-28):
+1903 s (31.7 minutes). That is over issue #34's 25 minutes: what is left to cut,
 what each cut would cost, and the cuts tried and refused are in
 docs/decisions/0024-bench-fast-profile.md.
 
