@@ -110,14 +110,16 @@ def model(lines: list[dict], pods: int, rate: float, pick) -> tuple[float, float
     return pct(ttft, 0.95), hit / total
 
 
-def home(cached: list[int], free: list[float], unanswered: list[int]) -> int:
-    best = max(range(len(cached)), key=lambda p: cached[p])
-    return best if cached[best] > BLOCK else min(range(len(free)), key=lambda p: free[p])
+def home(by_unanswered: bool = False):
+    """A prompt to the pod holding most of it; a new one to the shortest queue: the pod whose
+    queue empties first, or with `by_unanswered` the one with the fewest tokens unanswered."""
 
+    def pick(cached: list[int], free: list[float], unanswered: list[int]) -> int:
+        best = max(range(len(cached)), key=lambda p: cached[p])
+        queue = unanswered if by_unanswered else free
+        return best if cached[best] > BLOCK else min(range(len(queue)), key=lambda p: queue[p])
 
-def home_unanswered(cached: list[int], free: list[float], unanswered: list[int]) -> int:
-    best = max(range(len(cached)), key=lambda p: cached[p])
-    return best if cached[best] > BLOCK else min(range(len(free)), key=lambda p: unanswered[p])
+    return pick
 
 
 def round_robin(rng: random.Random):
@@ -140,11 +142,11 @@ def main() -> None:
     reuse = ideal_reuse(lines)
     for path in a.records:
         attribute(path, reuse)
-    p95_home, hit_home = model(lines, 3, RATE, home)
+    p95_home, hit_home = model(lines, 3, RATE, home())
     rr = sorted(model(lines, 3, RATE, round_robin(random.Random(s)))[0] for s in range(a.seeds))
     q = [pct(rr, p) for p in (0.1, 0.5, 0.9)]
-    p95_ref, _ = model(lines, 1, 3 * RATE, home)
-    p95_unanswered, _ = model(lines, 3, RATE, home_unanswered)
+    p95_ref, _ = model(lines, 1, 3 * RATE, home())
+    p95_unanswered, _ = model(lines, 3, RATE, home(by_unanswered=True))
     print(f"model, 3 pods: home TTFT P95 {p95_home:.0f} ms (hit rate {hit_home:.3f}); round robin P95 "
           f"{q[0]:.0f} / {q[1]:.0f} / {q[2]:.0f} (10/50/90% of {a.seeds} draws), so home / round robin "
           f"{p95_home / q[2]:.2f} / {p95_home / q[1]:.2f} / {p95_home / q[0]:.2f}; one pod at 3x: {p95_ref:.0f}")

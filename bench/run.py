@@ -2,7 +2,7 @@
 
     cd bench && ../.venv/bin/python run.py [--profile fast|full] [--quick] [--only SECTION ...]
 
-Profiles (bench/profiles.py): `fast` (`make bench`, 33.6 minutes measured once) runs every
+Profiles (bench/profiles.py): `fast` (`make bench`, about 32 minutes: 1903 s in the last timed run) runs every
 section that feeds a target with fewer rounds, only the rows the targets read, and a run two
 sections would both make once, and writes bench/results/;
 `full` (`make bench-full`, the default of run.py) runs everything below and writes

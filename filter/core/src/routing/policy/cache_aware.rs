@@ -269,10 +269,11 @@ impl Chooser<'_> {
             // A second turn whose first ended inside the head, so no match goes past it:
             // the one pod holding the head's full blocks, into the first message, answered
             // that turn.
-            let longest = healthy.iter().copied().max_by_key(|&b| matched(b));
+            let longest = (req.answers == 1)
+                .then(|| healthy.iter().copied().max_by_key(|&b| matched(b)))
+                .flatten();
             let first_turn = longest.filter(|&b| {
-                req.answers == 1
-                    && matched(b) >= req.head_blocks
+                matched(b) >= req.head_blocks
                     && matched(b) > req.instructions_blocks
                     && healthy.iter().all(|&c| c == b || matched(c) < matched(b))
             });
